@@ -1,0 +1,71 @@
+"""Tiny random-weight checkpoints with a real tokenizer, made on the spot (no downloads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Speculative decoding drafts tokens with a small model and verifies them with a large one.",
+    "def add(a, b):\n    return a + b\n",
+    "Triton serves models over HTTP and gRPC; metrics are exported for Prometheus.",
+    "Once upon a time there was a tiny model that answered every question with numbers: 1 2 3 4 5.",
+]
+
+
+def make_tokenizer(path: Path, vocab_size: int = 320):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
+    fast.save_pretrained(str(path))
+    return fast
+
+
+def make_checkpoint(path: Path, *, layers: int = 2, hidden: int = 64, vocab_size: int = 320, seed: int = 0,
+                    heads: int = 4, kv_heads: int = 2, tokenizer: bool = True, architecture: str = "llama",
+                    init_range: float = 0.2) -> Path:
+    """A random-weight causal LM saved as a Hugging Face checkpoint (safetensors) with a BPE tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    if tokenizer:
+        tok = make_tokenizer(path, vocab_size)
+        eos, pad = tok.eos_token_id, tok.pad_token_id
+    else:
+        eos, pad = 0, 1
+    cls, cfg_cls = (Qwen2ForCausalLM, Qwen2Config) if architecture == "qwen2" else (LlamaForCausalLM, LlamaConfig)
+    config = cfg_cls(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        eos_token_id=eos, pad_token_id=pad, bos_token_id=None, tie_word_embeddings=True,
+        initializer_range=init_range,
+    )
+    torch.manual_seed(seed)
+    model = cls(config)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+def write_config(path: Path, target: Path, draft: Path | None, **sections) -> Path:
+    config = {"name": "tiny", "backend": "torch", "target": {"checkpoint": str(target), "dtype": "float32"}}
+    if draft is not None:
+        config["draft"] = {"checkpoint": str(draft), "dtype": "float32"}
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = config[key] | value
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))  # JSON is YAML
+    return path

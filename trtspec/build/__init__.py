@@ -1,0 +1,52 @@
+"""`trtspec build`: one module per backend; this entry point loads the config and shows progress."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trtspec.config import LoadedConfig, load_config
+from trtspec.errors import TrtspecError
+
+
+def default_output(loaded: LoadedConfig) -> Path:
+    return Path("engines") / loaded.config.name
+
+
+def run_build(config_path: str | Path, output: Path | None, *, dry_run: bool = False, console: Console | None = None) -> Path:
+    """Build every engine of the config that is not already built from the same inputs; returns the output dir."""
+    console = console or Console(stderr=True)
+    loaded = load_config(config_path)
+    output = (output or default_output(loaded)).resolve()
+    if loaded.config.backend != "torch":
+        raise TrtspecError(f"backend '{loaded.config.backend}' is not available in this version; use backend: torch")
+    from trtspec.build import torch as backend
+
+    builds = backend.plan(loaded, output)
+    table = Table(title=f"build plan: {loaded.config.name} ({loaded.config.backend})")
+    for col in ("role", "checkpoint", "architecture", "output", "action"):
+        table.add_column(col)
+    for b in builds:
+        table.add_row(b.role, str(b.info.path), b.info.architecture, str(b.output), "skip (up to date)" if b.up_to_date else "build")
+    console.print(table)
+    if dry_run:
+        for b in builds:
+            console.print(f"  {b.describe()}", highlight=False)
+        console.print("dry run: nothing written")
+        return output
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        for b in builds:
+            if b.up_to_date:
+                continue
+            task = progress.add_task(f"{b.role}: starting", total=None)
+            start = time.perf_counter()
+            backend.build_model(b, loaded.config, progress=lambda text, t=task: progress.update(t, description=text))
+            progress.update(task, description=f"{b.role}: built in {time.perf_counter() - start:.1f}s", completed=1, total=1)
+    console.print(f"engines in {output}")
+    return output

@@ -1,0 +1,196 @@
+"""The build config: one YAML file that names a draft/target pair and how to build and serve it.
+
+`load_config` reads it with `yaml.safe_load`, validates it with pydantic (unknown keys are errors), resolves
+checkpoint paths against the file's folder, then checks what the schema cannot see (files exist, the
+architectures run, draft and target share a vocabulary). Every problem is collected and reported at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtspec.checkpoint import SUPPORTED_ARCHITECTURES, CheckpointInfo, inspect_checkpoint, resolve_checkpoint_path
+from trtspec.errors import CheckpointError, ConfigError, Problem
+
+Dtype = Literal["bfloat16", "float16", "float32"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(_Strict):
+    checkpoint: str = Field(description="HF checkpoint dir, a .gguf file, or pkg:<package>/<file>")
+    dtype: Dtype = "bfloat16"
+    quantization: Literal["fp8", "none"] = "fp8"
+    fp8_scaling: Literal["per_tensor", "per_channel"] = "per_tensor"
+    kv_cache_dtype: Literal["fp8", "auto"] = "fp8"
+    tp_size: int = Field(1, ge=1)
+    pp_size: int = Field(1, ge=1)
+    trust_remote_code: bool = False
+
+
+class SpeculationSpec(_Strict):
+    max_draft_len: int = Field(8, ge=1, le=64)
+    num_draft_tokens: int = Field(4, ge=0)
+    use_draft_logits: bool = False
+
+
+class EngineSpec(_Strict):
+    max_batch_size: int = Field(8, ge=1)
+    max_input_len: int = Field(2048, ge=1)
+    max_seq_len: int = Field(4096, ge=2)
+    # Embedded engine only: memory kept for reusable KV caches of recent sequences (TRT-LLM's block reuse).
+    kv_cache_reuse_mb: int = Field(512, ge=0)
+
+
+class BuildConfig(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)
+    backend: Literal["torch", "trtllm"] = "torch"
+    target: ModelSpec
+    draft: ModelSpec | None = None
+    speculation: SpeculationSpec = SpeculationSpec()
+    engine: EngineSpec = EngineSpec()
+
+
+class LoadedConfig:
+    """A validated build config with its checkpoints resolved and inspected."""
+
+    def __init__(self, config: BuildConfig, source: Path, checkpoints: dict[str, CheckpointInfo]):
+        self.config = config
+        self.source = source
+        self.checkpoints = checkpoints  # "target" and, when configured, "draft"
+
+    def models(self) -> list[tuple[str, ModelSpec, CheckpointInfo]]:
+        return [(role, getattr(self.config, role), info) for role, info in self.checkpoints.items()]
+
+
+def load_config(path: str | Path) -> LoadedConfig:
+    """Read, validate and check a build config; raises ConfigError listing every problem found."""
+    source = Path(path).expanduser().resolve()
+    if not source.is_file():
+        raise ConfigError(str(path), [Problem("config", str(path), "file not found", "pass the path of a build config YAML")])
+    try:
+        raw = yaml.safe_load(source.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(source), [Problem("config", source.name, f"not valid YAML: {exc}", "fix the YAML syntax")]) from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(str(source), [Problem("config", raw, "must be a mapping", "see build_configs/ for examples")])
+    # Schema, limits and checkpoints are all checked before reporting, so one run lists every problem.
+    problems = _cross_checks(raw)
+    try:
+        config = BuildConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = [_problem_from_pydantic(e) for e in exc.errors()] + problems
+        config = None
+    checkpoints = _inspect_checkpoints(raw, source.parent, problems)
+    if config is not None:
+        problems += check_pair(config, checkpoints)
+    if problems:
+        raise ConfigError(str(source), problems)
+    return LoadedConfig(config, source, checkpoints)
+
+
+def _section(raw: dict, key: str, model: type[BaseModel]) -> dict:
+    """A section's values with the schema's defaults filled in (the section may still be invalid)."""
+    values = raw.get(key) if isinstance(raw.get(key), dict) else {}
+    defaults = {name: f.default for name, f in model.model_fields.items() if not f.is_required()}
+    return defaults | values
+
+
+def _cross_checks(raw: dict) -> list[Problem]:
+    """Rules between fields; values that are not numbers are left to the schema's own errors."""
+    problems = []
+    spec, eng = _section(raw, "speculation", SpeculationSpec), _section(raw, "engine", EngineSpec)
+    if _ints(spec["num_draft_tokens"], spec["max_draft_len"]) and spec["num_draft_tokens"] > spec["max_draft_len"]:
+        problems.append(Problem(
+            "speculation.num_draft_tokens", spec["num_draft_tokens"],
+            f"exceeds speculation.max_draft_len ({spec['max_draft_len']})", "lower it, or raise max_draft_len",
+        ))
+    if _ints(eng["max_seq_len"], eng["max_input_len"]) and eng["max_seq_len"] <= eng["max_input_len"]:
+        problems.append(Problem(
+            "engine.max_seq_len", eng["max_seq_len"],
+            f"must exceed engine.max_input_len ({eng['max_input_len']}): prompt + output must fit in it",
+            "raise max_seq_len or lower max_input_len",
+        ))
+    if raw.get("backend", "torch") == "torch":
+        for role in ("target", "draft"):
+            section = raw.get(role) if isinstance(raw.get(role), dict) else {}
+            for key in ("tp_size", "pp_size"):
+                if section.get(key, 1) != 1:
+                    problems.append(Problem(
+                        f"{role}.{key}", section[key], "the embedded engine runs in one process",
+                        "set it to 1, or use backend: trtllm for tensor/pipeline parallelism",
+                    ))
+    return problems
+
+
+def _ints(*values) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+_FIXES = {
+    "extra_forbidden": "remove it or correct its spelling (see build_configs/ for the known keys)",
+    "missing": "add it",
+    "literal_error": "use one of the allowed values",
+    "string_pattern_mismatch": "use letters, digits, '.', '_' and '-' only",
+}
+
+
+def _problem_from_pydantic(error: dict) -> Problem:
+    field = ".".join(str(p) for p in error["loc"]) or "config"
+    return Problem(field, error.get("input"), error["msg"], _FIXES.get(error["type"], ""))
+
+
+def _inspect_checkpoints(raw: dict, base: Path, problems: list[Problem]) -> dict[str, CheckpointInfo]:
+    found = {}
+    for role in ("target", "draft"):
+        checkpoint = (raw.get(role) or {}).get("checkpoint") if isinstance(raw.get(role), dict) else None
+        if not isinstance(checkpoint, str):
+            continue  # absent or mistyped: the schema reports it
+        field = f"{role}.checkpoint"
+        try:
+            info = inspect_checkpoint(resolve_checkpoint_path(checkpoint, base))
+        except CheckpointError as exc:
+            problems.append(Problem(field, checkpoint, str(exc), "point it at a Hugging Face checkpoint directory or a .gguf file"))
+            continue
+        if raw.get("backend", "torch") == "torch" and not info.supported:
+            problems.append(Problem(
+                field, checkpoint, f"architecture {info.architecture} is not supported by the embedded engine",
+                f"use one of {', '.join(SUPPORTED_ARCHITECTURES)}",
+            ))
+        found[role] = info
+    return found
+
+
+def check_pair(config: BuildConfig, checkpoints: dict[str, CheckpointInfo]) -> list[Problem]:
+    """Draft and target must speak the same vocabulary: the draft's token ids go straight to the target."""
+    target, draft = checkpoints.get("target"), checkpoints.get("draft")
+    if target is None or draft is None:
+        return []
+    problems = []
+    tv, dv = target.vocab, draft.vocab
+    if tv is not None and dv is not None and tv != dv:
+        differing = [tok for tok, i in dv.items() if tv.get(tok) != i]
+        example = differing[0] if differing else next(tok for tok in tv if tok not in dv)
+        problems.append(Problem(
+            "draft.checkpoint", config.draft.checkpoint,
+            f"the draft's tokenizer maps tokens to other ids than the target's ({len(differing)} of {len(dv)} differ, "
+            f"e.g. {example!r}: draft {dv.get(example)}, target {tv.get(example)})",
+            "use a draft from the same model family that shares the target's tokenizer, or train one with `trtspec distill`",
+        ))
+    elif target.vocab_size != draft.vocab_size:
+        same_tokens = tv is not None and dv is not None  # equal maps, only the embedding padding differs
+        if not same_tokens or config.speculation.use_draft_logits:
+            problems.append(Problem(
+                "draft.checkpoint", config.draft.checkpoint,
+                f"draft vocab_size {draft.vocab_size} differs from the target's {target.vocab_size}"
+                + (" (same tokens, different padding: draft logits cannot be compared)" if same_tokens else ""),
+                "set speculation.use_draft_logits: false (token matching only needs equal token ids)" if same_tokens
+                else "use a draft that shares the target's tokenizer and vocabulary",
+            ))
+    return problems

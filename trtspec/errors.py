@@ -1,0 +1,53 @@
+"""Typed errors shared across trtspec. Each carries a message meant for the user: what, where, and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class TrtspecError(Exception):
+    """Base class: the CLI prints these without a traceback."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a user's input, reported together with all the others."""
+
+    field: str
+    value: object
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        value = repr(self.value)
+        if len(value) > 120:
+            value = value[:117] + "..."
+        text = f"{self.field} = {value}: {self.message}"
+        return f"{text}\n    fix: {self.fix}" if self.fix else text
+
+
+class ConfigError(TrtspecError):
+    """A build config with one or more problems; all of them are listed."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = problems
+        lines = [f"{source}: {len(problems)} problem{'s' if len(problems) != 1 else ''}"]
+        lines += [f"  - {p}" for p in problems]
+        super().__init__("\n".join(lines))
+
+
+class CheckpointError(TrtspecError):
+    """A checkpoint that is missing, corrupt or of an architecture the engine cannot run."""
+
+
+class EngineError(TrtspecError):
+    """An engine dir that cannot be loaded, or a request the engine cannot serve."""
+
+
+class RequestError(EngineError):
+    """A request that breaks the engine's limits or the tensor contract; names the field and the limit."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")

@@ -1,0 +1,533 @@
+"""Find, prepare, start, health-check and stop a Triton Inference Server for a model repository.
+
+Three kinds of `tritonserver` are supported: the NVIDIA container's (`/opt/tritonserver`), one on
+`PATH` or given explicitly, and the one shipped in the `nvidia-pytriton` wheel. The wheel's binary
+needs a backend directory assembled from its parts and an environment that lets the Python backend
+stub find the running interpreter's libpython and packages; both are prepared here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import errno
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+from http.client import HTTPException
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+CONTAINER_BINARY = Path("/opt/tritonserver/bin/tritonserver")
+CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
+
+
+class ServerError(RuntimeError):
+    """The Triton server could not be found, prepared, started, or it died."""
+
+
+@dataclass(frozen=True)
+class ServerBinary:
+    path: Path
+    kind: str  # "flag" | "container" | "path" | "pytriton"
+    backend_dir: Path | None = None  # passed as --backend-directory when set
+    env_additions: dict[str, str] = field(default_factory=dict)  # full values to override
+
+    def environ(self) -> dict[str, str]:
+        return {**os.environ, **self.env_additions}
+
+
+# --------------------------------------------------------------------------- finding the binary
+
+
+def _pytriton_root() -> Path | None:
+    """`<site-packages>/pytriton`, located without importing pytriton (its import is heavy)."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _is_pytriton_layout(binary: Path) -> bool:
+    # <site-packages>/pytriton/tritonserver/bin/tritonserver next to python_backend_stubs/
+    return (binary.parent.parent / "python_backend_stubs").is_dir()
+
+
+def find_tritonserver(explicit: str | os.PathLike[str] | None = None, *,
+                      cache_dir: str | os.PathLike[str] | None = None) -> ServerBinary:
+    """Locate a `tritonserver`; for the wheel's binary also prepare its backend dir and environment.
+
+    Order: `explicit`, the NVIDIA container's, `tritonserver` on PATH, the `nvidia-pytriton` wheel's.
+    """
+    if explicit is not None:
+        path = Path(explicit).expanduser()
+        if not path.is_file() or not os.access(path, os.X_OK):
+            problem = "does not exist" if not path.exists() else "is not an executable file"
+            raise ServerError(
+                f"tritonserver binary {path} {problem}. Pass the path of an executable `tritonserver` "
+                "with --tritonserver PATH, or leave the flag out to use the one shipped in nvidia-pytriton.")
+        path = path.resolve()
+        if _is_pytriton_layout(path):
+            return _prepare_pytriton(path, "flag", cache_dir)
+        return ServerBinary(path, "flag")
+
+    looked: list[str] = [str(CONTAINER_BINARY)]
+    if CONTAINER_BINARY.is_file() and os.access(CONTAINER_BINARY, os.X_OK):
+        # The container's server finds its backends in its default directory; nothing to prepare.
+        return ServerBinary(CONTAINER_BINARY, "container", CONTAINER_BACKENDS)
+
+    looked.append("`tritonserver` on PATH")
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        path = Path(on_path).resolve()
+        if _is_pytriton_layout(path):
+            return _prepare_pytriton(path, "path", cache_dir)
+        return ServerBinary(path, "path")
+
+    root = _pytriton_root()
+    if root is None:
+        looked.append("the nvidia-pytriton package (not installed)")
+    else:
+        path = root / "tritonserver" / "bin" / "tritonserver"
+        looked.append(str(path))
+        if path.is_file():
+            return _prepare_pytriton(path, "pytriton", cache_dir)
+
+    raise ServerError(
+        "no tritonserver found. Looked at: " + "; ".join(looked) + ". "
+        "Install it with `pip install nvidia-pytriton==0.7.0` (ships tritonserver 2.51), run inside an "
+        "NVIDIA Triton container, or pass --tritonserver PATH.")
+
+
+# --------------------------------------------------------------------------- the wheel's binary
+
+
+def _pytriton_environment(binary: Path) -> dict[str, str]:
+    """LD_LIBRARY_PATH and PATH that let the Python backend stub use the running interpreter."""
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        raise ServerError(
+            f"the interpreter {sys.executable} has no shared libpython (it was built without "
+            "--enable-shared), which the Triton Python backend stub needs to load. Use an interpreter "
+            "built with --enable-shared: e.g. with pyenv, `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv "
+            "install 3.11`, or Debian/Ubuntu's python3, then recreate the virtual environment.")
+    bin_dir = Path(sys.executable).parent
+    if not (bin_dir / "python3").exists():
+        # The stub imports packages from the `python3` first on PATH.
+        raise ServerError(
+            f"{bin_dir} has no `python3`; the Triton Python backend stub runs the `python3` first on "
+            f"PATH, so model packages would come from another interpreter. Run trtspec from a virtual "
+            f"environment (which has bin/python3) or add a python3 link next to {sys.executable}.")
+    # The interpreter's own libpython first: otherwise the stub may bind another patch release's
+    # libpython (e.g. the system one) and C extensions then fail with undefined symbols.
+    libs = [sysconfig.get_config_var("LIBDIR"), str(binary.parents[3] / "nvidia_pytriton.libs")]
+    return {
+        "LD_LIBRARY_PATH": _prepend(libs, os.environ.get("LD_LIBRARY_PATH")),
+        "PATH": _prepend([str(bin_dir)], os.environ.get("PATH")),
+    }
+
+
+def _prepend(first: Sequence[str | None], existing: str | None) -> str:
+    parts = [p for p in first if p] + ([existing] if existing else [])
+    return os.pathsep.join(parts)
+
+
+def _prepare_pytriton(binary: Path, kind: str, cache_dir: str | os.PathLike[str] | None) -> ServerBinary:
+    env = _pytriton_environment(binary)
+    return ServerBinary(binary, kind, prepare_backend_dir(binary.parents[1], cache_dir), env)
+
+
+def _default_cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "trtspec" / "triton-backends"
+
+
+def prepare_backend_dir(tritonserver_root: Path, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Assemble `<dir>/python/` from the wheel's Python backend and the stub for this Python.
+
+    The directory is keyed by Python version and a hash of the source files, so it is reused across
+    runs; it is built in a temporary directory and renamed into place, so concurrent callers are safe.
+    """
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    backend = tritonserver_root / "backends" / "python"
+    stub = tritonserver_root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        stubs_dir = tritonserver_root / "python_backend_stubs"
+        have = sorted(p.name for p in stubs_dir.iterdir()) if stubs_dir.is_dir() else []
+        raise ServerError(
+            f"the installed nvidia-pytriton has no Python backend stub for Python {version} "
+            f"(it has: {', '.join(have) or 'none'}). Run trtspec with one of those Python versions.")
+    sources = {
+        "libtriton_python.so": backend / "libtriton_python.so",
+        "triton_python_backend_utils.py": backend / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": stub,
+    }
+    for src in sources.values():
+        if not src.is_file():
+            raise ServerError(f"{src} is missing: the nvidia-pytriton install is incomplete; reinstall it.")
+
+    digest = hashlib.sha256()
+    for name, src in sources.items():
+        digest.update(name.encode())
+        digest.update(src.read_bytes())
+    root = Path(cache_dir) if cache_dir is not None else _default_cache_root()
+    final = root / f"{version}-{digest.hexdigest()[:16]}"
+    if all((final / "python" / n).is_file() for n in sources):
+        return final
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        (tmp / "python").mkdir()
+        for name, src in sources.items():
+            shutil.copy2(src, tmp / "python" / name)  # copies keep working if the wheel is reinstalled
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            # Another process finished first; its directory has the same content.
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on `host` right now (the OS picks it)."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR as the server sets it: a port in TIME_WAIT is usable, a listening one is not.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+# --------------------------------------------------------------------------- log reasons
+
+# Lines that look like errors but are expected on a machine without a GPU.
+_NOISE = re.compile(
+    r"Failed to initialize NVML|CUDA driver version is insufficient|CudaDriverHelper has not been "
+    r"initialized|DCGM|pinned memory|Unable to get CUDA device count|GPU metrics", re.IGNORECASE)
+_RELEVANT = re.compile(
+    r"^E\d{4} |failed to load|error:|already in use|address in use|unexpected|unrecognized|"
+    r"Failed to initialize Python stub|Traceback|ModuleNotFoundError|ImportError|"
+    r"cannot open shared object|undefined symbol|failed to start|Unable to find", re.IGNORECASE)
+_MODEL_FAILED = re.compile(r"failed to load '[^']+' version")
+_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
+# The server exits on these when started with --exit-on-error true; stopping at once saves its
+# shutdown (which unloads every model that did load).
+_FATAL = re.compile(r"failed to load '|error: creating server|failed to start \w+ service")
+
+
+def failure_reason(log_text: str, max_lines: int = 20) -> str:
+    """The server's own explanation of a failure, from its log, without GPU-less noise."""
+    # Status tables (lines starting with + or |) only repeat what the log lines say.
+    lines = [ln for ln in log_text.splitlines()
+             if ln.strip() and ln[0] not in "+|" and not _NOISE.search(ln)]
+    # A model load failure line carries the model's own error; the other lines repeat it.
+    picked = ([ln for ln in lines if _MODEL_FAILED.search(ln)]
+              or [ln for ln in lines if _RELEVANT.search(ln)] or lines[-5:])
+    out: list[str] = []
+    for ln in picked:
+        msg = _PREFIX.sub("", ln).strip()
+        if len(msg) >= 2 and msg[0] == msg[-1] == '"':
+            msg = msg[1:-1]
+        # Messages hold escaped newlines (tracebacks); unfold them, indented.
+        parts = [p.rstrip() for p in msg.replace('\\"', '"').split("\\n") if p.strip()]
+        msg = "\n    ".join(parts)
+        if msg and msg not in out:
+            out.append(msg)
+    return "\n".join(out[-max_lines:])
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class TritonServer:
+    """A `tritonserver` process for one model repository, bound to `host` (loopback by default)."""
+
+    def __init__(self, repo: str | os.PathLike[str], *, host: str = "127.0.0.1", http_port: int = 8000,
+                 grpc_port: int = 8001, metrics_port: int = 8002, binary: str | None = None,
+                 log_file: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
+                 model_control_explicit_models: Sequence[str] | None = None,
+                 backend_cache_dir: str | os.PathLike[str] | None = None, exit_timeout: int = 5) -> None:
+        self.repo = Path(repo)
+        self.host = host
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.binary = binary
+        self.extra_args = tuple(extra_args)
+        self.explicit_models = (None if model_control_explicit_models is None
+                                else list(model_control_explicit_models))
+        self.backend_cache_dir = backend_cache_dir
+        self.exit_timeout = exit_timeout
+        self._log_path: Path | None = Path(log_file) if log_file is not None else None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.returncode: int | None = None  # of the last server process, once it has exited
+        self._atexit_registered = False
+
+    # endpoints ------------------------------------------------------------
+
+    @property
+    def _client_host(self) -> str:
+        # A wildcard bind is reached through loopback; IPv6 literals need brackets in URLs.
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"[{host}]" if ":" in host else host
+
+    @property
+    def http_url(self) -> str:
+        """`host:port`, as tritonclient.http wants it."""
+        return f"{self._client_host}:{self.http_port}"
+
+    @property
+    def http_base_url(self) -> str:
+        return f"http://{self.http_url}"
+
+    @property
+    def grpc_url(self) -> str:
+        """`host:port`, as tritonclient.grpc wants it."""
+        return f"{self._client_host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._client_host}:{self.metrics_port}/metrics"
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_path
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def is_ready(self, timeout: float = 1.0) -> bool:
+        # No proxies: HTTP(S)_PROXY must not capture a loopback health check.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(f"{self.http_base_url}/v2/health/ready", timeout=timeout) as resp:
+                return resp.status == 200
+        except (OSError, HTTPException):  # URLError is an OSError
+            return False
+
+    def failure_reason(self) -> str:
+        if self._log_path is None or not self._log_path.exists():
+            return ""
+        return failure_reason(self._log_path.read_text(errors="replace"))
+
+    # lifecycle ------------------------------------------------------------
+
+    def command(self, binary: ServerBinary) -> list[str]:
+        cmd = [str(binary.path), "--model-repository", str(self.repo.resolve())]
+        if binary.backend_dir is not None:
+            cmd += ["--backend-directory", str(binary.backend_dir)]
+        cmd += [
+            "--http-address", self.host, "--http-port", str(self.http_port),
+            "--grpc-address", self.host, "--grpc-port", str(self.grpc_port),
+            # --metrics-address is listed by 2.51's --help (it defaults to the HTTP address).
+            "--metrics-address", self.host, "--metrics-port", str(self.metrics_port),
+            "--allow-metrics", "true",
+            "--log-verbose", "0",
+            # A model that fails to load makes the server exit instead of serving without it; the
+            # log then holds the model's own reason, which start() reports.
+            "--exit-on-error", "true",
+            # Ready only once every model is loaded.
+            "--strict-readiness", "true",
+            # On SIGTERM the server waits this long for in-flight requests and for clients to close
+            # their keep-alive connections (Triton's default, 30 s, makes every stop slow).
+            "--exit-timeout-secs", str(self.exit_timeout),
+        ]
+        if self.explicit_models is not None:
+            cmd += ["--model-control-mode", "explicit"]
+            for name in self.explicit_models:
+                cmd += ["--load-model", name]
+        return cmd + list(self.extra_args)
+
+    def start(self, timeout: float = 180.0) -> "TritonServer":
+        """Launch the server and wait until /v2/health/ready answers 200; ServerError otherwise."""
+        if self.is_running():
+            return self
+        if not self.repo.is_dir():
+            raise ServerError(f"model repository {self.repo} is not a directory.")
+        ports = {"--http-port": self.http_port, "--grpc-port": self.grpc_port,
+                 "--metrics-port": self.metrics_port}
+        if len(set(ports.values())) != len(ports):
+            raise ServerError(f"the HTTP, gRPC and metrics ports must differ (got {ports}).")
+        for flag, port in ports.items():
+            if not _port_is_free(self.host, port):
+                raise ServerError(
+                    f"port {port} on {self.host} is already in use; free it or choose another with {flag}.")
+        binary = find_tritonserver(self.binary, cache_dir=self.backend_cache_dir)
+
+        if self._log_path is None:
+            fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(fd)
+            self._log_path = Path(name)
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log_path, "wb") as log:
+            # Own process group, so stop() also reaches the Python backend stubs it forks.
+            self._proc = proc = subprocess.Popen(
+                self.command(binary), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=binary.environ(), start_new_session=True)
+        if not self._atexit_registered:
+            atexit.register(self.stop)
+            self._atexit_registered = True
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                self._fail(f"tritonserver exited with code {proc.returncode} during startup")
+            if self.is_ready(timeout=1.0):
+                return self
+            if _FATAL.search(self._log_path.read_text(errors="replace")):
+                self._fail("tritonserver failed during startup")
+            if time.monotonic() > deadline:
+                self._fail(f"tritonserver did not become ready within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def _fail(self, what: str) -> None:
+        self.stop(grace=5.0)  # the server is already exiting on its own (--exit-on-error)
+        reason = self.failure_reason() or "(the log has no error lines)"
+        raise ServerError(f"{what}. Server log: {self._log_path}\n{reason}")
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop the server: SIGTERM, then SIGKILL to its group after `grace` seconds (default: the
+        exit timeout plus time to unload models). Idempotent."""
+        if grace is None:
+            grace = self.exit_timeout + 10.0
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if self._atexit_registered:
+            atexit.unregister(self.stop)
+            self._atexit_registered = False
+        if proc.poll() is None:
+            # SIGTERM to the server alone: it unloads its models and stops its stubs, which frees
+            # their shared memory. Signalling the stubs as well would leave it waiting on dead stubs.
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is left of the group (a hung server, stubs of a crashed one) is killed, and the
+        # shared-memory regions those stubs used are removed, since nothing else would.
+        pgid = proc.pid  # start_new_session made the server its group leader
+        regions = _stub_shm_regions(pgid)
+        _killpg(pgid, signal.SIGKILL)
+        proc.wait()
+        for name in regions:
+            Path("/dev/shm", name).unlink(missing_ok=True)
+        _wait_group_gone(pgid, timeout=5.0)
+        self.returncode = proc.returncode
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_group_gone(pgid: int, timeout: float) -> None:
+    # Killed stubs are orphans reaped by init; wait so callers see no process of ours left.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+
+
+def _stub_shm_regions(pgid: int) -> list[str]:
+    """Shared-memory regions named on the command lines of Python backend stubs in group `pgid`."""
+    regions: list[str] = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # Fields after the parenthesised command: state, ppid, pgrp, ...
+            if int(stat[stat.rindex(")") + 2:].split()[2]) != pgid:
+                continue
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        regions += [a.decode() for a in args if a.startswith(b"triton_python_backend_shm_region_")]
+    return regions
+
+
+# --------------------------------------------------------------------------- foreground serving
+
+
+def run_foreground(server: TritonServer, console: Console | None = None) -> int:
+    """Start `server`, print its endpoints, block until Ctrl-C or SIGTERM. Returns an exit code."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = console or Console()
+
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with console.status("starting tritonserver…"):
+            server.start()
+        console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
+        for label, value in (("HTTP", server.http_base_url), ("gRPC", server.grpc_url),
+                             ("metrics", server.metrics_url), ("log", server.log_path)):
+            console.print(f"  {label:<8} {escape(str(value))}", highlight=False)
+        console.print("Press Ctrl-C to stop.")
+        while server.is_running():
+            time.sleep(0.5)
+        server.stop()
+        code = server.returncode
+        how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
+               else f"exited with code {code}")
+        console.print(f"[red]tritonserver {how} unexpectedly.[/red] Log: {escape(str(server.log_path))}")
+        console.print(server.failure_reason(), markup=False, highlight=False)
+        return 1
+    except ServerError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print("stopping…")
+        return 0
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
