@@ -16,7 +16,7 @@ CORPUS = [
 ]
 
 
-def make_tokenizer(path: Path, vocab_size: int = 320):
+def make_tokenizer(path: Path, vocab_size: int = 320, corpus: list[str] | None = None):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -27,7 +27,7 @@ def make_tokenizer(path: Path, vocab_size: int = 320):
         vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
-    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok.train_from_iterator((corpus or CORPUS) * 20, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
     fast.save_pretrained(str(path))
     return fast
@@ -35,19 +35,23 @@ def make_tokenizer(path: Path, vocab_size: int = 320):
 
 def make_checkpoint(path: Path, *, layers: int = 2, hidden: int = 64, vocab_size: int = 320, seed: int = 0,
                     heads: int = 4, kv_heads: int = 2, tokenizer: bool = True, architecture: str = "llama",
-                    init_range: float = 0.2) -> Path:
-    """A random-weight causal LM saved as a Hugging Face checkpoint (safetensors) with a BPE tokenizer."""
+                    init_range: float = 0.2, corpus: list[str] | None = None,
+                    model_vocab_size: int | None = None) -> Path:
+    """A random-weight causal LM saved as a Hugging Face checkpoint (safetensors) with a BPE tokenizer.
+
+    `corpus` trains the tokenizer on other text (other token ids); `model_vocab_size` pads the embedding
+    beyond the tokenizer's `vocab_size` (same tokens, different vocab_size, as real checkpoints often do)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     path.mkdir(parents=True, exist_ok=True)
     if tokenizer:
-        tok = make_tokenizer(path, vocab_size)
+        tok = make_tokenizer(path, vocab_size, corpus)
         eos, pad = tok.eos_token_id, tok.pad_token_id
     else:
         eos, pad = 0, 1
     cls, cfg_cls = (Qwen2ForCausalLM, Qwen2Config) if architecture == "qwen2" else (LlamaForCausalLM, LlamaConfig)
     config = cfg_cls(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+        vocab_size=model_vocab_size or vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
         eos_token_id=eos, pad_token_id=pad, bos_token_id=None, tie_word_embeddings=True,
         initializer_range=init_range,
@@ -58,7 +62,9 @@ def make_checkpoint(path: Path, *, layers: int = 2, hidden: int = 64, vocab_size
     return path
 
 
-def write_config(path: Path, target: Path, draft: Path | None, **sections) -> Path:
+def write_config(path: Path, target: Path, draft: Path | None, /, **sections) -> Path:
+    """A build config (JSON, which is YAML) for the pair; each keyword is merged into its section
+    (`target={...}` and `draft={...}` included)."""
     config = {"name": "tiny", "backend": "torch", "target": {"checkpoint": str(target), "dtype": "float32"}}
     if draft is not None:
         config["draft"] = {"checkpoint": str(draft), "dtype": "float32"}
@@ -68,4 +74,22 @@ def write_config(path: Path, target: Path, draft: Path | None, **sections) -> Pa
         else:
             config[key] = value
     path.write_text(json.dumps(config))  # JSON is YAML
+    return path
+
+
+def make_perturbed_copy(source: Path, path: Path, *, noise: float, seed: int = 0) -> Path:
+    """A copy of `source` with Gaussian noise on its decoder weights: a draft that agrees with the
+    target often but not always (two independent random models almost never agree)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, path)
+    weights = path / "model.safetensors"
+    state = load_file(str(weights))
+    gen = torch.Generator().manual_seed(seed)
+    for name, tensor in state.items():
+        if ".layers." in name and tensor.ndim == 2:
+            state[name] = tensor + noise * tensor.std() * torch.randn(tensor.shape, generator=gen)
+    save_file(state, str(weights), metadata={"format": "pt"})
     return path

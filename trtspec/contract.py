@@ -61,6 +61,40 @@ ENGINE_OUTPUTS = (
     TensorSpec("kv_cache_reused_blocks", "INT32", (1,)),
 )
 ENGINE_OUTPUT_NAMES = tuple(t.name for t in ENGINE_OUTPUTS)
+
+# The client-facing `tensorrt_llm_bls` model (reference §2.3): the stock names and types, and trtspec's
+# additions (acceptance statistics, timings, finish_reason) as new optional outputs. Dims without the batch dim.
+BLS_INPUTS = (
+    TensorSpec("text_input", "STRING", (1,), optional=False),
+    TensorSpec("max_tokens", "INT32", (1,), optional=False),
+    TensorSpec("num_draft_tokens", "INT32", (1,)),
+    TensorSpec("use_draft_logits", "BOOL", (1,)),
+    TensorSpec("stream", "BOOL", (1,)),
+    TensorSpec("temperature", "FP32", (1,)),
+    TensorSpec("top_k", "INT32", (1,)),
+    TensorSpec("top_p", "FP32", (1,)),
+    TensorSpec("seed", "UINT64", (1,)),
+    TensorSpec("end_id", "INT32", (1,)),
+    TensorSpec("pad_id", "INT32", (1,)),
+    TensorSpec("min_tokens", "INT32", (1,)),
+    TensorSpec("stop_words", "STRING", (-1,)),
+    TensorSpec("bad_words", "STRING", (-1,)),
+    TensorSpec("return_perf_metrics", "BOOL", (1,)),
+    TensorSpec("exclude_input_in_output", "BOOL", (1,)),
+)
+BLS_OUTPUTS = (
+    TensorSpec("text_output", "STRING", (-1,)),
+    TensorSpec("output_ids", "INT32", (-1,)),          # the token ids of this response
+    TensorSpec("acceptance_rate", "FP32", (1,)),
+    TensorSpec("total_accepted_draft_tokens", "INT32", (1,)),
+    TensorSpec("total_draft_tokens", "INT32", (1,)),
+    TensorSpec("num_iterations", "INT32", (1,)),
+    TensorSpec("draft_time_ms", "FP32", (1,)),
+    TensorSpec("verify_time_ms", "FP32", (1,)),
+    TensorSpec("accepted_per_position", "INT32", (-1,)),
+    TensorSpec("drafted_per_position", "INT32", (-1,)),
+    TensorSpec("finish_reason", "STRING", (1,)),
+)
 KV_TOKENS_PER_BLOCK = 32  # block size the embedded engine reports reuse in (TRT-LLM's default tokens_per_block)
 
 

@@ -1,0 +1,164 @@
+"""The draft-then-verify loop with in-process engines (real tiny models, no Triton)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tiny import make_checkpoint, make_perturbed_copy, write_config
+from trtspec.contract import SamplingParams
+from trtspec.orchestrator.drafters import make_drafter
+from trtspec.orchestrator.loop import Cancelled, SpecRequest, speculate
+from trtspec.orchestrator.stats import RequestStats
+
+PROMPTS = [[305, 70, 294, 280, 76, 272], [5, 6, 7], [100, 200, 300, 12, 44]]
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """A 3-layer target and a draft that is the target with slightly perturbed weights (about half its
+    draft tokens are accepted), built with max_draft_len 8."""
+    from trtspec.build import run_build
+    from trtspec.engine.runtime import Engine, InProcessClient
+
+    root = tmp_path_factory.mktemp("orch")
+    target = make_checkpoint(root / "target", layers=3, seed=0)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
+    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 8},
+                          engine={"max_input_len": 64, "max_seq_len": 128})
+    out = run_build(config, root / "engines")
+    return InProcessClient(Engine.load(out / "target")), InProcessClient(Engine.load(out / "draft"))
+
+
+def run(request, target, drafter=None, **kw):
+    stats = RequestStats()
+    tokens = [t for chunk in speculate(request, target, drafter, stats=stats, **kw) for t in chunk]
+    return tokens, stats
+
+
+def drafter_for(client, sampling=SamplingParams(), end_id=None, use_logits=False):
+    return make_drafter("draft_model", client=client, sampling=sampling, end_id=end_id, pad_id=None, use_logits=use_logits)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_speculation_equals_target_only(engines, k):
+    target, draft = engines
+    for prompt in PROMPTS:
+        reference, _ = run(SpecRequest(prompt, 30), target)
+        tokens, stats = run(SpecRequest(prompt, 30, num_draft_tokens=k), target, drafter_for(draft))
+        assert tokens == reference
+        assert stats.generated_tokens == len(tokens) == 30
+        assert stats.finish_reason == "length"
+        assert 0 <= stats.accepted_tokens <= stats.draft_tokens
+        assert len(stats.drafted_per_position) <= k
+        # a draft is accepted as a prefix, so acceptance can only fall with position
+        counts = stats.accepted_per_position
+        assert all(a >= b for a, b in zip(counts, counts[1:]))
+
+
+def test_partial_acceptance_is_reported(engines):
+    target, draft = engines
+    _, stats = run(SpecRequest(PROMPTS[0], 40, num_draft_tokens=4), target, drafter_for(draft))
+    assert 0 < stats.acceptance_rate < 1
+    assert stats.iterations < 40  # fewer target calls than tokens: speculation saved some
+
+
+def test_self_draft_accepts_everything(engines):
+    target, _ = engines
+    tokens, stats = run(SpecRequest(PROMPTS[1], 20, num_draft_tokens=4), target, drafter_for(target))
+    assert stats.acceptance_rate == 1.0
+    assert stats.iterations == 4  # 5 tokens an iteration
+    assert stats.position_acceptance() == [1.0] * 4
+
+
+class RecordingDrafter:
+    """Wraps a real drafter and records the draft lengths it was asked for."""
+
+    def __init__(self, inner):
+        self.inner, self.asked = inner, []
+
+    def propose(self, context, k):
+        self.asked.append(k)
+        return self.inner.propose(context, k)
+
+    def observe(self, num_accepted, num_drafted):
+        self.inner.observe(num_accepted, num_drafted)
+
+
+def test_draft_length_never_exceeds_budget_minus_one(engines):
+    target, _ = engines
+    recorder = RecordingDrafter(drafter_for(target))  # self-draft: every iteration emits k+1 tokens
+    tokens, _ = run(SpecRequest(PROMPTS[0], 7, num_draft_tokens=4), target, recorder)
+    assert len(tokens) == 7
+    assert recorder.asked == [4, 1]  # 5 tokens, then 2 left: k = 2 - 1
+
+
+def test_stops_on_end_id_and_stop_words(engines):
+    target, draft = engines
+    reference, _ = run(SpecRequest(PROMPTS[0], 30), target)
+    end_id = reference[12]
+    first = reference.index(end_id)
+    for k in (0, 3):
+        tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=k, end_id=end_id), target, drafter_for(draft, end_id=end_id))
+        assert tokens == reference[: first + 1] and stats.finish_reason == "end_id"
+    stop = reference[8:10]
+    at = next(i for i in range(len(reference) - 1) if reference[i:i + 2] == stop)
+    tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, stop_words=[stop]), target, drafter_for(draft))
+    assert tokens == reference[: at + 2] and stats.finish_reason == "stop_words"
+
+
+def test_cancellation_stops_at_the_next_iteration(engines):
+    target, draft = engines
+    calls = {"n": 0}
+
+    def cancelled():
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    with pytest.raises(Cancelled):
+        run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=2), target, drafter_for(draft), cancelled=cancelled)
+    assert calls["n"] == 3
+
+
+@pytest.mark.parametrize("use_logits", [False, True])
+def test_sampling_is_reproducible_with_a_seed(engines, use_logits):
+    target, draft = engines
+    sampling = SamplingParams(temperature=0.8, top_k=50, seed=1234)
+    make = lambda: drafter_for(draft, sampling=sampling, use_logits=use_logits)  # noqa: E731
+    first, _ = run(SpecRequest(PROMPTS[2], 25, num_draft_tokens=3, sampling=sampling), target, make())
+    second, _ = run(SpecRequest(PROMPTS[2], 25, num_draft_tokens=3, sampling=sampling), target, make())
+    other, _ = run(SpecRequest(PROMPTS[2], 25, num_draft_tokens=3, sampling=SamplingParams(0.8, 50, 0.0, 99)), target, make())
+    assert first == second
+    assert first != other
+
+
+def test_streaming_plain_decoding_yields_one_token_per_iteration(engines):
+    target, _ = engines
+    chunks = list(speculate(SpecRequest(PROMPTS[1], 6, stream=True), target, None))
+    assert [len(c) for c in chunks] == [1] * 6
+
+
+def test_orchestrator_imports_neither_triton_nor_the_engine():
+    code = (
+        "import sys, trtspec.orchestrator.loop, trtspec.orchestrator.drafters, trtspec.orchestrator.detok;"
+        "bad = [m for m in ('triton_python_backend_utils', 'trtspec.engine.runtime', 'torch') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_incremental_detokenizer_streams_valid_utf8(tmp_path):
+    from tiny import make_tokenizer
+    from trtspec.orchestrator.detok import IncrementalDetokenizer
+
+    tokenizer = make_tokenizer(tmp_path, 320)
+    text = "héllo wörld 😀 — déjà vu ✓ done"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for step in (1, 2, 3):
+        detok = IncrementalDetokenizer(tokenizer)
+        pieces = [detok.push(ids[i:i + step]) for i in range(0, len(ids), step)]
+        pieces.append(detok.flush())
+        assert "".join(pieces) == tokenizer.decode(ids)
+        assert all("\ufffd" not in p for p in pieces)

@@ -1,0 +1,32 @@
+"""Drafting with a small model behind the same engine contract as the target (`tensorrt_llm_draft`)."""
+
+from __future__ import annotations
+
+from trtspec.contract import GenerationRequest, SamplingParams
+from trtspec.orchestrator.drafters import Draft
+
+# The draft engine seeds its sampler from the request the same way the target does; an offset keeps the
+# draft's draws independent of the target's acceptance draws at the same position.
+_DRAFT_SEED_OFFSET = 0x5DEECE66D
+
+
+class DraftModelDrafter:
+    def __init__(self, client, *, sampling: SamplingParams, end_id: int | None, pad_id: int | None,
+                 use_logits: bool = False):
+        self.client = client
+        self.use_logits = use_logits
+        self.end_id, self.pad_id = end_id, pad_id
+        seed = None if sampling.seed is None else (sampling.seed + _DRAFT_SEED_OFFSET) % 2**63
+        self.sampling = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed)
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        # min_tokens = k forces k tokens even past an end token, so the target always gets a full draft.
+        result = self.client.generate(GenerationRequest(
+            input_ids=context, request_output_len=k, min_tokens=k, end_id=self.end_id, pad_id=self.pad_id,
+            sampling=self.sampling, return_generation_logits=self.use_logits,
+        ))
+        logits = result.generation_logits[:k] if self.use_logits and result.generation_logits is not None else None
+        return Draft(result.new_tokens[:k], logits)
+
+    def observe(self, num_accepted: int, num_drafted: int) -> None:
+        pass

@@ -1,0 +1,127 @@
+"""The draft-then-verify loop, per request, independent of Triton.
+
+Each iteration:
+  1. choose k: the requested draft length, never more than the remaining budget minus one (the target
+     always adds a token of its own);
+  2. draft: the drafter proposes up to k tokens for the whole current sequence;
+  3. verify: ONE target call with the sequence, `draft_input_ids` (and `draft_logits`), asking for
+     len(draft) + 1 tokens; the engine accepts a prefix of the draft and adds its own next token;
+  4. stop rules: end_id, max_tokens, stop words, cancellation;
+  5. yield the iteration's new tokens, so the caller can stream them.
+With no drafter (or k = 0) the same loop is plain decoding: the target is asked for the remaining budget
+in one call, or one token per iteration when streaming.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from trtspec.contract import GenerationRequest, GenerationResult, SamplingParams
+from trtspec.orchestrator.drafters import Drafter
+from trtspec.orchestrator.stats import RequestStats
+
+
+class EngineClient(Protocol):
+    def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+
+@dataclass
+class SpecRequest:
+    prompt: list[int]
+    max_tokens: int
+    num_draft_tokens: int = 0
+    sampling: SamplingParams = SamplingParams()
+    end_id: int | None = None
+    pad_id: int | None = None
+    stop_words: list[list[int]] = field(default_factory=list)
+    stream: bool = False
+
+
+class Cancelled(Exception):
+    """The client went away; raised out of the loop at the next iteration boundary."""
+
+
+def speculate(
+    request: SpecRequest,
+    target: EngineClient,
+    drafter: Drafter | None,
+    *,
+    stats: RequestStats | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Iterator[list[int]]:
+    """Yield the new tokens of each iteration until a stop rule fires; `stats` is filled as it goes."""
+    stats = stats if stats is not None else RequestStats()
+    sequence = list(request.prompt)
+    generated = 0
+    while True:
+        if cancelled():
+            stats.finish_reason = "cancelled"
+            raise Cancelled()
+        remaining = request.max_tokens - generated
+        k = _draft_length(request, drafter, remaining)
+
+        start = time.perf_counter()
+        draft = drafter.propose(sequence, k) if k > 0 else None
+        drafted_at = time.perf_counter()
+
+        result = target.generate(_verify_request(request, sequence, draft, remaining))
+        verified_at = time.perf_counter()
+
+        new = result.new_tokens[:remaining]
+        accepted = result.num_accepted_draft_tokens if draft else 0
+        if draft:
+            drafter.observe(accepted, len(draft.tokens))
+        new, reason = _apply_stop_rules(request, sequence, new, generated + len(new) >= request.max_tokens)
+        stats.record(drafted=len(draft.tokens) if draft else 0, accepted=min(accepted, len(new)), emitted=len(new),
+                     draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at)
+        sequence += new
+        generated += len(new)
+        if new:
+            yield new
+        if reason:
+            stats.finish_reason = reason
+            return
+
+
+def _draft_length(request: SpecRequest, drafter: Drafter | None, remaining: int) -> int:
+    if drafter is None or request.num_draft_tokens <= 0:
+        return 0
+    return max(0, min(request.num_draft_tokens, remaining - 1))
+
+
+def _verify_request(request: SpecRequest, sequence: list[int], draft, remaining: int) -> GenerationRequest:
+    if draft is not None and draft.tokens:
+        n = len(draft.tokens) + 1
+    else:
+        # Plain decoding: one call for the whole budget, or one token a call when each must be streamed.
+        n = 1 if request.stream else remaining
+    return GenerationRequest(
+        input_ids=sequence, request_output_len=n, end_id=request.end_id, pad_id=request.pad_id,
+        sampling=request.sampling,
+        draft_input_ids=draft.tokens if draft is not None and draft.tokens else None,
+        draft_logits=draft.logits if draft is not None and draft.tokens else None,
+    )
+
+
+def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int], at_budget: bool):
+    """Cut `new` at the first end_id or completed stop word; return (tokens to keep, finish reason or None)."""
+    tail = list(sequence[-_longest(request.stop_words):]) if request.stop_words else []
+    for i, token in enumerate(new):
+        if request.end_id is not None and token == request.end_id:
+            return new[: i + 1], "end_id"
+        if request.stop_words:
+            tail.append(token)
+            if any(len(w) <= len(tail) and tail[-len(w):] == w for w in request.stop_words):
+                return new[: i + 1], "stop_words"
+    if at_budget:
+        return new, "length"
+    if not new:  # an engine that returns nothing would loop forever
+        return new, "end_id"
+    return new, None
+
+
+def _longest(words: list[list[int]]) -> int:
+    return max((len(w) for w in words), default=0)

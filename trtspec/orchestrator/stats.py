@@ -1,0 +1,53 @@
+"""Per-request speculation statistics: plain counters, with the derived figures as properties.
+
+    acceptance_rate       = accepted_tokens / draft_tokens
+    tokens_per_iteration  = generated_tokens / iterations   (mean accepted length + 1 when every iteration verifies)
+    position_acceptance_i = accepted_per_position[i] / drafted_per_position[i]
+                            (the chance that draft position i is accepted, given it was drafted)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestStats:
+    iterations: int = 0
+    speculative_iterations: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    generated_tokens: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    finish_reason: str | None = None
+
+    def record(self, *, drafted: int, accepted: int, emitted: int, draft_seconds: float, verify_seconds: float) -> None:
+        self.iterations += 1
+        self.speculative_iterations += drafted > 0
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        self.generated_tokens += emitted
+        self.draft_seconds += draft_seconds
+        self.verify_seconds += verify_seconds
+        grow = drafted - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for i in range(drafted):
+            self.drafted_per_position[i] += 1
+            # a draft is accepted as a prefix: positions 0..accepted-1 were accepted
+            self.accepted_per_position[i] += i < accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_iteration(self) -> float:
+        return self.generated_tokens / self.iterations if self.iterations else 0.0
+
+    def position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]

@@ -1,0 +1,277 @@
+"""The `tensorrt_llm_bls` model: the speculative loop served by Triton's Python backend (decoupled).
+
+It accepts the stock BLS request fields and runs `trtspec.orchestrator.loop.speculate` with two engine
+clients that call the `tensorrt_llm` and `tensorrt_llm_draft` models through BLS. Requests run on a
+thread pool, so many are served at once: a request waits for the engines, never for another request's
+whole generation. Each failure becomes exactly one error response, and the model keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtspec.contract import (
+    ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, SamplingParams, request_to_tensors, tensors_to_result,
+)
+from trtspec.errors import EngineError, RequestError
+from trtspec.orchestrator.detok import IncrementalDetokenizer
+from trtspec.orchestrator.drafters import make_drafter
+from trtspec.orchestrator.loop import Cancelled, SpecRequest, speculate
+from trtspec.orchestrator.stats import RequestStats
+
+
+class BlsEngineClient:
+    """An engine client that calls a `tensorrt_llm`-contract model through BLS."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        inputs = [pb_utils.Tensor(name, value) for name, value in request_to_tensors(request).items()]
+        wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
+        response = pb_utils.InferenceRequest(
+            model_name=self.model_name, inputs=inputs, requested_output_names=wanted,
+        ).exec()
+        if response.has_error():
+            raise EngineError(f"{self.model_name}: {response.error().message()}")
+        tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
+
+
+class Metrics:
+    """Speculation counters on Triton's metrics port (names documented in the README)."""
+
+    def __init__(self, model: str):
+        counter = pb_utils.MetricFamily.COUNTER
+
+        def family(name, description):
+            return pb_utils.MetricFamily(name=name, description=description, kind=counter)
+
+        self.labels = {"model": model}
+        self._draft = family("trtspec_draft_tokens_total", "Draft tokens proposed to the target").Metric(labels=self.labels)
+        self._accepted = family("trtspec_accepted_tokens_total", "Draft tokens the target accepted").Metric(labels=self.labels)
+        self._generated = family("trtspec_generated_tokens_total", "Tokens returned to clients").Metric(labels=self.labels)
+        self._iterations = family("trtspec_iterations_total", "Draft-then-verify iterations (plain decoding steps included)").Metric(labels=self.labels)
+        self._by_position = family("trtspec_accepted_tokens_by_position_total", "Accepted draft tokens by draft position (0 = first)")
+        self._drafted_by_position = family("trtspec_draft_tokens_by_position_total", "Draft tokens proposed by draft position (0 = first)")
+        requests = family("trtspec_requests_total", "Finished requests by decoding mode")
+        self._requests = {m: requests.Metric(labels=self.labels | {"mode": m}) for m in ("speculative", "plain")}
+        self._fallbacks = family("trtspec_fallbacks_total", "Requests that asked for speculation but decoded plainly, by reason")
+        self._position_metrics: dict[tuple[str, int], object] = {}
+        self._fallback_metrics: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def _positional(self, kind: str, position: int):
+        key = (kind, position)
+        if key not in self._position_metrics:
+            fam = self._by_position if kind == "accepted" else self._drafted_by_position
+            self._position_metrics[key] = fam.Metric(labels=self.labels | {"position": str(position)})
+        return self._position_metrics[key]
+
+    def record(self, stats: RequestStats, speculative: bool) -> None:
+        with self._lock:
+            self._draft.increment(stats.draft_tokens)
+            self._accepted.increment(stats.accepted_tokens)
+            self._generated.increment(stats.generated_tokens)
+            self._iterations.increment(stats.iterations)
+            for i, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
+                self._positional("drafted", i).increment(drafted)
+                self._positional("accepted", i).increment(accepted)
+            ran_speculative = stats.speculative_iterations > 0
+            self._requests["speculative" if ran_speculative else "plain"].increment(1)
+            if speculative and not ran_speculative:
+                reason = "no_budget"
+                if reason not in self._fallback_metrics:
+                    self._fallback_metrics[reason] = self._fallbacks.Metric(labels=self.labels | {"reason": reason})
+                self._fallback_metrics[reason].increment(1)
+
+
+def _param(config: dict, key: str, default: str) -> str:
+    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
+    return default if not value or value.startswith("${") else value
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from transformers import AutoTokenizer
+
+        config = json.loads(args["model_config"])
+        self.batched = int(config.get("max_batch_size", 0)) > 0
+        self.target_name = _param(config, "tensorrt_llm_model_name", "tensorrt_llm")
+        self.draft_name = _param(config, "tensorrt_llm_draft_model_name", "")
+        self.default_k = int(_param(config, "default_num_draft_tokens", "0"))
+        self.max_draft_len = int(_param(config, "max_draft_len", "0"))
+        self.max_input_len = int(_param(config, "max_input_len", "2048"))
+        self.max_seq_len = int(_param(config, "max_seq_len", "4096"))
+        self.use_logits_default = _param(config, "use_draft_logits_default", "false").lower() == "true"
+        self.tokenizer = AutoTokenizer.from_pretrained(_param(config, "tokenizer_dir", ""))
+        self.target = BlsEngineClient(self.target_name)
+        self.draft = BlsEngineClient(self.draft_name) if self.draft_name else None
+        self.metrics = Metrics(args["model_name"])
+        workers = int(_param(config, "max_concurrent_requests", "64"))
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
+
+    def execute(self, requests):
+        for request in requests:
+            self.pool.submit(self._serve, request, request.get_response_sender())
+        return None
+
+    def finalize(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    # ---- one request ----------------------------------------------------------------------------------------
+    def _serve(self, request, sender) -> None:
+        try:
+            self._run(request, sender)
+        except RequestError as exc:
+            self._fail(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
+        except Cancelled:
+            self._fail(sender, "request cancelled", pb_utils.TritonError.CANCELLED)
+        except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
+            pb_utils.Logger.log_error(f"tensorrt_llm_bls: {traceback.format_exc()}")
+            self._fail(sender, f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
+
+    def _fail(self, sender, message: str, code) -> None:
+        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code)),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _run(self, request, sender) -> None:
+        fields = _Fields(request)
+        spec, use_logits, want_perf, exclude_input = self._parse(fields)
+        stats = RequestStats()
+        speculative = spec.num_draft_tokens > 0
+        drafter = None
+        if speculative:
+            drafter = make_drafter("draft_model", client=self.draft, sampling=spec.sampling, end_id=spec.end_id,
+                                   pad_id=spec.pad_id, use_logits=use_logits)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
+        # unless exclude_input_in_output is set.
+        prompt_text = "" if exclude_input or spec.stream else fields.text("text_input")
+        ids: list[int] = []
+        text = []
+        for chunk in speculate(spec, self.target, drafter, stats=stats, cancelled=sender.is_cancelled):
+            ids += chunk
+            piece = detok.push(chunk)
+            if spec.stream:
+                if piece or chunk:
+                    sender.send(self._response(piece, chunk))
+            else:
+                text.append(piece)
+        rest = detok.flush()
+        self.metrics.record(stats, speculative)
+        perf = stats if want_perf else None
+        if spec.stream:
+            sender.send(self._response(rest, [], perf), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        else:
+            sender.send(self._response(prompt_text + "".join(text) + rest, ids, perf),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _parse(self, f: "_Fields"):
+        text = f.text("text_input")
+        if not text:
+            raise RequestError("text_input", "is required and must not be empty")
+        prompt = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        if len(prompt) > self.max_input_len:
+            raise RequestError("text_input", f"the prompt is {len(prompt)} tokens; this deployment's max_input_len is {self.max_input_len}")
+        max_tokens = f.scalar("max_tokens", int, None)
+        if max_tokens is None:
+            raise RequestError("max_tokens", "is required")
+        budget = self.max_seq_len - len(prompt)
+        if not 0 < max_tokens <= budget:
+            raise RequestError("max_tokens", f"must be between 1 and {budget} (max_seq_len {self.max_seq_len} minus the {len(prompt)}-token prompt), got {max_tokens}")
+        k = f.scalar("num_draft_tokens", int, self.default_k)
+        if k < 0 or k > self.max_draft_len:
+            raise RequestError("num_draft_tokens", f"must be between 0 and the target engine's max_draft_len {self.max_draft_len}, got {k}")
+        if k > 0 and self.draft is None:
+            raise RequestError("num_draft_tokens", "this deployment has no draft model; send 0 or omit it")
+        temperature = f.scalar("temperature", float, 0.0)
+        top_k = f.scalar("top_k", int, 0)
+        top_p = f.scalar("top_p", float, 0.0)
+        if temperature < 0:
+            raise RequestError("temperature", f"must be >= 0, got {temperature}")
+        if top_k < 0:
+            raise RequestError("top_k", f"must be >= 0, got {top_k}")
+        if not 0.0 <= top_p <= 1.0:
+            raise RequestError("top_p", f"must be within [0, 1], got {top_p}")
+        end_id = f.scalar("end_id", int, self.tokenizer.eos_token_id)
+        pad_id = f.scalar("pad_id", int, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else end_id)
+        vocab = len(self.tokenizer)
+        for name, value in (("end_id", end_id), ("pad_id", pad_id)):
+            if value is not None and not -1 <= value < vocab:
+                raise RequestError(name, f"{value} is outside the vocabulary [0, {vocab}) (-1 disables it)")
+        if f.has("bad_words") and any(f.strings("bad_words")):
+            raise RequestError("bad_words", "is not supported by this deployment's engines yet; leave it out")
+        stop_words = [self.tokenizer(w, add_special_tokens=False)["input_ids"] for w in f.strings("stop_words") if w]
+        seed = f.scalar("seed", int, None)
+        spec = SpecRequest(
+            prompt=prompt, max_tokens=max_tokens, num_draft_tokens=k,
+            sampling=SamplingParams(temperature, top_k, top_p, seed),
+            end_id=None if end_id == -1 else end_id, pad_id=pad_id, stop_words=[w for w in stop_words if w],
+            stream=f.scalar("stream", bool, False),
+        )
+        use_logits = f.scalar("use_draft_logits", bool, self.use_logits_default)
+        return spec, use_logits, f.scalar("return_perf_metrics", bool, False), f.scalar("exclude_input_in_output", bool, False)
+
+    def _response(self, text: str, ids: list[int], stats: RequestStats | None = None):
+        def out(name, value, dtype):
+            arr = np.asarray(value, dtype=dtype)
+            return pb_utils.Tensor(name, arr[None] if self.batched else arr)
+
+        tensors = [out("text_output", [text.encode()], np.object_), out("output_ids", ids, np.int32)]
+        if stats is not None:
+            tensors += [
+                out("acceptance_rate", [stats.acceptance_rate], np.float32),
+                out("total_accepted_draft_tokens", [stats.accepted_tokens], np.int32),
+                out("total_draft_tokens", [stats.draft_tokens], np.int32),
+                out("num_iterations", [stats.iterations], np.int32),
+                out("draft_time_ms", [stats.draft_seconds * 1e3], np.float32),
+                out("verify_time_ms", [stats.verify_seconds * 1e3], np.float32),
+                out("accepted_per_position", stats.accepted_per_position, np.int32),
+                out("drafted_per_position", stats.drafted_per_position, np.int32),
+                out("finish_reason", [(stats.finish_reason or "").encode()], np.object_),
+            ]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+class _Fields:
+    """Typed access to a request's optional input tensors (batch dim, if any, is one request)."""
+
+    def __init__(self, request):
+        self.request = request
+
+    def _get(self, name):
+        tensor = pb_utils.get_input_tensor_by_name(self.request, name)
+        return None if tensor is None else tensor.as_numpy()
+
+    def has(self, name: str) -> bool:
+        return self._get(name) is not None
+
+    def scalar(self, name: str, kind, default):
+        arr = self._get(name)
+        if arr is None:
+            return default
+        flat = arr.reshape(-1)
+        if flat.size != 1:
+            raise RequestError(name, f"expected one value, got {flat.size}")
+        value = flat[0]
+        try:
+            return bool(value) if kind is bool else kind(value)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(name, f"cannot read {value!r} as {kind.__name__}") from exc
+
+    def strings(self, name: str) -> list[str]:
+        arr = self._get(name)
+        if arr is None:
+            return []
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in arr.reshape(-1)]
+
+    def text(self, name: str) -> str:
+        values = self.strings(name)
+        return values[0] if values else ""
