@@ -110,6 +110,8 @@ class TritonPythonModel:
         self.max_input_len = int(_param(config, "max_input_len", "2048"))
         self.max_seq_len = int(_param(config, "max_seq_len", "4096"))
         self.use_logits_default = _param(config, "use_draft_logits_default", "false").lower() == "true"
+        self.add_special_tokens = _param(config, "add_special_tokens", "true").lower() == "true"
+        self.skip_special_tokens = _param(config, "skip_special_tokens", "true").lower() == "true"
         self.tokenizer = AutoTokenizer.from_pretrained(_param(config, "tokenizer_dir", ""))
         self.target = BlsEngineClient(self.target_name)
         self.draft = BlsEngineClient(self.draft_name) if self.draft_name else None
@@ -150,7 +152,7 @@ class TritonPythonModel:
         if speculative:
             drafter = make_drafter("draft_model", client=self.draft, sampling=spec.sampling, end_id=spec.end_id,
                                    pad_id=spec.pad_id, use_logits=use_logits)
-        detok = IncrementalDetokenizer(self.tokenizer)
+        detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
         # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
         # unless exclude_input_in_output is set.
         prompt_text = "" if exclude_input or spec.stream else fields.text("text_input")
@@ -177,7 +179,7 @@ class TritonPythonModel:
         text = f.text("text_input")
         if not text:
             raise RequestError("text_input", "is required and must not be empty")
-        prompt = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        prompt = self.tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"]
         if len(prompt) > self.max_input_len:
             raise RequestError("text_input", f"the prompt is {len(prompt)} tokens; this deployment's max_input_len is {self.max_input_len}")
         max_tokens = f.scalar("max_tokens", int, None)
