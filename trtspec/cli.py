@@ -92,7 +92,8 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
     out = write_repository(loaded, Path(engines) if engines else default_output(loaded), repo, force=force, device=device)
     problems = validate_repository(out)
     _report_problems(f"repository {out}", problems)
-    console.print(f"model repository in {escape(str(out))}; serve it with `trtspec serve --repo {escape(str(out))}`", highlight=False)
+    console.print(f"model repository in {escape(str(out))}; serve it with `trtspec serve --repo {escape(str(out))}`",
+                  highlight=False, soft_wrap=True)
 
 
 @cli.group(cls=_Group)
@@ -107,17 +108,116 @@ def validate_repo(path: str) -> None:
     from trtspec.repository import validate_repository
 
     _report_problems(f"repository {path}", validate_repository(path))
-    console.print(f"[green]ok[/]: {escape(path)}", highlight=False)
+    console.print(f"[green]ok[/]: {escape(path)}", highlight=False, soft_wrap=True)
 
 
 def _report_problems(what: str, problems: list) -> None:
     """Print every problem and exit 1 when there is any."""
     if not problems:
         return
-    console.print(f"[bold red]{escape(what)}: {len(problems)} problem{'s' if len(problems) != 1 else ''}[/]", highlight=False)
+    console.print(f"[bold red]{escape(what)}: {len(problems)} problem{'s' if len(problems) != 1 else ''}[/]", highlight=False, soft_wrap=True)
     for problem in problems:
         console.print(f"  - {escape(str(problem))}", highlight=False, soft_wrap=True)
     sys.exit(1)
+
+
+_PROTOCOL = click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
+_URL = click.option("--url", help="host:port of the server [default: 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc].")
+
+
+@cli.command()
+@click.argument("prompt")
+@_URL
+@_PROTOCOL
+@click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model to ask.")
+@click.option("--stream", is_flag=True, help="Print the text as each iteration's tokens arrive.")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--num-draft-tokens", type=click.IntRange(min=0), help="Draft length K; 0: the target alone [default: the deployment's].")
+@click.option("--temperature", type=float, help="Sampling temperature; 0 (the default) is greedy.")
+@click.option("--top-k", type=click.IntRange(min=0))
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0))
+@click.option("--seed", type=click.IntRange(min=0))
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds the request may take.")
+def generate(prompt, url, protocol, model, stream, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed, timeout) -> None:
+    """Generate from PROMPT with the speculative model; text to stdout, statistics to stderr."""
+    from trtspec.client import SpecClient
+
+    def show(chunk) -> None:
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+
+    with SpecClient(url, protocol=protocol, model=model, timeout=timeout) as client:
+        result = client.generate(prompt, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, seed=seed, stream=stream, on_chunk=show if stream else None)
+    if not stream:
+        sys.stdout.write(result.text)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    _print_completion(result)
+
+
+def _print_completion(result) -> None:
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, padding=(0, 2))
+    rows = [("tokens", f"{len(result.token_ids)} ({result.finish_reason or '?'})")]
+    if result.drafted is not None:
+        acceptance = f"{result.acceptance_rate:.1%}" if result.drafted else "-"
+        rows.append(("acceptance", f"{acceptance} ({result.accepted}/{result.drafted} draft tokens)"))
+        if result.drafted_per_position:
+            rows.append(("by position", "  ".join(f"{p:.0%}" for p in result.position_acceptance())))
+        per_iteration = f" ({result.tokens_per_iteration:.2f} tokens each)" if result.tokens_per_iteration else ""
+        rows.append(("iterations", f"{result.iterations}{per_iteration}"))
+        rows.append(("draft / verify", f"{result.draft_ms:.0f} ms / {result.verify_ms:.0f} ms"))
+    if result.time_to_first_token is not None:
+        rows.append(("first token", f"{result.time_to_first_token * 1e3:.0f} ms"))
+    rows.append(("total", f"{result.total_time:.2f} s, {result.tokens_per_second:.1f} tokens/s"))
+    for name, value in rows:
+        table.add_row(f"[bold]{name}[/]", escape(value))
+    console.print(table)
+
+
+@validate.command("outputs")
+@_URL
+@_PROTOCOL
+@click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model.")
+@click.option("--engine-model", default="tensorrt_llm", show_default=True, help="The target engine model (asked for logits at a difference).")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, exists=True), help="JSONL with {\"prompt\": ...} per line, or one prompt per line [default: 8 built-in prompts].")
+@click.option("--num-draft-tokens", "ks", help="Draft lengths K to check, e.g. 1,4,8 [default: 1,4,8 up to the deployment's max_draft_len].")
+@click.option("--max-tokens", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), help="Tokenizer dir for prompt ids [default: the deployment's preprocessing model].")
+@click.option("--tie-tolerance", default=1e-2, show_default=True, type=click.FloatRange(min=0.0), help="A difference is a near-tie when the logit gap <= this x max(1, max |logit|).")
+@click.option("--allow-near-ties", is_flag=True, help="Pass when the only differences are near-ties.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
+def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_tokens, tokenizer_dir, tie_tolerance, allow_near_ties, timeout) -> None:
+    """Check that speculative greedy outputs are the target's own, token for token."""
+    from trtspec.client import SpecClient
+    from trtspec.validate import (DEFAULT_KS, DEFAULT_PROMPTS, Tokens, deployment_max_draft_len, load_prompts, parse_ks,
+                                  render_report, run_validation)
+
+    prompts = load_prompts(prompts_file) if prompts_file else list(DEFAULT_PROMPTS)
+    with SpecClient(url, protocol=protocol, model=model, timeout=timeout) as client:
+        skipped = []
+        if ks:
+            draft_lengths = parse_ks(ks)
+        else:
+            limit = deployment_max_draft_len(client)
+            draft_lengths = [k for k in DEFAULT_KS if limit is None or k <= limit]
+            skipped = [k for k in DEFAULT_KS if k not in draft_lengths]
+            if limit and limit not in draft_lengths and limit > max(draft_lengths, default=0):
+                draft_lengths.append(limit)
+            if not draft_lengths:
+                raise click.UsageError(f"the deployment's max_draft_len is {limit}: there is no draft length to check")
+        tokens = Tokens(client, tokenizer_dir)
+        console.print(f"{len(prompts)} prompts, K = {', '.join(map(str, draft_lengths))}, {max_tokens} tokens, "
+                      f"prompt ids from the {tokens.source}", highlight=False)
+        with console.status("validating…") as status:
+            report = run_validation(client, prompts, draft_lengths, max_tokens=max_tokens, tokens=tokens,
+                                    tolerance=tie_tolerance, engine_model=engine_model,
+                                    progress=lambda msg: status.update(f"validating: {msg}"))
+        report.skipped_ks = skipped
+    render_report(report, console, allow_near_ties=allow_near_ties)
+    sys.exit(0 if report.passed(allow_near_ties) else 1)
 
 
 def main() -> None:

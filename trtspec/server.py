@@ -330,10 +330,15 @@ class TritonServer:
         return self._proc is not None and self._proc.poll() is None
 
     def is_ready(self, timeout: float = 1.0) -> bool:
+        # The metrics service starts a moment after the HTTP one reports ready: wait for both.
+        return self._answers(f"{self.http_base_url}/v2/health/ready", timeout) and self._answers(self.metrics_url, timeout)
+
+    @staticmethod
+    def _answers(url: str, timeout: float) -> bool:
         # No proxies: HTTP(S)_PROXY must not capture a loopback health check.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with opener.open(f"{self.http_base_url}/v2/health/ready", timeout=timeout) as resp:
+            with opener.open(url, timeout=timeout) as resp:
                 return resp.status == 200
         except (OSError, HTTPException):  # URLError is an OSError
             return False

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -31,11 +32,11 @@ def run_build(config_path: str | Path, output: Path | None, *, dry_run: bool = F
     for col in ("role", "checkpoint", "architecture", "output", "action"):
         table.add_column(col)
     for b in builds:
-        table.add_row(b.role, str(b.info.path), b.info.architecture, str(b.output), "skip (up to date)" if b.up_to_date else "build")
+        table.add_row(b.role, escape(str(b.info.path)), b.info.architecture, escape(str(b.output)), "skip (up to date)" if b.up_to_date else "build")
     console.print(table)
     if dry_run:
         for b in builds:
-            console.print(f"  {b.describe()}", highlight=False)
+            console.print(f"  {b.describe()}", highlight=False, markup=False)  # "[dtype, quant]" is not markup
         console.print("dry run: nothing written")
         return output
 

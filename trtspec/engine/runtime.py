@@ -165,7 +165,10 @@ class Engine:
         hf_config = AutoConfig.for_model(**extra["hf_config"])
         with no_init_weights():
             model = AutoModelForCausalLM.from_config(hf_config, dtype=compute)
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except RuntimeError as exc:  # shapes that disagree with the config raise even with strict=False
+            raise EngineError(f"{weights} does not match {info.architecture} as configured in {engine_dir}: {exc}") from exc
         missing = [m for m in missing if not _is_tied(model, m)]
         if missing or unexpected:
             raise EngineError(f"{weights} does not match {info.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")

@@ -64,7 +64,9 @@ def accept_draft(
     for i, token in enumerate(draft_tokens):
         p_i, q_i = p[i, token], q[i, token]
         u = torch.rand((), generator=generator)
-        if q_i <= 0 or u * q_i < p_i:  # accept with probability min(1, p/q); q=0 means the draft could not have drawn it
+        # accept with probability min(1, p/q). q = 0 (a token the draft could not have drawn under these
+        # settings) is accepted only if the target can produce it: a token with p = 0 is never emitted.
+        if u * q_i < p_i:
             continue
         residual = torch.clamp(p[i] - q[i], min=0.0)
         total = residual.sum()

@@ -49,9 +49,11 @@ class Metrics:
 
     def __init__(self, model: str):
         counter = pb_utils.MetricFamily.COUNTER
+        self._families = []  # a family must outlive its metrics, so every family is kept here
 
         def family(name, description):
-            return pb_utils.MetricFamily(name=name, description=description, kind=counter)
+            self._families.append(pb_utils.MetricFamily(name=name, description=description, kind=counter))
+            return self._families[-1]
 
         self.labels = {"model": model}
         self._draft = family("trtspec_draft_tokens_total", "Draft tokens proposed to the target").Metric(labels=self.labels)

@@ -1,0 +1,125 @@
+"""Shared fixtures: one tiny draft/target pair and its engines, made once per test session.
+
+The pair shares one BPE tokenizer (same corpus, same size): a 2-layer Llama target and a 1-layer Qwen2
+draft, both float32. Engines are built once with FP8 (target per tensor, draft per channel) and once
+unquantized; tests that change builds work on their own copies.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+# The tiny models' matrices are 64 wide: one thread is fastest, and with other processes on this 2-core
+# machine a second thread makes every op wait for a busy core (10x slower under load).
+torch.set_num_threads(1)
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import make_checkpoint, write_config  # noqa: E402
+
+MAX_DRAFT_LEN = 4
+MAX_INPUT_LEN = 64
+MAX_SEQ_LEN = 96
+ENGINE = {"max_input_len": MAX_INPUT_LEN, "max_seq_len": MAX_SEQ_LEN, "max_batch_size": 4}
+SPECULATION = {"max_draft_len": MAX_DRAFT_LEN, "num_draft_tokens": 3}
+
+
+@dataclass
+class TinyPair:
+    root: Path
+    target: Path
+    draft: Path
+
+
+@dataclass
+class Built:
+    config: Path
+    engines: Path
+
+    @property
+    def target(self) -> Path:
+        return self.engines / "target"
+
+    @property
+    def draft(self) -> Path:
+        return self.engines / "draft"
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> TinyPair:
+    root = tmp_path_factory.mktemp("tiny")
+    target = make_checkpoint(root / "target", layers=2, seed=0)
+    draft = make_checkpoint(root / "draft", layers=1, seed=1, architecture="qwen2")
+    return TinyPair(root, target, draft)
+
+
+def _build(tiny_pair: TinyPair, name: str, target: dict, draft: dict) -> Built:
+    from trtspec.build import run_build
+
+    folder = tiny_pair.root / name
+    folder.mkdir()
+    config = write_config(folder / "build.yaml", tiny_pair.target, tiny_pair.draft,
+                          name=name, target=target, draft=draft, speculation=SPECULATION, engine=ENGINE)
+    engines = run_build(config, folder / "engines")
+    return Built(config, engines)
+
+
+@pytest.fixture(scope="session")
+def built_fp8(tiny_pair) -> Built:
+    """FP8 engines: the target scaled per tensor, the draft per channel."""
+    return _build(tiny_pair, "fp8", {"quantization": "fp8", "fp8_scaling": "per_tensor"},
+                  {"quantization": "fp8", "fp8_scaling": "per_channel"})
+
+
+@pytest.fixture(scope="session")
+def built_none(tiny_pair) -> Built:
+    """Unquantized float32 engines: the same weights as the checkpoints."""
+    return _build(tiny_pair, "none", {"quantization": "none", "kv_cache_dtype": "auto"},
+                  {"quantization": "none", "kv_cache_dtype": "auto"})
+
+
+# ---- the model repository and a real Triton server on it -----------------------------------------------------
+
+# The models the shared server loads (explicit model control): everything but the BLS, whose adapter is tested
+# on its own. Add "tensorrt_llm_bls" here once a test needs it served.
+SERVED_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_draft", "ensemble")
+
+
+@pytest.fixture(scope="session")
+def model_repository(built_fp8, tmp_path_factory) -> Path:
+    """`trtspec deploy` of the FP8 engines (engine models on CPU). Read-only: tests that break it copy it."""
+    from trtspec.config import load_config
+    from trtspec.repository import write_repository
+
+    out = tmp_path_factory.mktemp("deploy") / "model_repository"
+    return write_repository(load_config(built_fp8.config), built_fp8.engines, out, device="cpu")
+
+
+def free_ports(count: int) -> list[int]:
+    from trtspec.server import free_port
+
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+@pytest.fixture(scope="session")
+def triton_server(model_repository):
+    """A real tritonserver serving SERVED_MODELS of `model_repository` on free loopback ports.
+
+    Close the clients you open on it: the server waits for open keep-alive connections when it stops."""
+    from trtspec.server import TritonServer
+
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(model_repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          model_control_explicit_models=SERVED_MODELS)
+    with server:
+        yield server

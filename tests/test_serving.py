@@ -1,0 +1,234 @@
+"""Speculative decoding through the real tritonserver: the BLS, both engine models, HTTP and gRPC clients."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from trtspec.contract import BLS_INPUTS
+
+PROMPTS = ["The quick brown fox", "def add(a, b):"]
+BLS_TYPES = {t.name: t for t in BLS_INPUTS}
+BLS = "tensorrt_llm_bls"
+
+
+# ---- raw clients (stock tritonclient and the generate extension, as a user would call them) ----------------
+
+def grpc_generate(url: str, fields: dict, timeout: float = 120.0) -> list[dict]:
+    """Send one request to the decoupled BLS over gRPC; return every response's outputs."""
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        inputs = []
+        for name, value in fields.items():
+            spec = BLS_TYPES[name]
+            if spec.dtype == "STRING":
+                arr = np.asarray([[v.encode() for v in np.atleast_1d(value)]], dtype=np.object_)
+            else:
+                arr = np.asarray([np.atleast_1d(value)]).astype(spec.np_dtype)
+            tensor = grpcclient.InferInput(name, list(arr.shape), "BYTES" if spec.dtype == "STRING" else spec.dtype)
+            tensor.set_data_from_numpy(arr)
+            inputs.append(tensor)
+        client.async_stream_infer(BLS, inputs, enable_empty_final_response=True)
+        out = []
+        while True:
+            result, error = responses.get(timeout=timeout)
+            if error is not None:
+                raise error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            names = [o.name for o in result.get_response().outputs]
+            if names:
+                out.append({n: result.as_numpy(n) for n in names})
+            if final:
+                return out
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def http_generate(base: str, fields: dict, stream: bool = False) -> list[dict]:
+    path = "generate_stream" if stream else "generate"
+    req = urllib.request.Request(f"{base}/v2/models/{BLS}/{path}", data=json.dumps(fields).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        body = resp.read().decode()
+    if not stream:
+        return [json.loads(body)]
+    events = [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:")]
+    errors = [e["error"] for e in events if "error" in e]
+    if errors:
+        raise RuntimeError(errors[0])
+    return events
+
+
+def ids_of(responses, key="output_ids") -> list[int]:
+    return [int(t) for r in responses for t in np.asarray(r.get(key, [])).reshape(-1)]
+
+
+def text_of(responses) -> str:
+    parts = []
+    for r in responses:
+        value = r["text_output"]
+        for v in np.asarray(value, dtype=object).reshape(-1):
+            parts.append(v.decode() if isinstance(v, bytes) else str(v))
+    return "".join(parts)
+
+
+# ---- tests ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def spec_server(tmp_path_factory):
+    """A 3-layer target, a perturbed copy as its draft (about half the draft tokens accepted), max_draft_len 8,
+    deployed and served by the real tritonserver."""
+    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from trtspec.build import run_build
+    from trtspec.config import load_config
+    from trtspec.repository import write_repository
+    from trtspec.server import TritonServer, free_port
+
+    root = tmp_path_factory.mktemp("serving")
+    target = make_checkpoint(root / "target", layers=3, seed=0)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
+    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 8},
+                          engine={"max_input_len": 256, "max_seq_len": 512})
+    engines = run_build(config, root / "engines")
+    repo = write_repository(load_config(config), engines, root / "repo")
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server.start(timeout=300)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def references(spec_server):
+    return {p: ids_of(grpc_generate(spec_server.grpc_url, {"text_input": p, "max_tokens": 24})) for p in PROMPTS}
+
+
+def test_references_are_full_length(references):
+    assert all(len(ids) == 24 for ids in references.values())
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_speculative_equals_target_only_grpc(spec_server, references, k):
+    for prompt in PROMPTS:
+        for stream in (False, True):
+            responses = grpc_generate(spec_server.grpc_url, {
+                "text_input": prompt, "max_tokens": 24, "num_draft_tokens": k, "stream": stream, "return_perf_metrics": True,
+            })
+            assert ids_of(responses) == references[prompt], (prompt, k, stream)
+            perf = responses[-1]
+            assert int(perf["total_draft_tokens"].reshape(-1)[0]) > 0
+            assert 0 <= float(perf["acceptance_rate"].reshape(-1)[0]) <= 1
+            if stream:
+                assert len(responses) > 1  # one response per iteration, then the final one
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_greedy_speculative_equals_target_only_http(spec_server, references, k):
+    for prompt in PROMPTS:
+        single = http_generate(spec_server.http_base_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": k})
+        assert single[0]["output_ids"] == references[prompt]
+        assert single[0]["text_output"].startswith(prompt)  # the prompt is repeated, as TRT-LLM does by default
+        events = http_generate(spec_server.http_base_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": k, "stream": True}, stream=True)
+        assert [t for e in events for t in np.atleast_1d(e["output_ids"]).tolist()] == references[prompt]
+        assert prompt + "".join(e["text_output"] for e in events) == single[0]["text_output"]
+
+
+def test_eight_concurrent_streams(spec_server, references):
+    results, errors = {}, []
+
+    def one(i):
+        prompt = PROMPTS[i % 2]
+        try:
+            results[i] = ids_of(grpc_generate(spec_server.grpc_url, {
+                "text_input": prompt, "max_tokens": 24, "num_draft_tokens": 1 + i % 4, "stream": True}))
+        except Exception as exc:  # collected and reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert all(results[i] == references[PROMPTS[i % 2]] for i in range(8))
+
+
+def test_sampling_reproducible_with_seed(spec_server):
+    fields = {"text_input": PROMPTS[0], "max_tokens": 20, "num_draft_tokens": 3, "temperature": 0.9,
+              "top_k": 40, "use_draft_logits": True, "seed": 7}
+    first = ids_of(grpc_generate(spec_server.grpc_url, fields))
+    second = ids_of(grpc_generate(spec_server.grpc_url, fields))
+    other = ids_of(grpc_generate(spec_server.grpc_url, fields | {"seed": 8}))
+    assert first == second and len(first) == 20
+    assert first != other
+
+
+@pytest.mark.parametrize("fields, field_name", [
+    ({"max_tokens": 8}, "text_input"),
+    ({"text_input": "", "max_tokens": 8}, "text_input"),
+    ({"text_input": "hello", "max_tokens": 0}, "max_tokens"),
+    ({"text_input": "hello", "max_tokens": 100000}, "max_tokens"),
+    ({"text_input": "hello", "max_tokens": 8, "num_draft_tokens": 9}, "num_draft_tokens"),
+    ({"text_input": "hello " * 200, "max_tokens": 8}, "text_input"),
+    ({"text_input": "hello", "max_tokens": 8, "top_p": 1.5}, "top_p"),
+])
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(spec_server, references, fields, field_name):
+    with pytest.raises(InferenceServerException) as err:
+        grpc_generate(spec_server.grpc_url, fields)
+    assert field_name in str(err.value)
+    assert ids_of(grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 24, "num_draft_tokens": 2})) == references[PROMPTS[0]]
+
+
+def test_wrong_type_is_refused_by_triton(spec_server):
+    client = grpcclient.InferenceServerClient(spec_server.grpc_url)
+    try:
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.asarray([[b"hello"]], dtype=np.object_))
+        tokens = grpcclient.InferInput("max_tokens", [1, 1], "FP32")
+        tokens.set_data_from_numpy(np.asarray([[8.0]], dtype=np.float32))
+        errors: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: errors.put(error))
+        client.async_stream_infer(BLS, [text, tokens])
+        error = errors.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None and "max_tokens" in str(error)
+    with pytest.raises(urllib.error.HTTPError):  # over HTTP Triton's JSON parser refuses it before the model
+        http_generate(spec_server.http_base_url, {"text_input": "hello", "max_tokens": "many"})
+
+
+def read_metrics(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("trtspec_"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_move(spec_server):
+    before = read_metrics(spec_server.metrics_url)
+    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 24, "num_draft_tokens": 4})
+    after = read_metrics(spec_server.metrics_url)
+
+    def total(values, prefix):
+        return sum(v for k, v in values.items() if k.startswith(prefix))
+
+    assert total(after, "trtspec_draft_tokens_total") > total(before, "trtspec_draft_tokens_total")
+    assert total(after, "trtspec_iterations_total") > total(before, "trtspec_iterations_total")
+    assert total(after, "trtspec_generated_tokens_total") - total(before, "trtspec_generated_tokens_total") == 24
+    assert any('position="0"' in k for k in after if k.startswith("trtspec_draft_tokens_by_position_total"))
+    speculative = [k for k in after if k.startswith("trtspec_requests_total") and 'mode="speculative"' in k]
+    assert speculative and sum(after[k] - before.get(k, 0) for k in speculative) == 1

@@ -1,0 +1,86 @@
+"""What the Triton adapters share: model parameters, the tokenizer, and turning failures into error responses.
+
+Like every module in trtspec.triton, this one imports `triton_python_backend_utils`, which exists only inside
+the Python backend's stub process.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from typing import Callable
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtspec.errors import RequestError, TrtspecError
+
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """The `parameters` of the model's config.pbtxt as plain strings."""
+    config = json.loads(args["model_config"])
+    return {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
+
+
+def parameter(params: dict[str, str], key: str, default: str | None = None) -> str:
+    value = params.get(key, "")
+    if value == "" or value.startswith("${"):  # an unfilled template field counts as unset, as in the stock models
+        if default is None:
+            raise TrtspecError(f"model parameter '{key}' is not set; regenerate the repository with `trtspec deploy`")
+        return default
+    return value
+
+
+def bool_parameter(params: dict[str, str], key: str, default: bool) -> bool:
+    value = parameter(params, key, "true" if default else "false").strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise TrtspecError(f"model parameter '{key}' = {value!r} is not a boolean (true or false)")
+    return value in _TRUE
+
+
+def load_tokenizer(tokenizer_dir: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as exc:  # transformers raises OSError, ValueError, ... for a dir without a tokenizer
+        raise TrtspecError(f"cannot load a tokenizer from {tokenizer_dir}: {exc}") from exc
+
+
+def optional_input(request, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def required_input(request, name: str) -> np.ndarray:
+    value = optional_input(request, name)
+    if value is None:
+        raise RequestError(name, "is required")
+    return value
+
+
+def error_response(exc: BaseException, model: str) -> "pb_utils.InferenceResponse":
+    """A request's failure as its error response: the request's own fault (HTTP 400) or an internal one
+    (HTTP 500, logged with its traceback)."""
+    if isinstance(exc, RequestError):
+        code = pb_utils.TritonError.INVALID_ARG
+    else:
+        code = pb_utils.TritonError.INTERNAL
+        if not isinstance(exc, TrtspecError):
+            pb_utils.Logger.log_error(f"{model}: request failed:\n{''.join(traceback.format_exception(exc))}")
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{model}: {exc}", code))
+
+
+def respond_each(requests, handle: Callable[[object], dict[str, np.ndarray]], model: str) -> list:
+    """One response per request: `handle`'s output tensors, or the error it raised (the model keeps serving)."""
+    responses = []
+    for request in requests:
+        try:
+            outputs = handle(request)
+            tensors = [pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs.items()]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+        except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
+            responses.append(error_response(exc, model))
+    return responses

@@ -1,0 +1,37 @@
+"""The `postprocessing` model: token ids -> text, with the stock tensorrtllm_backend tensor names.
+
+TOKENS_BATCH [B, beams, L] and SEQUENCE_LENGTH [B, beams] -> OUTPUT [B, beams]: each row's first
+SEQUENCE_LENGTH tokens, detokenized.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trtspec.errors import RequestError
+from trtspec.triton.common import bool_parameter, load_tokenizer, model_parameters, parameter, required_input, respond_each
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        self.tokenizer = load_tokenizer(parameter(params, "tokenizer_dir"))
+        self.skip_special_tokens = bool_parameter(params, "skip_special_tokens", True)
+
+    def execute(self, requests):
+        return respond_each(requests, self._postprocess, "postprocessing")
+
+    def _postprocess(self, request) -> dict[str, np.ndarray]:
+        tokens = required_input(request, "TOKENS_BATCH")
+        lengths = required_input(request, "SEQUENCE_LENGTH")
+        if tokens.ndim == 2:  # [B, L]: one beam
+            tokens = tokens[:, None, :]
+        if lengths.size != tokens.shape[0] * tokens.shape[1]:
+            raise RequestError("SEQUENCE_LENGTH", f"has {lengths.size} values for {tokens.shape[0]}x{tokens.shape[1]} token rows")
+        lengths = lengths.reshape(tokens.shape[:2])
+        texts = np.empty(tokens.shape[:2], dtype=np.object_)
+        for b in range(tokens.shape[0]):
+            for k in range(tokens.shape[1]):
+                row = tokens[b, k, : int(lengths[b, k])].tolist()
+                texts[b, k] = self.tokenizer.decode(row, skip_special_tokens=self.skip_special_tokens).encode("utf-8")
+        return {"OUTPUT": texts}
