@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -210,6 +211,12 @@ class _FakeTriton(BaseHTTPRequestHandler):
                 "accepted_per_position": [2, 0], "drafted_per_position": [2, 2], "finish_reason": "length"}
         if self.path.endswith("/generate"):
             return self._send(200, {"model_name": "m", "text_output": "abc", "output_ids": [1, 2, 3], **perf})
+        if body["text_input"] == "bad":  # Triton answers a first-response error with 400 and the error as an event
+            raw = b'data: {"error":"m: temperature: must be >= 0"}\n\n'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            return self.wfile.write(raw)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -217,9 +224,14 @@ class _FakeTriton(BaseHTTPRequestHandler):
                   {"text_output": "", "output_ids": [], **perf}]
         if body["text_input"] == "fail":
             events[1] = {"error": "engine exploded"}
-        for event in events:
-            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
-            self.wfile.flush()
+        for i, event in enumerate(events):
+            if body["text_input"] == "slow" and i == 1:
+                time.sleep(2.0)
+            try:
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+            except OSError:  # the client went away
+                return
 
     def _send(self, status, obj):
         raw = json.dumps(obj).encode()
@@ -257,7 +269,7 @@ def test_http_generate(fake_server, stream):
     assert (result.acceptance_rate, result.accepted, result.drafted, result.iterations) == (0.5, 2, 4, 3)
     assert (result.draft_ms, result.verify_ms, result.finish_reason) == (1.5, 2.5, "length")
     assert result.accepted_per_position == [2, 0] and result.position_acceptance() == [1.0, 0.0]
-    assert 0 <= result.time_to_first_token <= result.total_time
+    assert 0 <= result.time_to_first_token <= result.seconds
     assert result.tokens_per_second > 0
 
 
@@ -267,6 +279,16 @@ def test_http_generate_errors_carry_the_server_message(fake_server):
             client.generate("hi", max_tokens=1000)
         with pytest.raises(ClientError, match="engine exploded"):
             client.generate("fail", max_tokens=3, stream=True)
+        with pytest.raises(ClientError, match=r"^m \(http [^)]*\): temperature: must be >= 0$"):
+            client.generate("bad", max_tokens=3, stream=True)
+
+
+def test_http_stop_after_s_returns_what_arrived(fake_server):
+    with SpecClient(fake_server, protocol="http", model="m") as client:
+        start = time.perf_counter()
+        result = client.generate("slow", max_tokens=3, stream=True, stop_after_s=0.3)
+    assert time.perf_counter() - start < 1.5
+    assert result.finish_reason == "cancelled" and result.token_ids == [1] and result.text == "a"
 
 
 def test_unreachable_server():
@@ -293,3 +315,59 @@ def test_cli_generate_against_fake_server(fake_server):
     out = CliRunner().invoke(cli, ["generate", "hi", "--url", fake_server, "--stream", "--max-tokens", "3"])
     assert out.exit_code == 0, out.output
     assert out.output.startswith("abc\n")
+
+
+# ---- run_validation with a stand-in client ---------------------------------------------------------------------------
+
+class _FakeSpecClient:
+    """Target-only output 10, 11, 12, 13; K=2 agrees; K=3 swaps position 2 for a near-tie; K=4 for a far token."""
+
+    model = "tensorrt_llm_bls"
+
+    def __init__(self):
+        self.logit_requests = []
+
+    def generate(self, prompt, *, max_tokens, num_draft_tokens, **_):
+        from trtspec.client import Completion
+
+        ids = [10, 11, 12, 13][:max_tokens]
+        if num_draft_tokens == 3:
+            ids[2] = 20
+        elif num_draft_tokens == 4:
+            ids[2] = 30
+        return Completion(text="", token_ids=ids, seconds=0.5, accepted=num_draft_tokens, drafted=2 * num_draft_tokens)
+
+    def tokenize(self, text):
+        return [1, 2], 0
+
+    def detokenize(self, ids):
+        return f"<{ids[0]}>"
+
+    def engine_logits(self, sequence_ids, model="tensorrt_llm"):
+        self.logit_requests.append(list(sequence_ids))
+        z = np.zeros(40, dtype=np.float32)
+        z[12], z[20], z[30] = 20.0, 19.9, 5.0
+        return z
+
+
+def test_run_validation_classifies_differences():
+    from rich.console import Console
+
+    from trtspec.validate import Tokens, render_report, run_validation
+
+    client = _FakeSpecClient()
+    report = run_validation(client, ["p"], [2, 3, 4], max_tokens=4, tokens=Tokens(client))
+    by_k = {r.k: r for r in report.results}
+    assert by_k[2].matches == 1 and not by_k[2].differences
+    assert by_k[2].acceptance == 0.5 and by_k[2].tokens_per_second == 8.0
+    tie, = by_k[3].differences
+    assert (tie.position, tie.expected, tie.got, tie.kind) == (2, 12, 20, NEAR_TIE)
+    assert tie.expected_text == "'<12>' (12)"
+    far, = by_k[4].differences
+    assert far.kind == MISMATCH and far.verdict.gap == pytest.approx(15.0)
+    assert client.logit_requests == [[1, 2, 10, 11], [1, 2, 10, 11]]   # prompt ids + the common prefix
+    assert not report.passed(allow_near_ties=True)
+    console = Console(record=True, width=160)
+    render_report(report, console)
+    text = console.export_text()
+    assert "near-tie" in text and "mismatch" in text and "FAIL" in text

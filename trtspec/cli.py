@@ -171,7 +171,7 @@ def _print_completion(result) -> None:
         rows.append(("draft / verify", f"{result.draft_ms:.0f} ms / {result.verify_ms:.0f} ms"))
     if result.time_to_first_token is not None:
         rows.append(("first token", f"{result.time_to_first_token * 1e3:.0f} ms"))
-    rows.append(("total", f"{result.total_time:.2f} s, {result.tokens_per_second:.1f} tokens/s"))
+    rows.append(("total", f"{result.seconds:.2f} s, {result.tokens_per_second:.1f} tokens/s"))
     for name, value in rows:
         table.add_row(f"[bold]{name}[/]", escape(value))
     console.print(table)

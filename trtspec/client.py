@@ -70,15 +70,16 @@ class Chunk(NamedTuple):
 class Completion:
     """A finished generation, with the BLS's speculation statistics when it sent them (return_perf_metrics).
 
-    time_to_first_token: seconds from sending the request to the first response carrying tokens (with stream
-    false there is one response, so it equals total_time). tokens_per_second = len(token_ids) / total_time.
+    seconds: from sending the request to its final response. time_to_first_token: from sending the request to the
+    first response carrying tokens (with stream false there is one response, so it equals `seconds`).
+    chunks: every response that carried tokens or text, as it arrived. tokens_per_second = len(token_ids) / seconds.
     """
 
     text: str
     token_ids: list[int]
     chunks: list[Chunk] = field(default_factory=list)
     time_to_first_token: float | None = None
-    total_time: float = 0.0
+    seconds: float = 0.0
     acceptance_rate: float | None = None
     accepted: int | None = None
     drafted: int | None = None
@@ -91,7 +92,7 @@ class Completion:
 
     @property
     def tokens_per_second(self) -> float:
-        return len(self.token_ids) / self.total_time if self.total_time > 0 else 0.0
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def tokens_per_iteration(self) -> float | None:
@@ -235,9 +236,9 @@ class _Collector:
     def finish(self, ended_at: float, reason: str | None = None) -> Completion:
         c = self.completion
         c.text = "".join(self._text)
-        c.total_time = ended_at - self.sent_at
+        c.seconds = ended_at - self.sent_at
         if c.time_to_first_token is None and c.token_ids:
-            c.time_to_first_token = c.total_time
+            c.time_to_first_token = c.seconds
         if reason is not None:
             c.finish_reason = reason
         return c
@@ -309,6 +310,14 @@ class SpecClient:
 
     def _error(self, exc: Exception, what: str) -> ClientError:
         message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
+        return self._server_error(what, message)
+
+    def _server_error(self, what: str, message: str) -> ClientError:
+        """`what (protocol url): message`, without repeating `what` when the server's message starts with it."""
+        message = str(message)
+        if message.startswith(f"{what}:"):
+            what, message = message.split(":", 1)
+            message = message.lstrip()
         return ClientError(f"{what} ({self.protocol} {self.url}): {message}")
 
     def model_config(self, model: str) -> dict:
@@ -335,7 +344,8 @@ class SpecClient:
 
         `stream`: the BLS sends one response per iteration (each passed to `on_chunk` as it arrives) instead
         of one at the end. `stop_after_s`: give up after that many seconds and return what arrived, with
-        finish_reason "cancelled"; over gRPC the server cancels the request, over HTTP the connection is closed.
+        finish_reason "cancelled"; the request is cancelled (gRPC: stop_stream(cancel_requests=True); HTTP: the
+        connection is closed, on which Triton cancels it).
         """
         fields = request_fields(prompt, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
                                 use_draft_logits=use_draft_logits, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -395,32 +405,40 @@ class SpecClient:
         body = json.dumps(fields).encode()
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         conn = cls(self.host, self.port, timeout=self.timeout)
+        sent_at = time.perf_counter()
+        deadline = sent_at + self.timeout
+        stop_at = sent_at + stop_after_s if stop_after_s is not None else None
+        collector = _Collector(sent_at, on_chunk)
+
+        def next_read_timeout() -> None:
+            # Every read waits at most until the deadline or the stop time, whichever comes first.
+            until = deadline if stop_at is None else min(deadline, stop_at)
+            if conn.sock is not None:
+                conn.sock.settimeout(max(until - time.perf_counter(), 1e-3))
+
         try:
-            sent_at = time.perf_counter()
-            collector = _Collector(sent_at, on_chunk)
-            try:
-                conn.request("POST", path, body, {"Content-Type": "application/json", "Connection": "close"})
-                resp = conn.getresponse()
-                if resp.status != 200:
-                    raise ClientError(f"{self.model} ({self.protocol} {self.url}): {_http_error(resp)}")
-                if not stream:
-                    collector.add(time.perf_counter(), _event(resp.read().decode("utf-8", "replace"), self))
-                    return collector.finish(time.perf_counter())
-                stop_at = sent_at + stop_after_s if stop_after_s is not None else None
-                deadline = sent_at + self.timeout
-                for data in _sse_events(resp):
-                    collector.add(time.perf_counter(), _event(data, self))
-                    now = time.perf_counter()
-                    if stop_at is not None and now >= stop_at:
-                        return collector.finish(now, reason="cancelled")
-                    if now > deadline:
-                        raise ClientError(f"{self.model} did not finish within {self.timeout:g} s (http {self.url})")
+            conn.request("POST", path, body, {"Content-Type": "application/json", "Connection": "close"})
+            next_read_timeout()
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise self._server_error(self.model, _http_error(resp))
+            if not stream:
+                collector.add(time.perf_counter(), _event(resp.read().decode("utf-8", "replace"), self))
                 return collector.finish(time.perf_counter())
-            except TimeoutError as exc:  # the socket waited `timeout` for the next byte; closing the connection cancels
-                raise ClientError(f"{self.model} sent nothing for {self.timeout:g} s (http {self.url}); "
-                                  "the request was abandoned") from exc
-            except (OSError, http.client.HTTPException) as exc:
-                raise ClientError(f"{self.model} (http {self.url}): {type(exc).__name__}: {exc}") from exc
+            for data in _sse_events(resp, before_read=next_read_timeout):
+                collector.add(time.perf_counter(), _event(data, self))
+                if stop_at is not None and time.perf_counter() >= stop_at:
+                    break
+            else:
+                return collector.finish(time.perf_counter())
+            return collector.finish(time.perf_counter(), reason="cancelled")  # closing the connection cancels it
+        except TimeoutError as exc:
+            if stop_at is not None and time.perf_counter() >= stop_at:
+                return collector.finish(time.perf_counter(), reason="cancelled")
+            raise ClientError(f"{self.model} did not finish within {self.timeout:g} s (http {self.url}); "
+                              "the connection was closed, which cancels the request") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise ClientError(f"{self.model} (http {self.url}): {type(exc).__name__}: {exc}") from exc
         finally:
             conn.close()
 
@@ -530,11 +548,13 @@ def _infer_input(tc, name: str, value, dtype: str, batched: bool):
 
 
 def _http_error(resp) -> str:
-    raw = resp.read().decode("utf-8", "replace")
+    """The server's message from an error response: JSON, or (generate_stream) an event holding JSON."""
+    raw = resp.read().decode("utf-8", "replace").strip()
+    body = "\n".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith("data:")) or raw
     try:
-        return json.loads(raw)["error"]
+        return json.loads(body)["error"]
     except (ValueError, KeyError, TypeError):
-        return f"HTTP {resp.status} {resp.reason}: {raw.strip()[:500]}"
+        return f"HTTP {resp.status} {resp.reason}: {raw[:500]}"
 
 
 def _event(data: str, client: SpecClient) -> dict:
@@ -543,14 +563,16 @@ def _event(data: str, client: SpecClient) -> dict:
     except ValueError as exc:
         raise ClientError(f"{client.model} (http {client.url}) sent a response that is not JSON: {data[:200]!r}") from exc
     if isinstance(obj, dict) and "error" in obj:
-        raise ClientError(f"{client.model} ({client.protocol} {client.url}): {obj['error']}")
+        raise client._server_error(client.model, obj["error"])
     return obj
 
 
-def _sse_events(resp) -> Iterable[str]:
+def _sse_events(resp, before_read: Callable[[], None] | None = None) -> Iterable[str]:
     """The `data:` payloads of a server-sent-event stream, one per event."""
     data: list[str] = []
     while True:
+        if before_read is not None:
+            before_read()
         raw = resp.readline()
         if not raw:
             break

@@ -295,9 +295,9 @@ def _record(result: KResult, base: Completion, spec: Completion) -> None:
     result.accepted += spec.accepted or 0
     result.drafted += spec.drafted or 0
     result.tokens += len(spec.token_ids)
-    result.seconds += spec.total_time
+    result.seconds += spec.seconds
     result.baseline_tokens += len(base.token_ids)
-    result.baseline_seconds += base.total_time
+    result.baseline_seconds += base.seconds
 
 
 def explain(client: SpecClient, tokens: Tokens, prompt_index: int, prompt: str, k: int, base: Completion,
@@ -334,12 +334,14 @@ def render_report(report: Report, console, *, allow_near_ties: bool = False) -> 
     for col in ("K", "same", "ties", "mismatch", "errors", "accept", "target tok/s", "spec tok/s", "speed-up"):
         table.add_column(col, justify="right")
     for r in report.results:
-        speedup = (r.tokens_per_second / r.baseline_tokens_per_second) if r.baseline_tokens_per_second else 0.0
+        timed = r.runs > 0 and r.seconds > 0 and r.baseline_seconds > 0
+        speedup = r.tokens_per_second / r.baseline_tokens_per_second if timed and r.baseline_tokens else None
         table.add_row(
             str(r.k), f"{r.matches}/{r.runs}",
             _color(r.near_ties, "yellow"), _color(r.mismatches, "red"), _color(len(r.errors), "red"),
             "-" if r.acceptance is None else f"{r.acceptance:.1%}",
-            f"{r.baseline_tokens_per_second:.1f}", f"{r.tokens_per_second:.1f}", f"{speedup:.2f}x",
+            f"{r.baseline_tokens_per_second:.1f}" if timed else "-", f"{r.tokens_per_second:.1f}" if timed else "-",
+            "-" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)
     if report.skipped_ks:

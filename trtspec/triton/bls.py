@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -24,6 +23,7 @@ from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.loop import Cancelled, SpecRequest, speculate
 from trtspec.orchestrator.stats import RequestStats
+from trtspec.triton.common import bool_parameter, error_response, load_tokenizer, model_parameters, optional_input, parameter
 
 
 class BlsEngineClient:
@@ -94,31 +94,24 @@ class Metrics:
                 self._fallback_metrics[reason].increment(1)
 
 
-def _param(config: dict, key: str, default: str) -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
-
-
 class TritonPythonModel:
     def initialize(self, args):
-        from transformers import AutoTokenizer
-
-        config = json.loads(args["model_config"])
-        self.batched = int(config.get("max_batch_size", 0)) > 0
-        self.target_name = _param(config, "tensorrt_llm_model_name", "tensorrt_llm")
-        self.draft_name = _param(config, "tensorrt_llm_draft_model_name", "")
-        self.default_k = int(_param(config, "default_num_draft_tokens", "0"))
-        self.max_draft_len = int(_param(config, "max_draft_len", "0"))
-        self.max_input_len = int(_param(config, "max_input_len", "2048"))
-        self.max_seq_len = int(_param(config, "max_seq_len", "4096"))
-        self.use_logits_default = _param(config, "use_draft_logits_default", "false").lower() == "true"
-        self.add_special_tokens = _param(config, "add_special_tokens", "true").lower() == "true"
-        self.skip_special_tokens = _param(config, "skip_special_tokens", "true").lower() == "true"
-        self.tokenizer = AutoTokenizer.from_pretrained(_param(config, "tokenizer_dir", ""))
-        self.target = BlsEngineClient(self.target_name)
-        self.draft = BlsEngineClient(self.draft_name) if self.draft_name else None
-        self.metrics = Metrics(args["model_name"])
-        workers = int(_param(config, "max_concurrent_requests", "64"))
+        self.name = args["model_name"]
+        self.batched = int(json.loads(args["model_config"]).get("max_batch_size", 0)) > 0
+        params = model_parameters(args)
+        self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"))
+        draft_name = parameter(params, "tensorrt_llm_draft_model_name", "")
+        self.draft = BlsEngineClient(draft_name) if draft_name else None
+        self.default_k = int(parameter(params, "default_num_draft_tokens", "0"))
+        self.max_draft_len = int(parameter(params, "max_draft_len", "0"))
+        self.max_input_len = int(parameter(params, "max_input_len"))
+        self.max_seq_len = int(parameter(params, "max_seq_len"))
+        self.use_logits_default = bool_parameter(params, "use_draft_logits_default", False)
+        self.add_special_tokens = bool_parameter(params, "add_special_tokens", True)
+        self.skip_special_tokens = bool_parameter(params, "skip_special_tokens", True)
+        self.tokenizer = load_tokenizer(parameter(params, "tokenizer_dir"))
+        self.metrics = Metrics(self.name)
+        workers = int(parameter(params, "max_concurrent_requests", "64"))
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
 
     def execute(self, requests):
@@ -131,19 +124,14 @@ class TritonPythonModel:
 
     # ---- one request ----------------------------------------------------------------------------------------
     def _serve(self, request, sender) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
             self._run(request, sender)
-        except RequestError as exc:
-            self._fail(sender, str(exc), pb_utils.TritonError.INVALID_ARG)
         except Cancelled:
-            self._fail(sender, "request cancelled", pb_utils.TritonError.CANCELLED)
+            error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
+            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
         except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
-            pb_utils.Logger.log_error(f"tensorrt_llm_bls: {traceback.format_exc()}")
-            self._fail(sender, f"{type(exc).__name__}: {exc}", pb_utils.TritonError.INTERNAL)
-
-    def _fail(self, sender, message: str, code) -> None:
-        sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code)),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(error_response(exc, self.name), flags=final)
 
     def _run(self, request, sender) -> None:
         fields = _Fields(request)
@@ -251,8 +239,7 @@ class _Fields:
         self.request = request
 
     def _get(self, name):
-        tensor = pb_utils.get_input_tensor_by_name(self.request, name)
-        return None if tensor is None else tensor.as_numpy()
+        return optional_input(self.request, name)
 
     def has(self, name: str) -> bool:
         return self._get(name) is not None
