@@ -52,7 +52,7 @@ def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft
             for question, prompt in zip(PROMPTS[:2], prompts[:2]):
                 console.rule(f"[bold]{question}")
                 client.generate(prompt, max_tokens=max_tokens, num_draft_tokens=k, stream=True,
-                                on_chunk=lambda text: console.print(text, end="", markup=False, highlight=False))
+                                on_chunk=lambda chunk: console.print(chunk.text, end="", markup=False, highlight=False))
                 console.print()
             console.rule("target-only vs speculative, greedy")
             for question, prompt in zip(PROMPTS, prompts):

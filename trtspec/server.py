@@ -277,7 +277,7 @@ class TritonServer:
                  grpc_port: int = 8001, metrics_port: int = 8002, binary: str | None = None,
                  log_file: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
                  model_control_explicit_models: Sequence[str] | None = None,
-                 backend_cache_dir: str | os.PathLike[str] | None = None, exit_timeout: int = 5) -> None:
+                 backend_cache_dir: str | os.PathLike[str] | None = None, exit_timeout: int = 10) -> None:
         self.repo = Path(repo)
         self.host = host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
