@@ -69,7 +69,7 @@ def test_self_draft_accepts_everything(engines):
     target, _ = engines
     tokens, stats = run(SpecRequest(PROMPTS[1], 20, num_draft_tokens=4), target, drafter_for(target))
     assert stats.acceptance_rate == 1.0
-    assert stats.iterations == 4  # 5 tokens an iteration
+    assert stats.iterations == 5  # the first token alone, then 5 tokens an iteration (the last one 4)
     assert stats.position_acceptance() == [1.0] * 4
 
 
@@ -90,9 +90,9 @@ class RecordingDrafter:
 def test_draft_length_never_exceeds_budget_minus_one(engines):
     target, _ = engines
     recorder = RecordingDrafter(drafter_for(target))  # self-draft: every iteration emits k+1 tokens
-    tokens, _ = run(SpecRequest(PROMPTS[0], 7, num_draft_tokens=4), target, recorder)
-    assert len(tokens) == 7
-    assert recorder.asked == [4, 1]  # 5 tokens, then 2 left: k = 2 - 1
+    tokens, _ = run(SpecRequest(PROMPTS[0], 8, num_draft_tokens=4), target, recorder)
+    assert len(tokens) == 8
+    assert recorder.asked == [4, 1]  # the first token, then 5 tokens, then 2 left: k = 2 - 1
 
 
 def test_stops_on_end_id_and_stop_words(engines):
@@ -132,6 +132,14 @@ def test_sampling_is_reproducible_with_a_seed(engines, use_logits):
     other, _ = run(SpecRequest(PROMPTS[2], 25, num_draft_tokens=3, sampling=SamplingParams(0.8, 50, 0.0, 99)), target, make())
     assert first == second
     assert first != other
+
+
+def test_first_token_comes_from_the_target_alone(engines):
+    target, draft = engines
+    recorder = RecordingDrafter(drafter_for(draft))
+    chunks = list(speculate(SpecRequest(PROMPTS[0], 12, num_draft_tokens=3, stream=True), target, recorder))
+    assert len(chunks[0]) == 1
+    assert len(recorder.asked) == len(chunks) - 1  # no draft before the first token
 
 
 def test_streaming_plain_decoding_yields_one_token_per_iteration(engines):

@@ -82,14 +82,17 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
 @click.option("--repo", required=True, type=click.Path(file_okay=False), help="Model repository to write.")
 @click.option("--device", default="auto", show_default=True, help="Where the engine models run: auto, cpu, cuda, cuda:N.")
 @click.option("--force", is_flag=True, help="Replace --repo even if it is not a repository written by trtspec.")
-def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool) -> None:
+@click.option("--default-num-draft-tokens", type=click.IntRange(0), default=0, show_default=True,
+              help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding, as NVIDIA's BLS).")
+def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int) -> None:
     """Write the Triton model repository for built engines, then validate it."""
     from trtspec.build import default_output
     from trtspec.config import load_config
     from trtspec.repository import validate_repository, write_repository
 
     loaded = load_config(config_path)
-    out = write_repository(loaded, Path(engines) if engines else default_output(loaded), repo, force=force, device=device)
+    out = write_repository(loaded, Path(engines) if engines else default_output(loaded), repo, force=force, device=device,
+                           overrides={"default_num_draft_tokens": default_num_draft_tokens})
     problems = validate_repository(out)
     _report_problems(f"repository {out}", problems)
     console.print(f"model repository in {escape(str(out))}; serve it with `trtspec serve --repo {escape(str(out))}`",

@@ -38,6 +38,11 @@ class SpeculationSpec(_Strict):
     max_draft_len: int = Field(8, ge=1, le=64)
     num_draft_tokens: int = Field(4, ge=0)
     use_draft_logits: bool = False
+    # The deployment's draft source for requests that do not name one; prompt_lookup needs no draft model.
+    # Without a draft section, the default draft_model means no speculation unless requests ask for prompt lookup.
+    method: Literal["draft_model", "prompt_lookup", "none"] = "draft_model"
+    adaptive: bool = True               # draft length follows each request's measured acceptance
+    max_matching_ngram_size: int = Field(3, ge=1, le=16)
 
 
 class EngineSpec(_Strict):
@@ -116,6 +121,12 @@ def _cross_checks(raw: dict) -> list[Problem]:
             "engine.max_seq_len", eng["max_seq_len"],
             f"must exceed engine.max_input_len ({eng['max_input_len']}): prompt + output must fit in it",
             "raise max_seq_len or lower max_input_len",
+        ))
+    explicit = raw.get("speculation") if isinstance(raw.get("speculation"), dict) else {}
+    if explicit.get("method") == "draft_model" and raw.get("draft") is None:
+        problems.append(Problem(
+            "speculation.method", "draft_model", "needs a draft model, and the config has no `draft` section",
+            "add a draft, or set speculation.method: prompt_lookup (drafts from the prompt, no model needed)",
         ))
     if raw.get("backend", "torch") == "torch":
         for role in ("target", "draft"):

@@ -81,6 +81,8 @@ BLS_INPUTS = (
     TensorSpec("bad_words", "STRING", (-1,)),
     TensorSpec("return_perf_metrics", "BOOL", (1,)),
     TensorSpec("exclude_input_in_output", "BOOL", (1,)),
+    TensorSpec("speculation", "STRING", (1,)),        # "draft_model" | "prompt_lookup" | "none"
+    TensorSpec("adaptive_draft_length", "BOOL", (1,)),  # false: draft exactly num_draft_tokens every iteration
 )
 BLS_OUTPUTS = (
     TensorSpec("text_output", "STRING", (-1,)),
@@ -94,6 +96,8 @@ BLS_OUTPUTS = (
     TensorSpec("accepted_per_position", "INT32", (-1,)),
     TensorSpec("drafted_per_position", "INT32", (-1,)),
     TensorSpec("finish_reason", "STRING", (1,)),
+    TensorSpec("fallbacks", "INT32", (1,)),             # times speculation was switched off for this request
+    TensorSpec("fallback_reasons", "STRING", (-1,)),    # "reason:count" for each reason
 )
 KV_TOKENS_PER_BLOCK = 32  # block size the embedded engine reports reuse in (TRT-LLM's default tokens_per_block)
 

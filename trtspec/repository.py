@@ -154,7 +154,18 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "engine_outputs": tensor_block(ENGINE_OUTPUTS, inputs=False),
         "tensorrt_llm_model_name": TARGET_MODEL,
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if draft is not None else "",
-        "default_num_draft_tokens": config.speculation.num_draft_tokens,
+        # A request without num_draft_tokens or speculation decodes plainly, as with NVIDIA's BLS;
+        # `trtspec bench --apply` (or `deploy --default-num-draft-tokens`) changes that.
+        "default_num_draft_tokens": 0,
+        "speculation_num_draft_tokens": config.speculation.num_draft_tokens,
+        "default_speculation": config.speculation.method if (draft is not None or config.speculation.method != "draft_model") else "none",
+        "adaptive_draft_length": config.speculation.adaptive,
+        "max_matching_ngram_size": config.speculation.max_matching_ngram_size,
+        # Above this many requests in flight new requests decode plainly (0: no limit); `bench --apply` measures it,
+        # and the cost model (relative to one target step) that the adaptive draft length starts from.
+        "max_speculative_concurrency": 0,
+        "draft_cost_ratio": "0.3",
+        "verify_cost_per_token": "0.1",
         "max_draft_len": target.max_draft_len,
         "max_input_len": target.max_input_len,
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)

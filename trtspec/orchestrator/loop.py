@@ -1,15 +1,16 @@
 """The draft-then-verify loop, per request, independent of Triton.
 
-Each iteration:
-  1. choose k: the requested draft length, never more than the remaining budget minus one (the target
-     always adds a token of its own);
+The first iteration is the target's own prefill and first token, sent at once, so speculation never
+delays the first token. Then each iteration:
+  1. choose k with the draft-length policy (fixed K, or adaptive: see adaptive.py), never more than the
+     remaining budget minus one (the target always adds a token of its own); k = 0 decodes plainly;
   2. draft: the drafter proposes up to k tokens for the whole current sequence;
   3. verify: ONE target call with the sequence, `draft_input_ids` (and `draft_logits`), asking for
      len(draft) + 1 tokens; the engine accepts a prefix of the draft and adds its own next token;
   4. stop rules: end_id, max_tokens, stop words, cancellation;
   5. yield the iteration's new tokens, so the caller can stream them.
-With no drafter (or k = 0) the same loop is plain decoding: the target is asked for the remaining budget
-in one call, or one token per iteration when streaming.
+With no drafter the same loop is plain decoding: the target is asked for the remaining budget in one call
+(or what the policy allows before its next probe), or one token per call when streaming.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from trtspec.contract import GenerationRequest, GenerationResult, SamplingParams
+from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import Drafter
 from trtspec.orchestrator.stats import RequestStats
 
@@ -49,11 +51,15 @@ def speculate(
     target: EngineClient,
     drafter: Drafter | None,
     *,
+    policy=None,
     stats: RequestStats | None = None,
     cancelled: Callable[[], bool] = lambda: False,
 ) -> Iterator[list[int]]:
-    """Yield the new tokens of each iteration until a stop rule fires; `stats` is filled as it goes."""
+    """Yield the new tokens of each iteration until a stop rule fires; `stats` is filled as it goes.
+    `policy` chooses each iteration's draft length (default: always `request.num_draft_tokens`)."""
     stats = stats if stats is not None else RequestStats()
+    speculative = drafter is not None and request.num_draft_tokens > 0
+    policy = policy if policy is not None else FixedDraftLength(request.num_draft_tokens if speculative else 0)
     sequence = list(request.prompt)
     generated = 0
     while True:
@@ -61,48 +67,47 @@ def speculate(
             stats.finish_reason = "cancelled"
             raise Cancelled()
         remaining = request.max_tokens - generated
-        k = _draft_length(request, drafter, remaining)
+        first = generated == 0 and speculative
+        decision = Decision(0, plain_tokens=1) if first else policy.decide(remaining)
+        if not speculative:
+            decision = Decision(0, plain_tokens=decision.plain_tokens)
 
         start = time.perf_counter()
-        draft = drafter.propose(sequence, k) if k > 0 else None
+        draft = drafter.propose(sequence, decision.k) if decision.k > 0 else None
         drafted_at = time.perf_counter()
-
-        result = target.generate(_verify_request(request, sequence, draft, remaining))
+        plain = 1 if request.stream else max(1, min(decision.plain_tokens, remaining))
+        result = target.generate(_verify_request(request, sequence, draft, plain))
         verified_at = time.perf_counter()
 
         new = result.new_tokens[:remaining]
-        accepted = result.num_accepted_draft_tokens if draft else 0
-        if draft:
-            drafter.observe(accepted, len(draft.tokens))
+        drafted = len(draft.tokens) if draft else 0
+        accepted = result.num_accepted_draft_tokens if drafted else 0
+        if drafted:
+            drafter.observe(accepted, drafted)
+        if not first:
+            policy.observe(drafted=drafted, accepted=accepted, draft_seconds=drafted_at - start,
+                           verify_seconds=verified_at - drafted_at, tokens=len(new))
         new, reason = _apply_stop_rules(request, sequence, new, generated + len(new) >= request.max_tokens)
-        stats.record(drafted=len(draft.tokens) if draft else 0, accepted=min(accepted, len(new)), emitted=len(new),
-                     draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at)
+        stats.record(drafted=drafted, accepted=min(accepted, len(new)), emitted=len(new),
+                     draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at,
+                     fallback=decision.reason if not drafted else None)
         sequence += new
         generated += len(new)
         if new:
             yield new
         if reason:
             stats.finish_reason = reason
+            stats.fallbacks.update(getattr(policy, "fallbacks", {}))
             return
 
 
-def _draft_length(request: SpecRequest, drafter: Drafter | None, remaining: int) -> int:
-    if drafter is None or request.num_draft_tokens <= 0:
-        return 0
-    return max(0, min(request.num_draft_tokens, remaining - 1))
-
-
-def _verify_request(request: SpecRequest, sequence: list[int], draft, remaining: int) -> GenerationRequest:
-    if draft is not None and draft.tokens:
-        n = len(draft.tokens) + 1
-    else:
-        # Plain decoding: one call for the whole budget, or one token a call when each must be streamed.
-        n = 1 if request.stream else remaining
+def _verify_request(request: SpecRequest, sequence: list[int], draft, plain_tokens: int) -> GenerationRequest:
+    has_draft = draft is not None and bool(draft.tokens)
     return GenerationRequest(
-        input_ids=sequence, request_output_len=n, end_id=request.end_id, pad_id=request.pad_id,
-        sampling=request.sampling,
-        draft_input_ids=draft.tokens if draft is not None and draft.tokens else None,
-        draft_logits=draft.logits if draft is not None and draft.tokens else None,
+        input_ids=sequence, request_output_len=len(draft.tokens) + 1 if has_draft else plain_tokens,
+        end_id=request.end_id, pad_id=request.pad_id, sampling=request.sampling,
+        draft_input_ids=draft.tokens if has_draft else None,
+        draft_logits=draft.logits if has_draft else None,
     )
 
 

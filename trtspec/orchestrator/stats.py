@@ -23,9 +23,14 @@ class RequestStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     finish_reason: str | None = None
+    fallbacks: dict[str, int] = field(default_factory=dict)            # reason -> times speculation was switched off
+    fallback_iterations: dict[str, int] = field(default_factory=dict)  # reason -> plain iterations it cost
 
-    def record(self, *, drafted: int, accepted: int, emitted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def record(self, *, drafted: int, accepted: int, emitted: int, draft_seconds: float, verify_seconds: float,
+               fallback: str | None = None) -> None:
         self.iterations += 1
+        if fallback:
+            self.fallback_iterations[fallback] = self.fallback_iterations.get(fallback, 0) + 1
         self.speculative_iterations += drafted > 0
         self.draft_tokens += drafted
         self.accepted_tokens += accepted

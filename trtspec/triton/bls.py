@@ -8,6 +8,7 @@ whole generation. Each failure becomes exactly one error response, and the model
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from trtspec.contract import (
     ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, SamplingParams, request_to_tensors, tensors_to_result,
 )
 from trtspec.errors import EngineError, RequestError
+from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, FixedDraftLength
 from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.loop import Cancelled, SpecRequest, speculate
@@ -64,7 +66,7 @@ class Metrics:
         self._drafted_by_position = family("trtspec_draft_tokens_by_position_total", "Draft tokens proposed by draft position (0 = first)")
         requests = family("trtspec_requests_total", "Finished requests by decoding mode")
         self._requests = {m: requests.Metric(labels=self.labels | {"mode": m}) for m in ("speculative", "plain")}
-        self._fallbacks = family("trtspec_fallbacks_total", "Requests that asked for speculation but decoded plainly, by reason")
+        self._fallbacks = family("trtspec_fallbacks_total", "Times speculation was switched off for a request, by reason (low_acceptance, load)")
         self._position_metrics: dict[tuple[str, int], object] = {}
         self._fallback_metrics: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -76,7 +78,7 @@ class Metrics:
             self._position_metrics[key] = fam.Metric(labels=self.labels | {"position": str(position)})
         return self._position_metrics[key]
 
-    def record(self, stats: RequestStats, speculative: bool) -> None:
+    def record(self, stats: RequestStats) -> None:
         with self._lock:
             self._draft.increment(stats.draft_tokens)
             self._accepted.increment(stats.accepted_tokens)
@@ -85,13 +87,11 @@ class Metrics:
             for i, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
                 self._positional("drafted", i).increment(drafted)
                 self._positional("accepted", i).increment(accepted)
-            ran_speculative = stats.speculative_iterations > 0
-            self._requests["speculative" if ran_speculative else "plain"].increment(1)
-            if speculative and not ran_speculative:
-                reason = "no_budget"
+            self._requests["speculative" if stats.speculative_iterations else "plain"].increment(1)
+            for reason, count in stats.fallbacks.items():
                 if reason not in self._fallback_metrics:
                     self._fallback_metrics[reason] = self._fallbacks.Metric(labels=self.labels | {"reason": reason})
-                self._fallback_metrics[reason].increment(1)
+                self._fallback_metrics[reason].increment(count)
 
 
 class TritonPythonModel:
@@ -102,7 +102,19 @@ class TritonPythonModel:
         self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"))
         draft_name = parameter(params, "tensorrt_llm_draft_model_name", "")
         self.draft = BlsEngineClient(draft_name) if draft_name else None
+        # Requests that name neither num_draft_tokens nor speculation get default_num_draft_tokens (0 decodes
+        # plainly, as NVIDIA's BLS does); naming only `speculation` drafts up to speculation_num_draft_tokens.
         self.default_k = int(parameter(params, "default_num_draft_tokens", "0"))
+        self.speculation_k = int(parameter(params, "speculation_num_draft_tokens", str(self.default_k or 4)))
+        self.default_method = parameter(params, "default_speculation", "draft_model" if self.draft else "none")
+        self.adaptive_default = bool_parameter(params, "adaptive_draft_length", True)
+        self.ngram = int(parameter(params, "max_matching_ngram_size", "3"))
+        self.costs = CostModel(float(parameter(params, "draft_cost_ratio", "0.3")),
+                               float(parameter(params, "verify_cost_per_token", "0.1")))
+        # Above this many requests in flight, new requests start without speculation (0: no limit).
+        self.max_spec_concurrency = int(parameter(params, "max_speculative_concurrency", "0"))
+        self._active = 0
+        self._active_lock = threading.Lock()
         self.max_draft_len = int(parameter(params, "max_draft_len", "0"))
         self.max_input_len = int(parameter(params, "max_input_len"))
         self.max_seq_len = int(parameter(params, "max_seq_len"))
@@ -134,21 +146,34 @@ class TritonPythonModel:
             sender.send(error_response(exc, self.name), flags=final)
 
     def _run(self, request, sender) -> None:
-        fields = _Fields(request)
-        spec, use_logits, want_perf, exclude_input = self._parse(fields)
+        with self._active_lock:
+            self._active += 1
+            busy = self.max_spec_concurrency and self._active > self.max_spec_concurrency
+        try:
+            self._generate(_Fields(request), sender, busy)
+        finally:
+            with self._active_lock:
+                self._active -= 1
+
+    def _generate(self, fields: "_Fields", sender, busy: bool) -> None:
+        plan = self._parse(fields)
+        spec = plan.spec
         stats = RequestStats()
-        speculative = spec.num_draft_tokens > 0
-        drafter = None
-        if speculative:
-            drafter = make_drafter("draft_model", client=self.draft, sampling=spec.sampling, end_id=spec.end_id,
-                                   pad_id=spec.pad_id, use_logits=use_logits)
+        if spec.num_draft_tokens > 0 and busy:
+            spec.num_draft_tokens = 0
+            stats.fallbacks["load"] = 1
+        drafter = policy = None
+        if spec.num_draft_tokens > 0:
+            drafter = self._drafter(plan)
+            policy = (AdaptiveDraftLength(spec.num_draft_tokens, costs=dataclasses.replace(self.costs)) if plan.adaptive
+                      else FixedDraftLength(spec.num_draft_tokens))
         detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
         # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
         # unless exclude_input_in_output is set.
-        prompt_text = "" if exclude_input or spec.stream else fields.text("text_input")
+        prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
         ids: list[int] = []
         text = []
-        for chunk in speculate(spec, self.target, drafter, stats=stats, cancelled=sender.is_cancelled):
+        for chunk in speculate(spec, self.target, drafter, policy=policy, stats=stats, cancelled=sender.is_cancelled):
             ids += chunk
             piece = detok.push(chunk)
             if spec.stream:
@@ -157,15 +182,22 @@ class TritonPythonModel:
             else:
                 text.append(piece)
         rest = detok.flush()
-        self.metrics.record(stats, speculative)
-        perf = stats if want_perf else None
+        self.metrics.record(stats)
+        perf = stats if plan.want_perf else None
         if spec.stream:
             sender.send(self._response(rest, [], perf), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         else:
             sender.send(self._response(prompt_text + "".join(text) + rest, ids, perf),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _parse(self, f: "_Fields"):
+    def _drafter(self, plan: "_Plan"):
+        if plan.method == "prompt_lookup":
+            return make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
+        s = plan.spec
+        return make_drafter("draft_model", client=self.draft, sampling=s.sampling, end_id=s.end_id, pad_id=s.pad_id,
+                            use_logits=plan.use_logits)
+
+    def _parse(self, f: "_Fields") -> "_Plan":
         text = f.text("text_input")
         if not text:
             raise RequestError("text_input", "is required and must not be empty")
@@ -178,11 +210,19 @@ class TritonPythonModel:
         budget = self.max_seq_len - len(prompt)
         if not 0 < max_tokens <= budget:
             raise RequestError("max_tokens", f"must be between 1 and {budget} (max_seq_len {self.max_seq_len} minus the {len(prompt)}-token prompt), got {max_tokens}")
-        k = f.scalar("num_draft_tokens", int, self.default_k)
+        method = f.text("speculation") or None
+        if method is not None and method not in SPECULATION_METHODS:
+            raise RequestError("speculation", f"must be one of {', '.join(SPECULATION_METHODS)}, got {method!r}")
+        k = f.scalar("num_draft_tokens", int, None)
+        if k is None:
+            k = self.default_k if method is None else self.speculation_k
+        method = method or self.default_method
         if k < 0 or k > self.max_draft_len:
             raise RequestError("num_draft_tokens", f"must be between 0 and the target engine's max_draft_len {self.max_draft_len}, got {k}")
-        if k > 0 and self.draft is None:
-            raise RequestError("num_draft_tokens", "this deployment has no draft model; send 0 or omit it")
+        if method == "none":
+            k = 0
+        if k > 0 and method == "draft_model" and self.draft is None:
+            raise RequestError("speculation", "this deployment has no draft model; use speculation: prompt_lookup, or num_draft_tokens 0")
         temperature = f.scalar("temperature", float, 0.0)
         top_k = f.scalar("top_k", int, 0)
         top_p = f.scalar("top_p", float, 0.0)
@@ -208,8 +248,13 @@ class TritonPythonModel:
             end_id=None if end_id == -1 else end_id, pad_id=pad_id, stop_words=[w for w in stop_words if w],
             stream=f.scalar("stream", bool, False),
         )
-        use_logits = f.scalar("use_draft_logits", bool, self.use_logits_default)
-        return spec, use_logits, f.scalar("return_perf_metrics", bool, False), f.scalar("exclude_input_in_output", bool, False)
+        return _Plan(
+            spec=spec, method=method,
+            use_logits=f.scalar("use_draft_logits", bool, self.use_logits_default),
+            adaptive=f.scalar("adaptive_draft_length", bool, self.adaptive_default),
+            want_perf=f.scalar("return_perf_metrics", bool, False),
+            exclude_input=f.scalar("exclude_input_in_output", bool, False),
+        )
 
     def _response(self, text: str, ids: list[int], stats: RequestStats | None = None):
         def out(name, value, dtype):
@@ -228,8 +273,25 @@ class TritonPythonModel:
                 out("accepted_per_position", stats.accepted_per_position, np.int32),
                 out("drafted_per_position", stats.drafted_per_position, np.int32),
                 out("finish_reason", [(stats.finish_reason or "").encode()], np.object_),
+                out("fallbacks", [sum(stats.fallbacks.values())], np.int32),
+                out("fallback_reasons", [f"{r}:{n}".encode() for r, n in stats.fallbacks.items()], np.object_),
             ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+SPECULATION_METHODS = ("draft_model", "prompt_lookup", "none")
+
+
+@dataclasses.dataclass
+class _Plan:
+    """A validated request: what to generate and how."""
+
+    spec: SpecRequest
+    method: str
+    use_logits: bool
+    adaptive: bool
+    want_perf: bool
+    exclude_input: bool
 
 
 class _Fields:

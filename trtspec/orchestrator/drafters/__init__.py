@@ -37,8 +37,9 @@ def make_drafter(name: str, **options) -> Drafter:
 
 def _registry() -> dict[str, type]:
     from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
+    from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter
 
-    return {"draft_model": DraftModelDrafter}
+    return {"draft_model": DraftModelDrafter, "prompt_lookup": PromptLookupDrafter}
 
 
 _REGISTRY = _registry()

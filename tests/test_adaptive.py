@@ -1,0 +1,101 @@
+"""Prompt lookup's n-gram matcher and the adaptive draft-length controller, as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, FixedDraftLength, expected_tokens
+from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
+
+
+# ---- n-gram matcher ------------------------------------------------------------------------------------------
+
+def test_match_continues_the_most_recent_occurrence():
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert find_continuation(tokens, 2, max_ngram=3) == [7, 8]  # the later "1 2 3" wins over the first
+
+
+def test_longer_ngrams_are_tried_first():
+    tokens = [4, 3, 10, 11, 5, 3, 20, 21, 4, 3]
+    assert find_continuation(tokens, 2, max_ngram=2) == [10, 11]  # "4 3" matches; "3" alone would give 20 21
+    assert find_continuation(tokens, 2, max_ngram=1) == [20, 21]
+
+
+def test_no_match():
+    assert find_continuation([1, 2, 3, 4], 3) == []
+    assert find_continuation([7], 3) == []
+    assert find_continuation([1, 2, 1], 0) == []
+
+
+def test_overlapping_match_drafts_a_repetition():
+    assert find_continuation([5, 6, 5, 6, 5, 6], 4, max_ngram=2) == [5, 6]  # all that follows the latest "5 6"
+    assert find_continuation([5, 6, 5, 6, 5, 6], 4, max_ngram=1) == [5, 6]
+
+
+def test_continuation_is_cut_at_k_and_at_the_end():
+    tokens = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert find_continuation(tokens, 3) == [3, 4, 5]
+    assert find_continuation(tokens, 10) == [3, 4, 5, 6, 1, 2]
+    assert PromptLookupDrafter(max_matching_ngram_size=2).propose(tokens, 2).tokens == [3, 4]
+    with pytest.raises(ValueError):
+        PromptLookupDrafter(max_matching_ngram_size=0)
+
+
+# ---- cost model ----------------------------------------------------------------------------------------------
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_best_k_grows_with_acceptance_and_shrinks_with_cost():
+    cheap, costly = CostModel(0.05, 0.02), CostModel(0.5, 0.1)
+    assert cheap.best(0.9, 8)[0] > cheap.best(0.5, 8)[0]
+    assert cheap.best(0.8, 8)[0] >= costly.best(0.8, 8)[0]
+    assert costly.best(0.1, 8)[1] < 1.0  # nothing gains: the controller must fall back
+
+
+def controller(**kw) -> AdaptiveDraftLength:
+    return AdaptiveDraftLength(k_max=8, costs=CostModel(0.1, 0.05), **kw)
+
+
+def feed(ctl, accepted_fraction: float, iterations: int):
+    for _ in range(iterations):
+        d = ctl.decide(1000)
+        if d.k:
+            ctl.observe(drafted=d.k, accepted=round(d.k * accepted_fraction), draft_seconds=0.001 * d.k,
+                        verify_seconds=0.012, tokens=round(d.k * accepted_fraction) + 1)
+        else:
+            ctl.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.01 * d.plain_tokens, tokens=d.plain_tokens)
+        yield d
+
+
+def test_all_accepted_grows_k():
+    ctl = controller()
+    ks = [d.k for d in feed(ctl, 1.0, 12)]
+    assert ks[-1] == 8 and ks[-1] > ks[0] and not ctl.fallbacks
+
+
+def test_nothing_accepted_falls_back_to_plain():
+    ctl = controller()
+    decisions = list(feed(ctl, 0.0, 12))
+    fallback = [d for d in decisions if d.k == 0]
+    assert fallback and all(d.reason == "low_acceptance" for d in fallback)
+    assert ctl.fallbacks["low_acceptance"] >= 1
+    assert fallback[0].plain_tokens == 16  # a plain stretch goes to the target in one call
+    assert ctl.alpha < 0.3
+
+
+def test_probing_recovers_when_acceptance_returns():
+    ctl = controller(plain_stretch=4)
+    list(feed(ctl, 0.0, 10))
+    assert ctl.decide(1000).k == 0
+    recovered = [d.k for d in feed(ctl, 1.0, 30)]
+    assert recovered[-1] >= 4  # a probe found acceptance again and speculation came back
+
+
+def test_budget_bounds_k():
+    assert controller().decide(3).k <= 2
+    assert controller().decide(1).k == 0
+    assert FixedDraftLength(5).decide(3).k == 2

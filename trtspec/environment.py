@@ -1,0 +1,249 @@
+"""What this machine offers the production (TensorRT-LLM) path: GPUs, and the TensorRT-LLM, TensorRT and Triton
+installs, each found without importing the heavy packages. `trtspec doctor` prints it; `trtspec build` uses the
+GPU list for its memory plan and the version guard before it runs any TensorRT-LLM step.
+
+The version guard is a pure function over version strings (`check_trtllm_version`): TensorRT-LLM releases from
+SUPPORTED_MIN up to and including 1.3.0rc20 ship `trtllm-build` with `--speculative_decoding_mode
+draft_tokens_external` and the Triton C++ `tensorrtllm` backend; the next release candidate removed the TensorRT
+engine backend (v1.3.0rc20's release notice: "the last one supporting the TensorRT backend").
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+# ---- versions ----------------------------------------------------------------------------------------------
+
+# Oldest release whose Triton backend takes the tensor names of trtspec.contract (`seed`, `min_tokens`: renamed from
+# `random_seed`/`min_length` after v0.19.0) and returns the speculative-decoding perf outputs (`acceptance_rate`, ...).
+SUPPORTED_MIN = Version("0.20.0")
+# Last release with the TensorRT engine backend; everything after it (1.3.0rc21, 1.3.0, 1.4, ...) has none.
+LAST_WITH_TRT_BACKEND = Version("1.3.0rc20")
+# The release trtspec pins (pyproject `trtllm` extra) and the NVIDIA container that ships it. Source: Triton's
+# release compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md): the
+# 26.04 to 26.07 trtllm-python-py3 images carry TensorRT-LLM 1.2.1 (26.03: 1.2.0; 25.12 to 26.02: 1.1.0).
+PINNED_TRTLLM = "1.2.1"
+CONTAINER_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+CONTAINER_TRTLLM = {
+    "26.07": "1.2.1", "26.06": "1.2.1", "26.05": "1.2.1", "26.04": "1.2.1", "26.03": "1.2.0",
+    "26.02": "1.1.0", "26.01": "1.1.0", "25.12": "1.1.0", "25.11": "1.0.3.2510", "25.10": "1.0.0",
+    "25.09": "1.0.0", "25.08": "0.21.0", "25.07": "0.20.0", "25.06": "0.20.0",
+}
+TRTLLM_DISTRIBUTIONS = ("tensorrt_llm", "tensorrt-llm")
+TENSORRT_DISTRIBUTIONS = ("tensorrt", "tensorrt-cu13", "tensorrt_cu13", "tensorrt-cu12", "tensorrt_cu12")
+
+
+class UnsupportedVersion(Exception):
+    """A TensorRT-LLM release trtspec's production path cannot drive."""
+
+
+def supported_versions_text() -> str:
+    return (f"TensorRT-LLM {SUPPORTED_MIN} to {LAST_WITH_TRT_BACKEND} (trtspec is tested against {PINNED_TRTLLM}: "
+            f"`pip install 'trtspec[trtllm]'` or NVIDIA's container {CONTAINER_IMAGE})")
+
+
+def check_trtllm_version(version: str | None) -> Version:
+    """The parsed version when trtspec can build and serve with it; UnsupportedVersion saying why and what works."""
+    if version is None:
+        raise UnsupportedVersion(f"TensorRT-LLM is not installed; the trtllm backend needs {supported_versions_text()}")
+    try:
+        parsed = Version(version)
+    except InvalidVersion as exc:
+        raise UnsupportedVersion(f"TensorRT-LLM version {version!r} is not a version number; "
+                                 f"use {supported_versions_text()}") from exc
+    if parsed.release > LAST_WITH_TRT_BACKEND.release or (
+            parsed.release == LAST_WITH_TRT_BACKEND.release and _after_rc20(parsed)):
+        raise UnsupportedVersion(
+            f"TensorRT-LLM {version} has no TensorRT engine backend (removed after {LAST_WITH_TRT_BACKEND}: no trtllm-build, "
+            f"no draft_tokens_external, no Triton tensorrtllm backend); use {supported_versions_text()}")
+    if parsed < SUPPORTED_MIN:
+        raise UnsupportedVersion(
+            f"TensorRT-LLM {version} is older than {SUPPORTED_MIN}, the oldest release whose Triton backend speaks "
+            f"trtspec's tensor contract; use {supported_versions_text()}")
+    return parsed
+
+
+def _after_rc20(v: Version) -> bool:
+    """On 1.3.0: rc20 and its post/dev builds keep the backend; rc21 onwards and the final release do not."""
+    if v.pre is None:
+        return v.dev is None  # 1.3.0 final (a 1.3.0.devN build predates every rc: keep it)
+    kind, number = v.pre
+    return kind != "a" and kind != "b" and number > LAST_WITH_TRT_BACKEND.pre[1]
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str | None
+    location: str | None
+
+    @property
+    def found(self) -> bool:
+        return self.version is not None
+
+
+def find_package(distributions: tuple[str, ...], module: str | None = None) -> Package:
+    """A package's version (from its metadata) and where it is, without importing it."""
+    for dist in distributions:
+        try:
+            meta = importlib.metadata.distribution(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        location = None
+        if module:
+            spec = importlib.util.find_spec(module)
+            location = str(Path(spec.origin).parent) if spec is not None and spec.origin else None
+        return Package(dist, meta.version, location or str(meta.locate_file("")))
+    return Package(distributions[0], None, None)
+
+
+def installed_trtllm() -> Package:
+    return find_package(TRTLLM_DISTRIBUTIONS, "tensorrt_llm")
+
+
+def require_trtllm() -> Version:
+    """The installed TensorRT-LLM's version, or UnsupportedVersion naming what works."""
+    return check_trtllm_version(installed_trtllm().version)
+
+
+# ---- GPUs --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuType:
+    name: str
+    memory_gib: float   # as nvidia-smi reports it (MiB / 1024)
+    sm: int
+    nominal: str        # how NVIDIA sells it
+
+
+# Named GPUs a build config may plan for. Memory is the usable total nvidia-smi reports, not the marketing figure.
+GPU_TYPES = {
+    "H100": GpuType("H100", 81559 / 1024, 90, "80 GB"),
+    "H100-NVL": GpuType("H100-NVL", 95830 / 1024, 90, "94 GB"),
+    "H200": GpuType("H200", 143771 / 1024, 90, "141 GB"),
+    "GH200": GpuType("GH200", 97871 / 1024, 90, "96 GB"),
+    "A100": GpuType("A100", 81920 / 1024, 80, "80 GB"),
+    "L40S": GpuType("L40S", 46068 / 1024, 89, "48 GB"),
+    "L4": GpuType("L4", 23034 / 1024, 89, "24 GB"),
+}
+FP8_MIN_SM = 89  # Ada (SM89), Hopper (SM90) and Blackwell run FP8; Ampere (SM80/86) does not
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_gib: float
+    sm: int | None
+    source: str  # "nvidia-smi", "torch" or "config"
+
+    @property
+    def fp8(self) -> bool:
+        return self.sm is not None and self.sm >= FP8_MIN_SM
+
+
+@dataclass
+class GpuReport:
+    gpus: list[Gpu] = field(default_factory=list)
+    tried: list[str] = field(default_factory=list)  # what was asked, and why it gave nothing
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Rows of `nvidia-smi --query-gpu=index,name,memory.total,compute_cap --format=csv,noheader,nounits`."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3 or not parts[0].isdigit():
+            continue
+        sm = None
+        if len(parts) > 3:
+            try:
+                major, _, minor = parts[3].partition(".")
+                sm = int(major) * 10 + int(minor or 0)
+            except ValueError:
+                sm = None
+        try:
+            memory = float(parts[2]) / 1024
+        except ValueError:
+            continue
+        gpus.append(Gpu(int(parts[0]), parts[1], memory, sm, "nvidia-smi"))
+    return gpus
+
+
+def detect_gpus() -> GpuReport:
+    """The GPUs this machine has: nvidia-smi first, then torch.cuda; an empty list (with the reasons) when none."""
+    report = GpuReport()
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        report.tried.append("nvidia-smi: not on PATH")
+    else:
+        try:
+            out = subprocess.run([smi, "--query-gpu=index,name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=20)
+            report.gpus = parse_nvidia_smi(out.stdout)
+            if not report.gpus:
+                report.tried.append(f"nvidia-smi: no GPU listed (exit {out.returncode}: {out.stderr.strip()[:200]})")
+        except (OSError, subprocess.SubprocessError) as exc:
+            report.tried.append(f"nvidia-smi: {exc}")
+    if report.gpus:
+        return report
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(i)
+                report.gpus.append(Gpu(i, props.name, props.total_memory / 2**30, props.major * 10 + props.minor, "torch"))
+        else:
+            report.tried.append(f"torch {torch.__version__}: torch.cuda.is_available() is False")
+    except Exception as exc:  # a broken CUDA install raises many kinds
+        report.tried.append(f"torch: {exc}")
+    return report
+
+
+def named_gpus(gpu_type: str, count: int, memory_gib: float | None = None) -> list[Gpu]:
+    """The GPUs a build config names (`gpu: {type, count, memory_gb}`)."""
+    known = GPU_TYPES.get(gpu_type)
+    memory = memory_gib if memory_gib is not None else (known.memory_gib if known else None)
+    if memory is None:
+        raise ValueError(f"GPU type {gpu_type!r} is not one of {', '.join(GPU_TYPES)}: give gpu.memory_gb")
+    return [Gpu(i, gpu_type, memory, known.sm if known else None, "config") for i in range(count)]
+
+
+# ---- servers -----------------------------------------------------------------------------------------------
+
+def find_tritonserver_binaries() -> list[tuple[str, str]]:
+    """(where, path) of each tritonserver this machine has: the container's, PATH's, the nvidia-pytriton wheel's."""
+    found = []
+    container = Path("/opt/tritonserver/bin/tritonserver")
+    if container.is_file():
+        found.append(("container", str(container)))
+    on_path = shutil.which("tritonserver")
+    if on_path and Path(on_path).resolve() != container.resolve():
+        found.append(("PATH", on_path))
+    spec = importlib.util.find_spec("pytriton")
+    if spec is not None and spec.submodule_search_locations:
+        wheel = Path(next(iter(spec.submodule_search_locations))) / "tritonserver" / "bin" / "tritonserver"
+        if wheel.is_file():
+            found.append(("nvidia-pytriton wheel", str(wheel)))
+    return found
+
+
+def tritonserver_version(where: str, path: str) -> str | None:
+    """The server's version: the container's TRITON_SERVER_VERSION, the wheel's release, else None."""
+    if where == "container" and os.environ.get("TRITON_SERVER_VERSION"):
+        return os.environ["TRITON_SERVER_VERSION"]
+    if where == "nvidia-pytriton wheel":
+        try:
+            return f"as shipped in nvidia-pytriton {importlib.metadata.version('nvidia-pytriton')}"
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    return None

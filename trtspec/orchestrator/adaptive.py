@@ -1,0 +1,117 @@
+"""How many tokens to draft next: a fixed K, or K chosen from the request's measured acceptance and costs.
+
+Cost model, in units of one plain target step (the time the target takes to produce one token alone):
+
+    cost(k)  = 1 + (c + b) * k      c: one draft step / one target step; b: extra verify cost per draft token
+    E(k)     = (1 - a^(k+1)) / (1 - a)   expected tokens per iteration (Leviathan et al. 2023), a: acceptance
+    gain(k)  = E(k) / cost(k)        tokens per unit time relative to plain decoding (gain(0) = 1)
+
+The adaptive policy drafts the k in 1..k_max with the largest gain. When no k gains (gain < 1 + margin), the
+request falls back to plain decoding for a stretch of tokens and then probes with a short draft, so a
+request whose text turns predictable again gets speculation back. The acceptance `a` is the geometric
+model's estimate (accepted / (accepted + rejections)) over recent iterations with exponential forgetting,
+starting from a prior; c and b start from the deployment's measured values and follow what this request
+measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E(k) = (1 - a^(k+1)) / (1 - a): accepted draft tokens plus the target's own, per iteration."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class CostModel:
+    draft_cost_ratio: float = 0.3        # c
+    verify_cost_per_token: float = 0.1   # b
+
+    def cost(self, k: int) -> float:
+        return 1.0 + (self.draft_cost_ratio + self.verify_cost_per_token) * k
+
+    def gain(self, alpha: float, k: int) -> float:
+        return expected_tokens(alpha, k) / self.cost(k)
+
+    def best(self, alpha: float, k_max: int) -> tuple[int, float]:
+        """(k, gain) with the highest gain over 1..k_max."""
+        return max(((k, self.gain(alpha, k)) for k in range(1, k_max + 1)), key=lambda kg: kg[1], default=(0, 1.0))
+
+
+@dataclass
+class Decision:
+    k: int                   # tokens to draft; 0 = plain decoding this iteration
+    plain_tokens: int = 1    # when k == 0: how many tokens to ask the target for in one call
+    reason: str | None = None  # why this iteration decodes plainly, when it is a fallback
+
+
+class FixedDraftLength:
+    """Always K (the stock BLS's behaviour), within the budget."""
+
+    def __init__(self, k: int):
+        self.k_max = k
+
+    def decide(self, remaining: int) -> Decision:
+        return Decision(min(self.k_max, remaining - 1), plain_tokens=remaining)
+
+    def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int) -> None:
+        pass
+
+
+@dataclass
+class AdaptiveDraftLength:
+    k_max: int
+    costs: CostModel = field(default_factory=CostModel)
+    prior_alpha: float = 0.6
+    prior_weight: float = 2.0     # the prior counts as this many observations
+    decay: float = 0.8            # weight kept by older iterations at each new one
+    margin: float = 0.05          # speculate only when the best gain exceeds 1 + margin
+    plain_stretch: int = 16       # tokens decoded plainly after a fallback before probing again
+    successes: float = 0.0
+    failures: float = 0.0
+    step_seconds: float | None = None   # measured time of one plain target step
+    fallbacks: dict = field(default_factory=dict)
+    _plain_left: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return (self.successes + self.prior_alpha * self.prior_weight) / (self.successes + self.failures + self.prior_weight)
+
+    def decide(self, remaining: int) -> Decision:
+        bound = min(self.k_max, remaining - 1)
+        if bound <= 0:
+            return Decision(0, plain_tokens=remaining)
+        if self._plain_left > 0:
+            return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
+        k, gain = self.costs.best(self.alpha, bound)
+        if gain < 1.0 + self.margin:
+            self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
+            self._plain_left = self.plain_stretch
+            return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
+        return Decision(k)
+
+    def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int) -> None:
+        if drafted == 0:
+            self._plain_left = max(0, self._plain_left - tokens)
+            if self._plain_left == 0 and self.fallbacks:
+                # the stretch is over: make the next decision a probe with the prior's optimism partly restored
+                self.successes *= self.decay
+                self.failures *= self.decay
+            if tokens > 0:
+                self.step_seconds = _ewma(self.step_seconds, verify_seconds / tokens)
+            return
+        self.successes = self.successes * self.decay + accepted
+        self.failures = self.failures * self.decay + (accepted < drafted)
+        if self.step_seconds:
+            # refine c and b from this request's own timings (relative to its plain step)
+            self.costs.draft_cost_ratio = _ewma(self.costs.draft_cost_ratio, draft_seconds / drafted / self.step_seconds)
+            extra = max(verify_seconds / self.step_seconds - 1.0, 0.0) / drafted
+            self.costs.verify_cost_per_token = _ewma(self.costs.verify_cost_per_token, extra)
+
+
+def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
