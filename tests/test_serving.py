@@ -101,7 +101,8 @@ def spec_server(tmp_path_factory):
     config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 8},
                           engine={"max_input_len": 256, "max_seq_len": 512})
     engines = run_build(config, root / "engines")
-    repo = write_repository(load_config(config), engines, root / "repo")
+    # Above 4 requests in flight, new ones start without speculation (the concurrency test checks it).
+    repo = write_repository(load_config(config), engines, root / "repo", overrides={"max_speculative_concurrency": 4})
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start(timeout=300)
     yield server
@@ -144,13 +145,16 @@ def test_greedy_speculative_equals_target_only_http(spec_server, references, k):
 
 
 def test_eight_concurrent_streams(spec_server, references):
-    results, errors = {}, []
+    results, reasons, errors = {}, {}, []
 
     def one(i):
         prompt = PROMPTS[i % 2]
         try:
-            results[i] = ids_of(grpc_generate(spec_server.grpc_url, {
-                "text_input": prompt, "max_tokens": 24, "num_draft_tokens": 1 + i % 4, "stream": True}))
+            responses = grpc_generate(spec_server.grpc_url, {
+                "text_input": prompt, "max_tokens": 24, "num_draft_tokens": 1 + i % 4, "stream": True,
+                "return_perf_metrics": True})
+            results[i] = ids_of(responses)
+            reasons[i] = [v.decode() for v in np.asarray(responses[-1]["fallback_reasons"]).reshape(-1)]
         except Exception as exc:  # collected and reported below
             errors.append(exc)
 
@@ -161,6 +165,25 @@ def test_eight_concurrent_streams(spec_server, references):
         t.join(timeout=300)
     assert not errors, errors
     assert all(results[i] == references[PROMPTS[i % 2]] for i in range(8))
+    # the deployment allows 4 speculative requests at once: the others started without speculation
+    assert 1 <= sum("load:1" in r for r in reasons.values()) <= 4
+
+
+def test_prompt_lookup_equals_target_only(spec_server):
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    reference = ids_of(grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24}))
+    for adaptive in (False, True):
+        responses = grpc_generate(spec_server.grpc_url, {
+            "text_input": prompt, "max_tokens": 24, "speculation": "prompt_lookup", "num_draft_tokens": 4,
+            "adaptive_draft_length": adaptive, "return_perf_metrics": True})
+        assert ids_of(responses) == reference
+    assert int(responses[-1]["total_draft_tokens"].reshape(-1)[0]) >= 0
+
+
+def test_unknown_speculation_method_is_refused(spec_server):
+    with pytest.raises(InferenceServerException) as err:
+        grpc_generate(spec_server.grpc_url, {"text_input": "hi", "max_tokens": 4, "speculation": "medusa"})
+    assert "speculation" in str(err.value)
 
 
 def test_sampling_reproducible_with_seed(spec_server):
