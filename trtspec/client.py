@@ -129,7 +129,7 @@ def _hostport(host: str, port: int) -> str:
 
 def request_fields(prompt: str, *, max_tokens: int, num_draft_tokens=None, use_draft_logits=None, temperature=None,
                    top_k=None, top_p=None, seed=None, stop_words=None, end_id=None, return_perf_metrics=True,
-                   stream=False) -> dict[str, object]:
+                   stream=False, speculation=None, adaptive_draft_length=None) -> dict[str, object]:
     """The `tensorrt_llm_bls` request fields (tensor name -> value) for one generation; None leaves a field out.
 
     `exclude_input_in_output` is always set, so the text is the generated text alone, streamed or not."""
@@ -138,6 +138,7 @@ def request_fields(prompt: str, *, max_tokens: int, num_draft_tokens=None, use_d
         "use_draft_logits": use_draft_logits, "temperature": temperature, "top_k": top_k, "top_p": top_p,
         "seed": seed, "end_id": end_id, "stop_words": list(stop_words) if stop_words else None,
         "return_perf_metrics": return_perf_metrics, "stream": stream, "exclude_input_in_output": True,
+        "speculation": speculation, "adaptive_draft_length": adaptive_draft_length,
     }
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -339,18 +340,22 @@ class SpecClient:
                  use_draft_logits: bool | None = None, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop_words: Iterable[str] | None = None,
                  end_id: int | None = None, return_perf_metrics: bool = True, stream: bool = False,
-                 on_chunk: Callable[[Chunk], None] | None = None, stop_after_s: float | None = None) -> Completion:
+                 on_chunk: Callable[[Chunk], None] | None = None, stop_after_s: float | None = None,
+                 speculation: str | None = None, adaptive_draft_length: bool | None = None) -> Completion:
         """Generate from `prompt` with the BLS; None leaves a field to the deployment's default.
 
         `stream`: the BLS sends one response per iteration (each passed to `on_chunk` as it arrives) instead
         of one at the end. `stop_after_s`: give up after that many seconds and return what arrived, with
         finish_reason "cancelled"; the request is cancelled (gRPC: stop_stream(cancel_requests=True); HTTP: the
-        connection is closed, on which Triton cancels it).
+        connection is closed, on which Triton cancels it). `speculation` ("draft_model", "prompt_lookup", "none")
+        and `adaptive_draft_length` (false: draft exactly num_draft_tokens each iteration) go to deployments
+        that have those inputs; None leaves them out.
         """
         fields = request_fields(prompt, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
                                 use_draft_logits=use_draft_logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=seed, stop_words=stop_words, end_id=end_id,
-                                return_perf_metrics=return_perf_metrics, stream=stream)
+                                return_perf_metrics=return_perf_metrics, stream=stream, speculation=speculation,
+                                adaptive_draft_length=adaptive_draft_length)
         with self._lock:
             if self.protocol == "grpc":
                 return self._generate_grpc(fields, on_chunk, stop_after_s)
