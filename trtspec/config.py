@@ -7,6 +7,7 @@ architectures run, draft and target share a vocabulary). Every problem is collec
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -32,6 +33,9 @@ class ModelSpec(_Strict):
     tp_size: int = Field(1, ge=1)
     pp_size: int = Field(1, ge=1)
     trust_remote_code: bool = False
+    # trtllm backend: the model's Hugging Face config.json, used to plan (memory, commands) when `checkpoint`
+    # is not on this machine, e.g. `trtspec build --dry-run` away from the GPU host.
+    hf_config: str | None = None
 
 
 class SpeculationSpec(_Strict):
@@ -53,6 +57,38 @@ class EngineSpec(_Strict):
     kv_cache_reuse_mb: int = Field(512, ge=0)
 
 
+class CalibrationSpec(_Strict):
+    """trtllm backend: FP8 calibration by TensorRT-LLM's ModelOpt quantization (quantize.py's --calib_* flags)."""
+
+    dataset: str = "cnn_dailymail"          # a Hugging Face dataset name or a local directory
+    size: int = Field(512, ge=1)            # --calib_size: calibration samples
+    max_seq_length: int = Field(512, ge=1)  # --calib_max_seq_length
+    batch_size: int = Field(1, ge=1)        # --batch_size
+
+
+class GpuSpec(_Strict):
+    """trtllm backend: the GPUs to plan for (when the build machine has none to detect) and where each model runs."""
+
+    type: str | None = None                 # one of trtspec.environment.GPU_TYPES, e.g. H100, H200
+    count: int | None = Field(None, ge=1)
+    memory_gb: float | None = Field(None, gt=0)       # GiB per GPU; defaults to the type's
+    host_memory_gb: float | None = Field(None, gt=0)  # CPU memory, for calibration that spills off the GPUs
+    target_devices: list[int] | None = None  # GPU ids of the target's ranks [default: 0..tp*pp-1]
+    draft_devices: list[int] | None = None   # [default: 0..tp*pp-1, sharing the target's first GPUs]
+    # Orchestrator mode without spawned processes: draft logits go straight to the target over MPI.
+    fast_logits: bool = False
+
+
+class TrtllmSpec(_Strict):
+    """trtllm backend: knobs of the TensorRT-LLM steps."""
+
+    max_num_tokens: int = Field(8192, ge=1)  # trtllm-build --max_num_tokens (tokens per engine iteration)
+    # NVIDIA's examples/quantization/quantize.py to run instead of trtspec's runner of the same ModelOpt API.
+    quantize_script: str | None = None
+    # A model's examples/models/core/<model>/convert_checkpoint.py to run for `quantization: none`.
+    convert_script: str | None = None
+
+
 class BuildConfig(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=64)
     backend: Literal["torch", "trtllm"] = "torch"
@@ -60,6 +96,9 @@ class BuildConfig(_Strict):
     draft: ModelSpec | None = None
     speculation: SpeculationSpec = SpeculationSpec()
     engine: EngineSpec = EngineSpec()
+    calibration: CalibrationSpec = CalibrationSpec()
+    gpu: GpuSpec = GpuSpec()
+    trtllm: TrtllmSpec = TrtllmSpec()
 
 
 class LoadedConfig:
@@ -74,8 +113,11 @@ class LoadedConfig:
         return [(role, getattr(self.config, role), info) for role, info in self.checkpoints.items()]
 
 
-def load_config(path: str | Path) -> LoadedConfig:
-    """Read, validate and check a build config; raises ConfigError listing every problem found."""
+def load_config(path: str | Path, *, plan_only: bool = False) -> LoadedConfig:
+    """Read, validate and check a build config; raises ConfigError listing every problem found.
+
+    `plan_only` (trtllm backend): a checkpoint may be a Hugging Face config.json without weights (or missing, with
+    `hf_config` naming its config.json), enough to plan the build; nothing can be built from such a config."""
     source = Path(path).expanduser().resolve()
     if not source.is_file():
         raise ConfigError(str(path), [Problem("config", str(path), "file not found", "pass the path of a build config YAML")])
@@ -92,9 +134,12 @@ def load_config(path: str | Path) -> LoadedConfig:
     except ValidationError as exc:
         problems = [_problem_from_pydantic(e) for e in exc.errors()] + problems
         config = None
-    checkpoints = _inspect_checkpoints(raw, source.parent, problems)
+    plan_only = plan_only and raw.get("backend") == "trtllm"
+    checkpoints = _inspect_checkpoints(raw, source.parent, problems, plan_only=plan_only)
     if config is not None:
-        problems += check_pair(config, checkpoints)
+        problems += check_pair(config, checkpoints, plan_only=plan_only)
+        if config.backend == "trtllm":
+            problems += trtllm_checks(config)
     if problems:
         raise ConfigError(str(source), problems)
     return LoadedConfig(config, source, checkpoints)
@@ -157,7 +202,7 @@ def _problem_from_pydantic(error: dict) -> Problem:
     return Problem(field, error.get("input"), error["msg"], _FIXES.get(error["type"], ""))
 
 
-def _inspect_checkpoints(raw: dict, base: Path, problems: list[Problem]) -> dict[str, CheckpointInfo]:
+def _inspect_checkpoints(raw: dict, base: Path, problems: list[Problem], *, plan_only: bool = False) -> dict[str, CheckpointInfo]:
     found = {}
     for role in ("target", "draft"):
         checkpoint = (raw.get(role) or {}).get("checkpoint") if isinstance(raw.get(role), dict) else None
@@ -167,8 +212,10 @@ def _inspect_checkpoints(raw: dict, base: Path, problems: list[Problem]) -> dict
         try:
             info = inspect_checkpoint(resolve_checkpoint_path(checkpoint, base))
         except CheckpointError as exc:
-            problems.append(Problem(field, checkpoint, str(exc), "point it at a Hugging Face checkpoint directory or a .gguf file"))
-            continue
+            info = _planning_info(raw[role], base) if plan_only else None
+            if info is None:
+                problems.append(Problem(field, checkpoint, str(exc), "point it at a Hugging Face checkpoint directory or a .gguf file"))
+                continue
         if raw.get("backend", "torch") == "torch" and not info.supported:
             problems.append(Problem(
                 field, checkpoint, f"architecture {info.architecture} is not supported by the embedded engine",
@@ -178,8 +225,10 @@ def _inspect_checkpoints(raw: dict, base: Path, problems: list[Problem]) -> dict
     return found
 
 
-def check_pair(config: BuildConfig, checkpoints: dict[str, CheckpointInfo]) -> list[Problem]:
-    """Draft and target must speak the same vocabulary: the draft's token ids go straight to the target."""
+def check_pair(config: BuildConfig, checkpoints: dict[str, CheckpointInfo], *, plan_only: bool = False) -> list[Problem]:
+    """Draft and target must speak the same vocabulary: the draft's token ids go straight to the target.
+    When planning from config.json files alone (no tokenizers to compare), differing vocab sizes are accepted
+    without draft logits; the real build compares the tokenizers."""
     target, draft = checkpoints.get("target"), checkpoints.get("draft")
     if target is None or draft is None:
         return []
@@ -195,7 +244,7 @@ def check_pair(config: BuildConfig, checkpoints: dict[str, CheckpointInfo]) -> l
             "use a draft from the same model family that shares the target's tokenizer, or train one with `trtspec distill`",
         ))
     elif target.vocab_size != draft.vocab_size:
-        same_tokens = tv is not None and dv is not None  # equal maps, only the embedding padding differs
+        same_tokens = (tv is not None and dv is not None) or (plan_only and (tv is None or dv is None))
         if not same_tokens or config.speculation.use_draft_logits:
             problems.append(Problem(
                 "draft.checkpoint", config.draft.checkpoint,
@@ -204,4 +253,64 @@ def check_pair(config: BuildConfig, checkpoints: dict[str, CheckpointInfo]) -> l
                 "set speculation.use_draft_logits: false (token matching only needs equal token ids)" if same_tokens
                 else "use a draft that shares the target's tokenizer and vocabulary",
             ))
+    return problems
+
+
+# ---- trtllm backend ----------------------------------------------------------------------------------------
+
+def _planning_info(section: dict, base: Path) -> CheckpointInfo | None:
+    """A checkpoint known from its config.json alone (the checkpoint dir's, or `hf_config`): enough to plan."""
+    checkpoint = section.get("checkpoint")
+    if not isinstance(checkpoint, str) or checkpoint.startswith("pkg:"):
+        return None
+    path = resolve_checkpoint_path(checkpoint, base)  # where the weights will be: the commands name it
+    candidates = [path / "config.json"]
+    if isinstance(section.get("hf_config"), str):
+        candidates.append(resolve_checkpoint_path(section["hf_config"], base))
+    for candidate in candidates:
+        try:
+            config = json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(config, dict) and config.get("architectures") and "vocab_size" in config:
+            return CheckpointInfo(path, config["architectures"][0], int(config["vocab_size"]), config)
+    return None
+
+
+def trtllm_checks(config: BuildConfig) -> list[Problem]:
+    """GPU placement and FP8 support for the trtllm backend."""
+    from trtspec.environment import FP8_MIN_SM, GPU_TYPES
+
+    problems = []
+    gpu = config.gpu
+    known = GPU_TYPES.get(gpu.type) if gpu.type else None
+    if gpu.type and known is None and gpu.memory_gb is None:
+        problems.append(Problem("gpu.type", gpu.type, f"is not a known GPU ({', '.join(GPU_TYPES)})",
+                                "use one of them, or give gpu.memory_gb (GiB per GPU) as well"))
+    roles = [("target", config.target)] + ([("draft", config.draft)] if config.draft else [])
+    uses_fp8 = any(spec.quantization == "fp8" or spec.kv_cache_dtype == "fp8" for _, spec in roles)
+    if known is not None and uses_fp8 and known.sm < FP8_MIN_SM:
+        problems.append(Problem("gpu.type", gpu.type, f"is SM{known.sm}; FP8 needs SM{FP8_MIN_SM} or newer (Ada, Hopper, Blackwell)",
+                                "set quantization: none and kv_cache_dtype: auto, or plan for H100/H200/L40S"))
+    for role, spec in roles:
+        if spec.quantization == "fp8" and spec.fp8_scaling != "per_tensor":
+            problems.append(Problem(f"{role}.fp8_scaling", spec.fp8_scaling,
+                                    "the trtllm backend quantizes with ModelOpt's per-tensor FP8 (qformat fp8)", "set it to per_tensor"))
+        ranks = spec.tp_size * spec.pp_size
+        devices = getattr(gpu, f"{role}_devices")
+        if gpu.count is not None and ranks > gpu.count:
+            problems.append(Problem(f"{role}.tp_size", spec.tp_size, f"needs {ranks} GPUs (tp_size x pp_size) but gpu.count is {gpu.count}",
+                                    "lower tp_size/pp_size or raise gpu.count"))
+        if devices is None:
+            continue
+        if len(devices) != ranks or len(set(devices)) != len(devices):
+            problems.append(Problem(f"gpu.{role}_devices", devices, f"must list {ranks} distinct GPU ids (one per rank of {role})",
+                                    f"give {ranks} ids, or leave it out"))
+        if gpu.count is not None and any(d < 0 or d >= gpu.count for d in devices):
+            problems.append(Problem(f"gpu.{role}_devices", devices, f"names a GPU outside 0..{gpu.count - 1}", "use ids below gpu.count"))
+    if gpu.fast_logits and config.draft is None:
+        problems.append(Problem("gpu.fast_logits", True, "sends draft logits to the target, and the config has no draft", "remove it"))
+    if gpu.fast_logits and not config.speculation.use_draft_logits:
+        problems.append(Problem("gpu.fast_logits", True, "only speeds up draft-logits transfer, and speculation.use_draft_logits is false",
+                                "set use_draft_logits: true, or remove fast_logits"))
     return problems

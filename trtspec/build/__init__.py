@@ -21,10 +21,12 @@ def default_output(loaded: LoadedConfig) -> Path:
 def run_build(config_path: str | Path, output: Path | None, *, dry_run: bool = False, console: Console | None = None) -> Path:
     """Build every engine of the config that is not already built from the same inputs; returns the output dir."""
     console = console or Console(stderr=True)
-    loaded = load_config(config_path)
+    loaded = load_config(config_path, plan_only=dry_run)
     output = (output or default_output(loaded)).resolve()
-    if loaded.config.backend != "torch":
-        raise TrtspecError(f"backend '{loaded.config.backend}' is not available in this version; use backend: torch")
+    if loaded.config.backend == "trtllm":
+        from trtspec.build import trtllm
+
+        return trtllm.run(loaded, output, dry_run=dry_run, console=console)
     from trtspec.build import torch as backend
 
     builds = backend.plan(loaded, output)
@@ -49,5 +51,20 @@ def run_build(config_path: str | Path, output: Path | None, *, dry_run: bool = F
             start = time.perf_counter()
             backend.build_model(b, loaded.config, progress=lambda text, t=task: progress.update(t, description=text))
             progress.update(task, description=f"{b.role}: built in {time.perf_counter() - start:.1f}s", completed=1, total=1)
+    _validate_built(loaded, output)
     console.print(f"engines in {output}")
     return output
+
+
+def _validate_built(loaded: LoadedConfig, output: Path) -> None:
+    """The engine checks of `trtspec validate engines` on what was just built."""
+    from trtspec.engine.validate import expected_from_spec, validate_engines
+
+    config = loaded.config
+    draft = output / "draft" if config.draft is not None else None
+    problems = validate_engines(output / "target", draft, num_draft_tokens=config.speculation.num_draft_tokens,
+                                use_draft_logits=config.speculation.use_draft_logits and draft is not None,
+                                expect={role: expected_from_spec(spec) for role, spec, _ in loaded.models()},
+                                runtime_version=None)
+    if problems:
+        raise TrtspecError("the built engines fail validation:\n" + "\n".join(f"  - {p}" for p in problems))
