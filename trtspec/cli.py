@@ -48,6 +48,21 @@ def build(config_path: str, output: str | None, dry_run: bool) -> None:
 
 
 @cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def doctor(as_json: bool) -> None:
+    """Report GPUs (SM, FP8, memory) and the TensorRT, TensorRT-LLM and Triton installs the production path needs."""
+    from trtspec.doctor import collect, render
+
+    report = collect()
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report, indent=2))
+    else:
+        render(report, Console())
+
+
+@cli.command()
 @click.option("--repo", required=True, type=click.Path(file_okay=False, exists=True), help="Model repository (from `trtspec deploy`).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the server to the network.")
 @click.option("--http-port", default=8000, show_default=True)
@@ -55,12 +70,22 @@ def build(config_path: str, output: str | None, dry_run: bool) -> None:
 @click.option("--metrics-port", default=8002, show_default=True)
 @click.option("--tritonserver", "binary", type=click.Path(dir_okay=False), help="tritonserver binary [default: container, PATH, then the nvidia-pytriton wheel].")
 @click.option("--log-file", type=click.Path(dir_okay=False), help="Where the server log goes [default: a temp file].")
-def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file) -> None:
-    """Run tritonserver on a model repository in the foreground (Ctrl-C stops it)."""
+@click.option("--print-command", is_flag=True, help="Print the command (with its environment) that starts the server, and exit.")
+def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, print_command) -> None:
+    """Run tritonserver on a model repository in the foreground (Ctrl-C stops it).
+
+    A trtllm repository with a draft, or with a model over several GPUs, runs under mpirun in TensorRT-LLM's
+    orchestrator mode, as TensorRT-LLM's launch_triton_server.py --multi-model does."""
+    from trtspec.launch import repository_launch
     from trtspec.server import TritonServer, run_foreground
 
     server = TritonServer(repo, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          binary=binary, log_file=log_file)
+                          binary=binary, log_file=log_file, launch=repository_launch(repo))
+    if print_command:
+        from trtspec.launch import server_command_line
+
+        click.echo(server_command_line(server))
+        return
     sys.exit(run_foreground(server, Console()))
 
 
@@ -84,17 +109,29 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
 @click.option("--force", is_flag=True, help="Replace --repo even if it is not a repository written by trtspec.")
 @click.option("--default-num-draft-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding, as NVIDIA's BLS).")
-def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int) -> None:
-    """Write the Triton model repository for built engines, then validate it."""
+@click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
+@click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
+@click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")
+def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int,
+           k8s_dir: str | None, image: str, pvc: str) -> None:
+    """Check the built engines, write the Triton model repository for them, then validate it."""
     from trtspec.build import default_output
     from trtspec.config import load_config
+    from trtspec.engine.validate import validate_for_config
     from trtspec.repository import validate_repository, write_repository
 
     loaded = load_config(config_path)
-    out = write_repository(loaded, Path(engines) if engines else default_output(loaded), repo, force=force, device=device,
+    engines_dir = Path(engines) if engines else default_output(loaded)
+    _report_problems(f"engines {engines_dir}", validate_for_config(loaded, engines_dir))
+    out = write_repository(loaded, engines_dir, repo, force=force, device=device,
                            overrides={"default_num_draft_tokens": default_num_draft_tokens})
     problems = validate_repository(out)
     _report_problems(f"repository {out}", problems)
+    if k8s_dir:
+        from trtspec.k8s import write_manifests
+
+        for path in write_manifests(loaded, out, k8s_dir, image=image, pvc=pvc):
+            console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
     console.print(f"model repository in {escape(str(out))}; serve it with `trtspec serve --repo {escape(str(out))}`",
                   highlight=False, soft_wrap=True)
 
@@ -112,6 +149,27 @@ def validate_repo(path: str) -> None:
 
     _report_problems(f"repository {path}", validate_repository(path))
     console.print(f"[green]ok[/]: {escape(path)}", highlight=False, soft_wrap=True)
+
+
+@validate.command("engines")
+@click.option("--target", required=True, type=click.Path(file_okay=False), help="Target engine dir.")
+@click.option("--draft", type=click.Path(file_okay=False), help="Draft engine dir.")
+@click.option("--num-draft-tokens", type=click.IntRange(min=1), help="Draft length K the target must verify [default: 1].")
+@click.option("--use-draft-logits", is_flag=True, help="Draft logits will be used: both engines gather generation logits, equal vocabs.")
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="Also check the quantization this build config asks for.")
+def validate_engines_cmd(target, draft, num_draft_tokens, use_draft_logits, config_path) -> None:
+    """Check a target (and draft) engine dir without loading them: layout, ranks, speculative decoding, KV cache, FP8, version."""
+    from trtspec.engine.validate import expected_from_spec, validate_engines
+
+    expect = {}
+    if config_path:
+        from trtspec.config import load_config
+
+        loaded = load_config(config_path, plan_only=True)
+        expect = {role: expected_from_spec(spec) for role, spec, _ in loaded.models()}
+    problems = validate_engines(target, draft, num_draft_tokens=num_draft_tokens, use_draft_logits=use_draft_logits, expect=expect)
+    _report_problems("engines", problems)
+    console.print(f"[green]ok[/]: {escape(target)}" + (f" + {escape(draft)}" if draft else ""), highlight=False, soft_wrap=True)
 
 
 def _report_problems(what: str, problems: list) -> None:

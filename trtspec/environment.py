@@ -46,7 +46,7 @@ class UnsupportedVersion(Exception):
 
 
 def supported_versions_text() -> str:
-    return (f"TensorRT-LLM {SUPPORTED_MIN} to {LAST_WITH_TRT_BACKEND} (trtspec is tested against {PINNED_TRTLLM}: "
+    return (f"TensorRT-LLM {SUPPORTED_MIN} to {LAST_WITH_TRT_BACKEND} (trtspec pins {PINNED_TRTLLM}: "
             f"`pip install 'trtspec[trtllm]'` or NVIDIA's container {CONTAINER_IMAGE})")
 
 

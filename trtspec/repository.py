@@ -29,7 +29,8 @@ from typing import Iterable, Mapping
 from trtspec import __version__
 from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, TensorSpec
-from trtspec.engine.manifest import EngineInfo, read_engine
+from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
+from trtspec.launch import engine_model_values, launch_for
 from trtspec.errors import EngineError, Problem, TrtspecError
 
 TEMPLATES_DIR = Path(__file__).parent / "model_repository"
@@ -127,6 +128,7 @@ def write_repository(
             "backend": config.backend,
             "engines": {"target": str(target.path)} | ({"draft": str(draft.path)} if draft else {}),
             "models": [p.name for p in plans],
+            "launch": launch_for(config, target, draft).to_dict(),  # how `trtspec serve` starts the server
         }
         (scratch / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
         _replace_dir(scratch, out_dir)
@@ -167,12 +169,20 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "draft_cost_ratio": "0.3",
         "verify_cost_per_token": "0.1",
         "max_draft_len": target.max_draft_len,
-        "max_input_len": target.max_input_len,
+        "max_input_len": prompt_limit(target),
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)
         "use_draft_logits_default": config.speculation.use_draft_logits,
         "bls_inputs": tensor_block(BLS_INPUTS, inputs=True),
         "bls_outputs": tensor_block(BLS_OUTPUTS, inputs=False),
     }
+
+
+def prompt_limit(target: EngineInfo) -> int:
+    """The longest prompt the BLS accepts: the engine's max_input_len, or, for trtllm engines (built to take the
+    re-sent sequence, max_seq_len - 1 tokens), the build config's engine.max_input_len recorded in the manifest."""
+    limits = (read_manifest(target.path) or {}).get("limits") or {}
+    value = limits.get("max_input_len")
+    return int(value) if isinstance(value, int) and 0 < value <= target.max_input_len else target.max_input_len
 
 
 def plan_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | None) -> list[ModelPlan]:
@@ -182,9 +192,13 @@ def plan_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | Non
             f"the '{config.backend}' backend's engine model templates ({engine_template}) are not in this version of "
             "trtspec; use backend: torch")
     plans = [ModelPlan(PREPROCESSING_MODEL, PREPROCESSING_MODEL, {}), ModelPlan(POSTPROCESSING_MODEL, POSTPROCESSING_MODEL, {})]
-    plans.append(ModelPlan(TARGET_MODEL, engine_template, {"model_name": TARGET_MODEL, "engine_dir": str(target.path)}))
+    # The trtllm engine models also get their GPUs and KV-cache share (trtspec.launch).
+    extra = engine_model_values(config, target, draft) if config.backend == "trtllm" else {}
+    plans.append(ModelPlan(TARGET_MODEL, engine_template,
+                           {"model_name": TARGET_MODEL, "engine_dir": str(target.path), **extra.get("target", {})}))
     if draft is not None:
-        plans.append(ModelPlan(DRAFT_MODEL, engine_template, {"model_name": DRAFT_MODEL, "engine_dir": str(draft.path)}))
+        plans.append(ModelPlan(DRAFT_MODEL, engine_template,
+                               {"model_name": DRAFT_MODEL, "engine_dir": str(draft.path), **extra.get("draft", {})}))
     plans += [ModelPlan(ENSEMBLE_MODEL, ENSEMBLE_MODEL, {}), ModelPlan(BLS_MODEL, BLS_MODEL, {})]
     return plans
 

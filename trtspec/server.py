@@ -277,8 +277,11 @@ class TritonServer:
                  grpc_port: int = 8001, metrics_port: int = 8002, binary: str | None = None,
                  log_file: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
                  model_control_explicit_models: Sequence[str] | None = None,
-                 backend_cache_dir: str | os.PathLike[str] | None = None, exit_timeout: int = 10) -> None:
+                 backend_cache_dir: str | os.PathLike[str] | None = None, exit_timeout: int = 10,
+                 launch=None) -> None:
         self.repo = Path(repo)
+        # trtspec.launch.Launch: run under mpirun in TensorRT-LLM's orchestrator mode (trtllm deployments).
+        self.launch = launch
         self.host = host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.binary = binary
@@ -374,7 +377,12 @@ class TritonServer:
             cmd += ["--model-control-mode", "explicit"]
             for name in self.explicit_models:
                 cmd += ["--load-model", name]
-        return cmd + list(self.extra_args)
+        cmd += list(self.extra_args)
+        return self.launch.command(cmd) if self.launch is not None else cmd
+
+    def environ_additions(self) -> dict[str, str]:
+        """Environment variables the launch sets on top of the binary's (TRTLLM_ORCHESTRATOR, ...)."""
+        return dict(self.launch.env) if self.launch is not None else {}
 
     def start(self, timeout: float = 180.0) -> "TritonServer":
         """Launch the server and wait until /v2/health/ready answers 200; ServerError otherwise."""
@@ -401,7 +409,7 @@ class TritonServer:
             # Own process group, so stop() also reaches the Python backend stubs it forks.
             self._proc = proc = subprocess.Popen(
                 self.command(binary), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=binary.environ(), start_new_session=True)
+                env={**binary.environ(), **self.environ_additions()}, start_new_session=True)
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True

@@ -193,3 +193,13 @@ def _check_pair(t: EngineInfo, d: EngineInfo, use_draft_logits: bool) -> list[Pr
                                     f"differs from the target's {t.vocab_size}: draft logits are [K, vocab_size] tensors",
                                     "serve without draft logits (token matching needs equal token ids only), or use a draft with the target's vocab"))
     return problems
+
+
+def validate_for_config(loaded, engines_dir: str | Path) -> list[Problem]:
+    """The checks for the engines `trtspec build` wrote for a build config (`<engines_dir>/target`, `/draft`)."""
+    config = loaded.config
+    engines_dir = Path(engines_dir)
+    draft = engines_dir / "draft" if config.draft is not None else None
+    return validate_engines(engines_dir / "target", draft, num_draft_tokens=config.speculation.num_draft_tokens,
+                            use_draft_logits=config.speculation.use_draft_logits and draft is not None,
+                            expect={role: expected_from_spec(spec) for role, spec, _ in loaded.models()})

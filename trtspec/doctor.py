@@ -1,0 +1,82 @@
+"""`trtspec doctor`: what this machine has for the production path, and whether trtspec can use it.
+
+GPUs (nvidia-smi, else torch.cuda) with SM and FP8 capability (SM89+) and memory; TensorRT, TensorRT-LLM (with the
+version guard's verdict) and tritonserver, each with where it was found. Nothing is imported that needs a GPU; a
+machine without any of it gets 'none found' lines, not errors.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from trtspec.environment import (
+    CONTAINER_IMAGE, FP8_MIN_SM, TENSORRT_DISTRIBUTIONS, UnsupportedVersion, check_trtllm_version, detect_gpus,
+    find_package, find_tritonserver_binaries, installed_trtllm, tritonserver_version,
+)
+
+
+def collect() -> dict:
+    gpus = detect_gpus()
+    trtllm = installed_trtllm()
+    try:
+        check_trtllm_version(trtllm.version)
+        verdict, supported = f"supported (trtllm-build with draft_tokens_external)", True
+    except UnsupportedVersion as exc:
+        verdict, supported = str(exc), False
+    tensorrt = find_package(TENSORRT_DISTRIBUTIONS, "tensorrt")
+    servers = [{"where": where, "path": path, "version": tritonserver_version(where, path)}
+               for where, path in find_tritonserver_binaries()]
+    return {
+        "gpus": [{"index": g.index, "name": g.name, "memory_gib": round(g.memory_gib, 1), "sm": g.sm, "fp8": g.fp8,
+                  "source": g.source} for g in gpus.gpus],
+        "gpu_probes": gpus.tried,
+        "tensorrt": {"version": tensorrt.version, "location": tensorrt.location},
+        "tensorrt_llm": {"version": trtllm.version, "location": trtllm.location, "supported": supported, "verdict": verdict,
+                         "trtllm_build": shutil.which("trtllm-build")},
+        "tritonserver": servers,
+        "mpirun": shutil.which("mpirun"),
+        "container": CONTAINER_IMAGE,
+    }
+
+
+def render(report: dict, console: Console) -> None:
+    table = Table(title="GPUs", show_lines=False)
+    for col in ("#", "name", "memory", "SM", f"FP8 (SM{FP8_MIN_SM}+)", "found by"):
+        table.add_column(col)
+    for g in report["gpus"]:
+        sm = f"{g['sm'] // 10}.{g['sm'] % 10}" if g["sm"] else "?"
+        table.add_row(str(g["index"]), escape(g["name"]), f"{g['memory_gib']} GiB", sm,
+                      "[green]yes[/]" if g["fp8"] else "[red]no[/]", g["source"])
+    if report["gpus"]:
+        console.print(table)
+    else:
+        console.print("[bold]GPUs:[/] none found (" + escape("; ".join(report["gpu_probes"])) + ")", highlight=False)
+
+    rows = Table(show_header=False, box=None, padding=(0, 2))
+    rows.add_column(no_wrap=True)
+    rows.add_column(overflow="fold")
+    trt, llm = report["tensorrt"], report["tensorrt_llm"]
+    rows.add_row("[bold]tensorrt[/]", _found(trt["version"], trt["location"]))
+    rows.add_row("[bold]tensorrt_llm[/]", _found(llm["version"], llm["location"]))
+    rows.add_row("", ("[green]" if llm["supported"] else "[yellow]") + escape(llm["verdict"]) + "[/]")
+    rows.add_row("[bold]trtllm-build[/]", escape(llm["trtllm_build"]) if llm["trtllm_build"] else "none found on PATH")
+    if report["tritonserver"]:
+        for s in report["tritonserver"]:
+            version = f" ({escape(s['version'])})" if s["version"] else ""
+            rows.add_row("[bold]tritonserver[/]", f"{escape(s['path'])} [{s['where']}]{version}")
+    else:
+        rows.add_row("[bold]tritonserver[/]", "none found")
+    rows.add_row("[bold]mpirun[/]", escape(report["mpirun"]) if report["mpirun"] else "none found (needed for TP>1 and draft+target serving)")
+    console.print(rows)
+    if not llm["supported"]:
+        console.print(f"The production path runs in NVIDIA's container: {escape(report['container'])}", highlight=False)
+
+
+def _found(version: str | None, location: str | None) -> str:
+    if version is None:
+        return "none found"
+    return f"{escape(version)}  ({escape(location or '?')})"

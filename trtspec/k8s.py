@@ -1,0 +1,135 @@
+"""Kubernetes manifests for a deployed repository: `trtspec deploy -c CONFIG --repo R --k8s OUT`.
+
+- deployment.yaml: one pod running `trtspec serve` (the image of docker/Dockerfile) on the repository, with the GPUs the
+  placement uses, the engine volume (a PersistentVolumeClaim holding the engines and the repository at the paths
+  `trtspec deploy` wrote into the configs), /dev/shm for the Python backend, probes on /v2/health/ready (a startup
+  probe gives engine loading up to 30 minutes) and Prometheus scrape annotations for the metrics port 8002.
+- service.yaml: HTTP 8000, gRPC 8001, metrics 8002.
+- hpa.yaml: an example HorizontalPodAutoscaler on Triton's queue gauge `nv_inference_pending_request_count` of the
+  BLS model; it needs a metrics adapter (e.g. Prometheus Adapter) that serves that metric as a pods metric.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import yaml
+
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+
+
+class _Dumper(yaml.SafeDumper):
+    """Plain YAML: the shared label dicts are written out each time, not as anchors."""
+
+    def ignore_aliases(self, data):
+        return True
+READY_PATH = "/v2/health/ready"
+QUEUE_METRIC = "nv_inference_pending_request_count"
+
+
+def _name(config_name: str) -> str:
+    """A DNS-1123 name for the config."""
+    name = re.sub(r"[^a-z0-9-]+", "-", config_name.lower()).strip("-")
+    return f"trtspec-{name}"[:63].rstrip("-")
+
+
+def volume_root(paths: list[Path]) -> Path:
+    """The folder the engine volume is mounted at: the deepest one holding the repository and every engine dir."""
+    return Path(os.path.commonpath([str(p) for p in paths]))
+
+
+def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
+    from trtspec.launch import Launch
+    from trtspec.repository import MARKER_FILE
+
+    config = loaded.config
+    repo = Path(repo).resolve()
+    marker = json.loads((repo / MARKER_FILE).read_text())
+    engines = [Path(p) for p in (marker.get("engines") or {}).values()]
+    launch = Launch.from_dict(marker.get("launch"))
+    gpus = max(launch.gpus, 1) if config.backend == "trtllm" else 0
+    root = volume_root([repo, *engines])
+    name = _name(config.name)
+    labels = {"app.kubernetes.io/name": "trtspec", "app.kubernetes.io/instance": name}
+    probe = {"httpGet": {"path": READY_PATH, "port": "http"}}
+    container = {
+        "name": "tritonserver",
+        "image": image,
+        "args": ["serve", "--repo", str(repo), "--host", "0.0.0.0", "--http-port", str(HTTP_PORT),
+                 "--grpc-port", str(GRPC_PORT), "--metrics-port", str(METRICS_PORT)],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT}, {"name": "grpc", "containerPort": GRPC_PORT},
+                  {"name": "metrics", "containerPort": METRICS_PORT}],
+        "volumeMounts": [{"name": "engines", "mountPath": str(root), "readOnly": True},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+        "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 180},
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**probe, "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4},
+    }
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {
+                    "prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}},
+                "spec": {
+                    "containers": [container],
+                    "volumes": [{"name": "engines", "persistentVolumeClaim": {"claimName": pvc, "readOnly": True}},
+                                {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"selector": labels, "ports": [
+            {"name": "http", "port": HTTP_PORT, "targetPort": "http"},
+            {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"},
+            {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]},
+    }
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "metrics": [{"type": "Pods", "pods": {
+                "metric": {"name": QUEUE_METRIC, "selector": {"matchLabels": {"model": "tensorrt_llm_bls"}}},
+                "target": {"type": "AverageValue", "averageValue": str(config.engine.max_batch_size)}}}],
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
+        },
+    }
+    return {"deployment.yaml": deployment, "service.yaml": service, "hpa.yaml": hpa}
+
+
+_HEADERS = {
+    "deployment.yaml": "# trtspec serve on the model repository; the engine volume must hold the repository and the engines\n"
+                       "# at the paths `trtspec deploy` wrote (it is mounted at their common folder).\n",
+    "service.yaml": "# HTTP (KServe v2 + generate), gRPC and Prometheus metrics of the deployment.\n",
+    "hpa.yaml": f"# Example autoscaler on Triton's queue gauge {QUEUE_METRIC} (requests waiting in the BLS model).\n"
+                "# Needs a custom-metrics adapter (e.g. Prometheus Adapter) exposing it as a pods metric.\n",
+}
+
+
+def write_manifests(loaded, repo: Path, out_dir: str | Path, *, image: str, pvc: str) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for filename, doc in manifests(loaded, repo, image=image, pvc=pvc).items():
+        path = out / filename
+        path.write_text(f"# Written by `trtspec deploy --k8s` for {loaded.config.name}.\n{_HEADERS[filename]}"
+                        + yaml.dump(doc, Dumper=_Dumper, sort_keys=False))
+        written.append(path)
+    return written

@@ -1,0 +1,198 @@
+"""Where a trtllm deployment's engines run and how tritonserver is started for them.
+
+Placement: each model's ranks go to GPU ids (`gpu.target_devices` / `gpu.draft_devices`, by default the first
+tp x pp GPUs each, so the draft shares the target's first GPU as NVIDIA's DTM README recommends). On a shared GPU the
+KV cache is split: `kv_cache_free_gpu_mem_fraction` in proportion to each engine's KV need (0.9 in all, TensorRT-LLM's
+default, the draft at least a tenth of it) and `max_tokens_in_paged_kv_cache` capped at what each needs, so the order
+in which Triton loads the two models does not matter.
+
+Launch, as TensorRT-LLM's scripts/launch_triton_server.py does it:
+- one TP1 target and no draft: tritonserver alone;
+- a draft, or any model over more than one GPU: orchestrator mode ("--multi-model"): env TRTLLM_ORCHESTRATOR=1 and
+  `mpirun --allow-run-as-root -n 1 tritonserver ...`; the tensorrtllm backend spawns one worker process per GPU of
+  each model (TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1);
+- `gpu.fast_logits`: orchestrator mode without spawned processes ("--disable-spawn-processes"): world size
+  1 + draft ranks + target ranks, one tritonserver per MPI rank; rank 0 serves everything, ranks >= 1 load only the
+  engine models (`--model-control-mode=explicit --load-model=...`); `participant_ids` give each model its ranks
+  (draft 1..tp_d, target after it) and `speculative_decoding_fast_logits` sends draft logits over MPI.
+Every rank gets its own Python-backend shared-memory prefix (`--backend-config=python,shm-region-prefix-name=prefixR_`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trtspec.engine.manifest import EngineInfo
+
+TARGET_MODEL = "tensorrt_llm"
+DRAFT_MODEL = "tensorrt_llm_draft"
+TOTAL_KV_FRACTION = 0.9
+TOKENS_PER_BLOCK = 32
+
+
+@dataclass(frozen=True)
+class Placement:
+    target_devices: list[int]
+    draft_devices: list[int] | None
+    fast_logits: bool = False
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.draft_devices) and bool(set(self.target_devices) & set(self.draft_devices))
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs the deployment uses (what a Kubernetes pod requests)."""
+        return len(set(self.target_devices) | set(self.draft_devices or []))
+
+    def participant_ids(self, role: str) -> list[int]:
+        """MPI ranks of a model in orchestrator mode without spawned processes (rank 0 is the orchestrator)."""
+        draft = list(range(1, 1 + len(self.draft_devices or [])))
+        if role == "draft":
+            return draft
+        start = 1 + len(draft)
+        return list(range(start, start + len(self.target_devices)))
+
+
+def placement(config, target: EngineInfo, draft: EngineInfo | None) -> Placement:
+    gpu = config.gpu
+    target_devices = list(gpu.target_devices or range(target.world_size))
+    draft_devices = list(gpu.draft_devices or range(draft.world_size)) if draft is not None else None
+    return Placement(target_devices, draft_devices, gpu.fast_logits and draft is not None)
+
+
+def engine_kv_tokens(info: EngineInfo) -> int:
+    """KV tokens for every scheduled sequence at the engine's full length."""
+    return info.max_batch_size * math.ceil(info.max_seq_len / TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
+
+
+def engine_kv_bytes_per_gpu(info: EngineInfo) -> int:
+    pc = info.raw.get("pretrained_config") or {}
+    mapping = pc.get("mapping") or {}
+    tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
+    heads = int(pc.get("num_attention_heads", 1))
+    kv_heads = int(pc.get("num_key_value_heads") or heads)
+    head_dim = int(pc.get("head_size") or pc.get("head_dim") or int(pc.get("hidden_size", 0)) // max(heads, 1))
+    per_element = 1 if info.kv_cache_quant_algo in ("FP8", "INT8") else (4 if info.dtype == "float32" else 2)
+    per_token = 2 * math.ceil(int(pc.get("num_hidden_layers", 0)) / pp) * math.ceil(kv_heads / tp) * head_dim * per_element
+    return per_token * engine_kv_tokens(info)
+
+
+def kv_cache_split(target_kv: int, draft_kv: int | None, shared: bool) -> dict[str, float]:
+    """kv_cache_free_gpu_mem_fraction per role."""
+    if draft_kv is None or not shared:
+        return {"target": TOTAL_KV_FRACTION, "draft": TOTAL_KV_FRACTION}
+    share = min(max(draft_kv / max(target_kv + draft_kv, 1), 0.1), 0.5)
+    return {"target": round(TOTAL_KV_FRACTION * (1 - share), 2), "draft": round(TOTAL_KV_FRACTION * share, 2)}
+
+
+def engine_model_values(config, target: EngineInfo, draft: EngineInfo | None) -> dict[str, dict]:
+    """Per engine model ('target', 'draft'), the tensorrtllm template's placement fields."""
+    from trtspec.repository import Raw
+
+    place = placement(config, target, draft)
+    fractions = kv_cache_split(engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared)
+    values = {}
+    for role, info, devices in (("target", target, place.target_devices), ("draft", draft, place.draft_devices)):
+        if info is None:
+            continue
+        extra = {}
+        if place.shared:
+            extra["max_tokens_in_paged_kv_cache"] = engine_kv_tokens(info)
+        if place.fast_logits:
+            extra["participant_ids"] = ",".join(map(str, place.participant_ids(role)))
+            extra["speculative_decoding_fast_logits"] = "1"
+        lines = [f'parameters: {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in extra.items()]
+        values[role] = {
+            "gpu_device_ids": ",".join(map(str, devices)),
+            "kv_cache_free_gpu_mem_fraction": str(fractions[role]),
+            "trtllm_extra_parameters": Raw("\n".join(lines)),
+        }
+    return values
+
+
+# ---- starting tritonserver ----------------------------------------------------------------------------------
+
+@dataclass
+class Launch:
+    """How `trtspec serve` starts tritonserver for a repository (recorded in the repository's marker file)."""
+
+    mpi: bool = False
+    world_size: int = 1
+    spawn_processes: bool = True
+    engine_models: list[str] = field(default_factory=list)
+    gpus: int = 0
+
+    @property
+    def env(self) -> dict[str, str]:
+        if not self.mpi:
+            return {}
+        return {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1" if self.spawn_processes else "0"}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "Launch":
+        data = data or {}
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def command(self, server_args: list[str]) -> list[str]:
+        """The full command: tritonserver's own args (binary first), wrapped in mpirun when the launch needs MPI."""
+        if not self.mpi:
+            return list(server_args)
+        cmd = ["mpirun", "--allow-run-as-root"]
+        for rank in range(self.world_size):
+            if rank:
+                cmd.append(":")
+            cmd += ["-n", "1", *server_args]
+            if rank:
+                cmd.append("--model-control-mode=explicit")
+                cmd += [f"--load-model={name}" for name in self.engine_models]
+            cmd += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        return cmd
+
+
+def launch_for(config, target: EngineInfo, draft: EngineInfo | None) -> Launch:
+    if config.backend != "trtllm":
+        return Launch()
+    place = placement(config, target, draft)
+    models = [TARGET_MODEL] + ([DRAFT_MODEL] if draft is not None else [])
+    orchestrator = draft is not None or target.world_size > 1
+    if not orchestrator:
+        return Launch(gpus=place.gpu_count, engine_models=models)
+    world = 1 + target.world_size + (draft.world_size if draft else 0) if place.fast_logits else 1
+    return Launch(mpi=True, world_size=world, spawn_processes=not place.fast_logits, engine_models=models,
+                  gpus=place.gpu_count)
+
+
+def repository_launch(repo) -> Launch | None:
+    """The launch `trtspec deploy` recorded in a repository's marker file; None: plain tritonserver."""
+    import json
+    from pathlib import Path
+
+    from trtspec.repository import MARKER_FILE
+
+    try:
+        marker = json.loads((Path(repo) / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    launch = Launch.from_dict(marker.get("launch")) if isinstance(marker, dict) else None
+    return launch if launch is not None and launch.mpi else None
+
+
+def server_command_line(server) -> str:
+    """The shell line that starts `server` (trtspec.server.TritonServer): environment, then the command."""
+    import shlex
+
+    from trtspec.server import CONTAINER_BACKENDS, CONTAINER_BINARY, ServerBinary, ServerError, find_tritonserver
+
+    try:
+        binary = find_tritonserver(server.binary)
+    except ServerError:  # printing for another machine (the container): name its binary
+        binary = ServerBinary(Path(server.binary) if server.binary else CONTAINER_BINARY, "container", CONTAINER_BACKENDS)
+    env = {**binary.env_additions, **server.environ_additions()}
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return (prefix + " " if prefix else "") + shlex.join(server.command(binary))
