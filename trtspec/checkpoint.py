@@ -2,6 +2,11 @@
 
 `inspect_checkpoint` reads only metadata (config, vocabulary) so that a build config can be checked
 before any weights are loaded; `load_model` and `load_tokenizer` do the heavy loading at build time.
+
+A draft made by `trtspec distill` may hold only the weights it does not share with its target: its dir has
+`config.json`, `model.safetensors` with its own tensors, and `trtspec_shared.json` naming the target checkpoint
+(`pkg:` or a path relative to the dir) and which tensors come from it (`SharedWeights`). `load_model` assembles
+the whole model and `load_tokenizer` takes the target's tokenizer; everything downstream sees a normal checkpoint.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ _GGUF_ARCHITECTURES = {
 }
 
 PACKAGE_SCHEME = "pkg:"
+SHARED_FILE = "trtspec_shared.json"
+SHARED_FORMAT = "trtspec-shared-weights/1"
 
 
 def resolve_checkpoint_path(spec: str, base_dir: Path) -> Path:
@@ -59,6 +66,7 @@ class CheckpointInfo:
     vocab_size: int
     config: dict = field(repr=False)  # the HF config (for GGUF: the fields read from its metadata)
     _vocab_loader: object = field(default=None, repr=False)
+    shared: SharedWeights | None = None  # tensors (and the tokenizer) taken from another checkpoint
 
     @property
     def is_gguf(self) -> bool:
@@ -79,6 +87,22 @@ class CheckpointInfo:
 
     def hf_kwargs(self) -> dict:
         return {"gguf_file": self.path.name} if self.is_gguf else {}
+
+    @property
+    def has_tokenizer(self) -> bool:
+        if self.is_gguf or any((self.path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            return True
+        return self.shared is not None and self.shared.target.has_tokenizer
+
+
+@dataclass
+class SharedWeights:
+    """What `trtspec_shared.json` says: the target checkpoint and, per tensor of this model, where it comes from:
+    {"from": target tensor name} and optionally "rows": the name of this model's index tensor selecting rows."""
+
+    spec: str                    # as written in the file
+    target: CheckpointInfo
+    tensors: dict[str, dict]
 
 
 def inspect_checkpoint(path: Path) -> CheckpointInfo:
@@ -109,7 +133,32 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
         )
     tokenizer_json = path / "tokenizer.json"
     loader = (lambda: _vocab_from_tokenizer_json(tokenizer_json)) if tokenizer_json.is_file() else None
-    return CheckpointInfo(path, architectures[0], int(config["vocab_size"]), config, loader)
+    shared = _inspect_shared(path, config) if (path / SHARED_FILE).is_file() else None
+    if shared is not None and loader is None:
+        loader = lambda: shared.target.vocab  # noqa: E731
+    return CheckpointInfo(path, architectures[0], int(config["vocab_size"]), config, loader, shared)
+
+
+def _inspect_shared(path: Path, config: dict) -> SharedWeights:
+    shared_path = path / SHARED_FILE
+    try:
+        data = json.loads(shared_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{shared_path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != SHARED_FORMAT or not isinstance(data.get("target"), str) \
+            or not isinstance(data.get("tensors"), dict):
+        raise CheckpointError(f"{shared_path}: expected {{\"format\": \"{SHARED_FORMAT}\", \"target\": ..., \"tensors\": {{...}}}}")
+    target_path = resolve_checkpoint_path(data["target"], path)
+    try:
+        target = inspect_checkpoint(target_path)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path} takes weights from its target {data['target']!r}, which cannot be read: {exc}") from exc
+    if target.shared is not None:
+        raise CheckpointError(f"{path}: its target {data['target']!r} itself takes weights from another checkpoint; "
+                              "point it at a complete checkpoint")
+    if int(config["vocab_size"]) != target.vocab_size:
+        raise CheckpointError(f"{path}: vocab_size {config['vocab_size']} differs from its target's {target.vocab_size}")
+    return SharedWeights(data["target"], target, data["tensors"])
 
 
 def _vocab_from_tokenizer_json(path: Path) -> dict[str, int]:
@@ -151,10 +200,21 @@ def _inspect_gguf(path: Path) -> CheckpointInfo:
     return CheckpointInfo(path, _GGUF_ARCHITECTURES.get(arch, f"gguf:{arch}"), int(vocab_size), config, loader)
 
 
+def _quiet_transformers() -> None:
+    """trtspec shows its own progress; transformers' per-tensor bars would flood the terminal."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_model(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False):
     """Load the full model on CPU in `dtype` (GGUF weights are dequantized by transformers)."""
     from transformers import AutoModelForCausalLM
 
+    if info.shared is not None:
+        return _load_shared(info, dtype, trust_remote_code=trust_remote_code)
+
+    _quiet_transformers()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(info.model_dir), dtype=dtype, trust_remote_code=trust_remote_code,
@@ -168,7 +228,65 @@ def load_model(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False):
 def load_tokenizer(info: CheckpointInfo, *, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
+    if info.shared is not None and not (info.path / "tokenizer_config.json").is_file():
+        return load_tokenizer(info.shared.target, trust_remote_code=trust_remote_code)
+
+    _quiet_transformers()
     try:
         return AutoTokenizer.from_pretrained(str(info.model_dir), trust_remote_code=trust_remote_code, **info.hf_kwargs())
     except Exception as exc:
         raise CheckpointError(f"cannot load the tokenizer of {info.path}: {exc}") from exc
+
+
+def _load_shared(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False):
+    """A draft that holds only its own weights: build it from its config, load them, add the target's."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    from trtspec.engine import subset_head
+
+    try:
+        config = AutoConfig.from_pretrained(str(info.path), trust_remote_code=trust_remote_code)
+        with no_init_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+        subset_head.install(model)
+        state = {}
+        for file in sorted(info.path.glob("*.safetensors")):
+            state.update(load_file(str(file)))
+    except Exception as exc:
+        raise CheckpointError(f"cannot load the weights of {info.path}: {exc}") from exc
+    target = load_model(info.shared.target, dtype, trust_remote_code=trust_remote_code)
+    source = dict(target.named_parameters(remove_duplicate=False)) | dict(target.named_buffers(remove_duplicate=False))
+    for name, how in info.shared.tensors.items():
+        tensor = source.get(how.get("from")) if isinstance(how, dict) else None
+        if tensor is None:
+            raise CheckpointError(f"{info.path / SHARED_FILE}: {name} comes from {how!r}, which its target "
+                                  f"{info.shared.spec!r} does not have")
+        if how.get("rows"):
+            if how["rows"] not in state:
+                raise CheckpointError(f"{info.path / SHARED_FILE}: {name} takes the rows listed in {how['rows']}, "
+                                      "which is not among the draft's own tensors")
+            tensor = tensor[state[how["rows"]].long()]
+        state[name] = tensor.detach().clone()
+    del target
+    own = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    missing = sorted(set(own) - set(state) - set(_tied_names(model)))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"{info.path}: its own and shared tensors do not make up {info.architecture}: "
+                              f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            target_tensor = own[name]
+            if tuple(tensor.shape) != tuple(target_tensor.shape):
+                raise CheckpointError(f"{info.path}: {name} has shape {tuple(tensor.shape)}, "
+                                      f"the config asks for {tuple(target_tensor.shape)}")
+            target_tensor.copy_(tensor.to(target_tensor.dtype))
+    model.tie_weights()
+    return model.eval()
+
+
+def _tied_names(model) -> list[str]:
+    return ["lm_head.weight"] if getattr(model.config, "tie_word_embeddings", False) else []
