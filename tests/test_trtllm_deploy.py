@@ -1,0 +1,257 @@
+"""Engine checks on engine dirs written from TensorRT-LLM's documented layout (a good pair, one broken dir per check,
+the embedded backend's dirs), and the trtllm deployment: the tensorrtllm model configs, the orchestrator-mode
+launch, the Kubernetes manifests (checked against the Kubernetes schemas) and the Dockerfile (hadolint)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from trtllm_layout import engine_config, hf_config, write_checkpoint, write_engine
+from trtspec import environment
+from trtspec.cli import cli
+from trtspec.config import load_config
+from trtspec.engine.validate import Expected, validate_engines
+from trtspec.environment import Package
+from trtspec.launch import Launch, repository_launch
+from trtspec.repository import validate_repository, write_repository
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_70B = ROOT / "build_configs" / "llama-3.1-70b_llama-3.2-1b_4xh100.yaml"
+FP8 = Expected("FP8", "FP8", check_quantization=True)
+
+
+@pytest.fixture(autouse=True)
+def no_trtllm(monkeypatch):
+    monkeypatch.setattr(environment, "installed_trtllm", lambda: Package("tensorrt_llm", None, None))
+
+
+def target_config(**kw):
+    return engine_config(role="target", hf=hf_config("Llama-3.1-70B-Instruct"), tp_size=4, **kw)
+
+
+def draft_config(**kw):
+    return engine_config(role="draft", hf=hf_config("Llama-3.2-1B-Instruct"), max_seq_len=8202, **kw)
+
+
+@pytest.fixture
+def pair(tmp_path):
+    return write_engine(tmp_path / "target", target_config()), write_engine(tmp_path / "draft", draft_config())
+
+
+def check(pair, **kw):
+    kw.setdefault("num_draft_tokens", 4)
+    kw.setdefault("expect", {"target": FP8, "draft": FP8})
+    kw.setdefault("runtime_version", "1.2.1")
+    return validate_engines(*pair, **kw)
+
+
+def edit_config(path: Path, fn) -> None:
+    config = json.loads((path / "config.json").read_text())
+    fn(config)
+    (path / "config.json").write_text(json.dumps(config))
+
+
+# ---- engine checks -------------------------------------------------------------------------------------------
+
+def test_good_pair_passes(pair):
+    assert check(pair) == []
+    assert check(pair, runtime_version=None, num_draft_tokens=10) == []
+
+
+BREAKS = {
+    # name: (role, how to break it, the failing check's field, a phrase of its message)
+    "no config.json": ("target", lambda p: (p / "config.json").unlink(), "target layout", "config.json is missing"),
+    "not the layout": ("draft", lambda p: edit_config(p, lambda c: c.pop("build_config")), "draft layout", "missing 'build_config"),
+    "missing rank": ("target", lambda p: (p / "rank3.engine").unlink(), "target rank files", "rank3.engine is missing"),
+    "extra rank": ("draft", lambda p: (p / "rank1.engine").write_bytes(b"x"), "draft rank files", "beyond mapping.world_size 1"),
+    "no spec mode": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(speculative_decoding_mode=1)),
+                     "target build_config.speculative_decoding_mode", "DRAFT_TOKENS_EXTERNAL"),
+    "short draft len": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(max_draft_len=3)),
+                        "target build_config.max_draft_len", "at least 4"),
+    "context logits": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(gather_context_logits=True)),
+                       "target build_config.gather_context_logits", "not supported with max_draft_len > 0"),
+    "draft drafts": ("draft", lambda p: edit_config(p, lambda c: c["build_config"].update(max_draft_len=4)),
+                     "draft max_draft_len", "must be 0"),
+    "no paged context fmha": ("draft", lambda p: edit_config(p, lambda c: c["build_config"]["plugin_config"].update(use_paged_context_fmha=False)),
+                              "draft plugin_config.use_paged_context_fmha", "paged context FMHA"),
+    "contiguous kv": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(kv_cache_type="CONTINUOUS")),
+                      "target build_config.kv_cache_type", "must be PAGED"),
+    "not fp8": ("target", lambda p: edit_config(p, lambda c: c["pretrained_config"]["quantization"].update(quant_algo=None)),
+                "target pretrained_config.quantization.quant_algo", "asks for FP8"),
+    "not fp8 kv": ("draft", lambda p: edit_config(p, lambda c: c["pretrained_config"]["quantization"].update(kv_cache_quant_algo=None)),
+                   "draft pretrained_config.quantization.kv_cache_quant_algo", "asks for FP8"),
+    "weakly typed": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(strongly_typed=False)),
+                     "target build_config.strongly_typed", "strongly typed"),
+    "other release": ("draft", lambda p: edit_config(p, lambda c: c.update(version="1.2.0")), "draft version", "differs from the installed TensorRT-LLM 1.2.1"),
+    "too old": ("target", lambda p: edit_config(p, lambda c: c.update(version="0.19.0")), "target version", "older than 0.20.0"),
+    "other backend": ("draft", lambda p: edit_config(p, lambda c: c.update(trtspec={"backend": "torch"})), "draft backend", "differs from the target"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BREAKS))
+def test_each_broken_dir_fails_its_check(pair, name):
+    role, breaker, field, phrase = BREAKS[name]
+    breaker(pair[0] if role == "target" else pair[1])
+    problems = check(pair)
+    assert problems, name
+    assert any(p.field == field and phrase in str(p) for p in problems), [str(p) for p in problems]
+
+
+def test_draft_logits_need_generation_logits_and_equal_vocabs(pair, tmp_path):
+    assert any(p.field == "target build_config.gather_generation_logits" for p in check(pair, use_draft_logits=True))
+    t = write_engine(tmp_path / "t2", target_config(gather_generation_logits=True))
+    d = write_engine(tmp_path / "d2", draft_config(gather_generation_logits=True, vocab_size=128000))
+    problems = check((t, d), use_draft_logits=True)
+    assert [p.field for p in problems] == ["draft pretrained_config.vocab_size"]
+    assert check((t, d)) == []     # token matching needs equal ids, not equal vocab sizes
+
+
+def test_cli_names_every_failed_check(pair):
+    edit_config(pair[0], lambda c: c["build_config"].update(max_draft_len=2, gather_context_logits=True))
+    (pair[1] / "rank0.engine").unlink()
+    result = CliRunner().invoke(cli, ["validate", "engines", "--target", str(pair[0]), "--draft", str(pair[1]),
+                                      "--num-draft-tokens", "4"])
+    assert result.exit_code == 1
+    assert "3 problems" in result.output
+    for field in ("target build_config.max_draft_len", "target build_config.gather_context_logits", "draft rank files"):
+        assert field in result.output
+    result = CliRunner().invoke(cli, ["validate", "engines", "--target", str(pair[0])])
+    assert result.exit_code == 1 and "1 problem" in result.output
+
+
+def test_embedded_engine_dirs_pass_and_fail_the_same_checks(built_fp8, tmp_path):
+    result = CliRunner().invoke(cli, ["validate", "engines", "--target", str(built_fp8.target), "--draft", str(built_fp8.draft),
+                                      "--num-draft-tokens", "3", "-c", str(built_fp8.config)])
+    assert result.exit_code == 0, result.output
+    broken = Path(shutil.copytree(built_fp8.draft, tmp_path / "draft"))
+    (broken / "rank0.safetensors").unlink()
+    problems = validate_engines(built_fp8.target, broken, num_draft_tokens=5)
+    assert {p.field for p in problems} == {"draft rank files", "target build_config.max_draft_len"}
+
+
+# ---- deploying trtllm engines -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def deployed(tmp_path):
+    """The 70B example deployed on engine dirs from the layout (with the manifest `trtspec build` writes)."""
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
+    config = yaml.safe_load(EXAMPLE_70B.read_text())
+    for role, name in (("target", "Llama-3.1-70B-Instruct"), ("draft", "Llama-3.2-1B-Instruct")):
+        config[role]["checkpoint"] = str(write_checkpoint(tmp_path / "hf" / role, name, weights=True, tokenizer=tok))
+        config[role].pop("hf_config")
+    path = tmp_path / "build.yaml"
+    path.write_text(yaml.safe_dump(config))
+    engines = tmp_path / "volume" / "engines"
+    for role, cfg in (("target", target_config()), ("draft", draft_config())):
+        write_engine(engines / role, cfg, tokenizer=tok)
+        (engines / role / "manifest.json").write_text(json.dumps({"backend": "trtllm", "limits": {"max_input_len": 4096, "max_seq_len": 8192}}))
+    return path, engines, tmp_path / "volume" / "model_repository"
+
+
+def parse(repo: Path, model: str):
+    return text_format.Parse((repo / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def params(config) -> dict:
+    return {k: v.string_value for k, v in config.parameters.items()}
+
+
+def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
+    config, engines, repo = deployed
+    result = CliRunner().invoke(cli, ["deploy", "-c", str(config), "--engines", str(engines), "--repo", str(repo),
+                                      "--k8s", str(tmp_path / "k8s"), "--image", "registry.example/trtspec:0.1.0"])
+    assert result.exit_code == 0, result.output
+    assert validate_repository(repo) == []
+    target, draft, bls = parse(repo, "tensorrt_llm"), parse(repo, "tensorrt_llm_draft"), parse(repo, "tensorrt_llm_bls")
+    assert target.backend == draft.backend == "tensorrtllm" and not target.model_transaction_policy.decoupled
+    assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()
+    t, d = params(target), params(draft)
+    assert t["gpt_model_path"] == str(engines / "target") and d["gpt_model_path"] == str(engines / "draft")
+    for p in (t, d):
+        assert p["gpt_model_type"] == "inflight_fused_batching" and p["enable_kv_cache_reuse"] == "true"
+        assert p["exclude_input_in_output"] == "false" and p["enable_chunked_context"] == "true"
+        assert p["logits_datatype"] == "TYPE_FP32" and p["encoder_input_features_data_type"] == "TYPE_FP16"
+        assert "participant_ids" not in p
+    assert t["gpu_device_ids"] == "0,1,2,3" and d["gpu_device_ids"] == "0"
+    # they share GPU 0: the 0.9 is split by KV need and each is capped at what it needs
+    assert float(t["kv_cache_free_gpu_mem_fraction"]) + float(d["kv_cache_free_gpu_mem_fraction"]) == pytest.approx(0.9)
+    assert t["max_tokens_in_paged_kv_cache"] == str(16 * 8224) == d["max_tokens_in_paged_kv_cache"]
+    assert params(bls)["max_input_len"] == "4096"            # the prompt limit, not the engines' 8191
+    launch = repository_launch(repo)
+    assert launch == Launch(mpi=True, world_size=1, spawn_processes=True, engine_models=["tensorrt_llm", "tensorrt_llm_draft"], gpus=4)
+
+
+def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
+    config, engines, repo = deployed
+    write_repository(load_config(config), engines, repo)
+    binary = tmp_path / "tritonserver"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    result = CliRunner().invoke(cli, ["serve", "--repo", str(repo), "--print-command", "--tritonserver", str(binary)])
+    assert result.exit_code == 0, result.output
+    line = result.output.strip()
+    assert line.startswith(f"TRTLLM_ORCHESTRATOR=1 TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 mpirun --allow-run-as-root -n 1 {binary} "
+                           f"--model-repository {repo}")
+    assert line.endswith("--disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_")
+
+
+def test_fast_logits_launch_runs_one_server_per_rank(deployed, tmp_path):
+    config_path, engines, repo = deployed
+    config = yaml.safe_load(config_path.read_text())
+    config["speculation"]["use_draft_logits"] = True
+    config["gpu"]["fast_logits"] = True
+    config_path.write_text(yaml.safe_dump(config))
+    for role in ("target", "draft"):
+        edit_config(engines / role, lambda c: c["build_config"].update(gather_generation_logits=True))
+    write_repository(load_config(config_path), engines, repo)
+    assert validate_repository(repo) == []
+    t, d = params(parse(repo, "tensorrt_llm")), params(parse(repo, "tensorrt_llm_draft"))
+    assert (d["participant_ids"], t["participant_ids"]) == ("1", "2,3,4,5")
+    assert t["speculative_decoding_fast_logits"] == d["speculative_decoding_fast_logits"] == "1"
+    launch = repository_launch(repo)
+    assert (launch.world_size, launch.spawn_processes, launch.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"]) == (6, False, "0")
+    cmd = launch.command(["tritonserver", "--model-repository", "R"])
+    assert cmd.count(":") == 5 and cmd.count("--model-control-mode=explicit") == 5
+    assert cmd[-5:] == ["--model-control-mode=explicit", "--load-model=tensorrt_llm", "--load-model=tensorrt_llm_draft",
+                        "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix5_"]
+
+
+def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
+    import kubernetes_validate
+
+    config, engines, repo = deployed
+    out = tmp_path / "k8s"
+    result = CliRunner().invoke(cli, ["deploy", "-c", str(config), "--engines", str(engines), "--repo", str(repo), "--k8s", str(out)])
+    assert result.exit_code == 0, result.output
+    docs = {p.name: yaml.safe_load(p.read_text()) for p in sorted(out.glob("*.yaml"))}
+    assert sorted(docs) == ["deployment.yaml", "hpa.yaml", "service.yaml"]
+    for name, doc in docs.items():
+        kubernetes_validate.validate(doc, "1.30.0", strict=True)   # raises on any schema error
+    pod = docs["deployment.yaml"]["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert container["readinessProbe"]["httpGet"]["path"] == container["livenessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8002"
+    assert container["args"][:3] == ["serve", "--repo", str(repo)]
+    assert container["volumeMounts"][0]["mountPath"] == str(tmp_path / "volume")
+    assert docs["hpa.yaml"]["spec"]["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_pending_request_count"
+    assert {p["port"] for p in docs["service.yaml"]["spec"]["ports"]} == {8000, 8001, 8002}
+
+
+def test_dockerfile_passes_hadolint_and_uses_the_pinned_container():
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    dockerfile = ROOT / "docker" / "Dockerfile"
+    result = subprocess.run([hadolint, str(dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"ARG BASE_IMAGE={environment.CONTAINER_IMAGE}\n" in dockerfile.read_text()
