@@ -255,3 +255,23 @@ def test_dockerfile_passes_hadolint_and_uses_the_pinned_container():
     result = subprocess.run([hadolint, str(dockerfile)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"ARG BASE_IMAGE={environment.CONTAINER_IMAGE}\n" in dockerfile.read_text()
+
+
+def test_a_single_gpu_target_alone_is_served_without_mpi(tmp_path):
+    config = yaml.safe_load(EXAMPLE_70B.read_text())
+    config.pop("draft")
+    config["speculation"]["method"] = "prompt_lookup"
+    config["target"]["tp_size"] = 1
+    config["gpu"] = {"type": "H200", "count": 1}
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text(json.dumps({"model": {"vocab": {"a": 0}}}))
+    config["target"]["checkpoint"] = str(write_checkpoint(tmp_path / "hf", "Llama-3.1-70B-Instruct", weights=True, tokenizer=tok))
+    path = tmp_path / "build.yaml"
+    path.write_text(yaml.safe_dump(config))
+    engines = tmp_path / "engines"
+    write_engine(engines / "target", engine_config(role="target", hf=hf_config("Llama-3.1-70B-Instruct")), tokenizer=tok)
+    repo = write_repository(load_config(path), engines, tmp_path / "repo")
+    assert validate_repository(repo) == []
+    assert repository_launch(repo) is None
+    t = params(parse(repo, "tensorrt_llm"))
+    assert t["kv_cache_free_gpu_mem_fraction"] == "0.9" and "max_tokens_in_paged_kv_cache" not in t

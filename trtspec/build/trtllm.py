@@ -230,14 +230,14 @@ def memory_plan(config: BuildConfig, models: list[ModelPlan], gpus, source: str)
 
 
 def kv_cache_fractions(plan_: MemoryPlan) -> dict[str, float]:
-    """kv_cache_free_gpu_mem_fraction per model: 0.9 (TensorRT-LLM's default) alone on its GPUs; on a shared GPU the
-    0.9 is split in proportion to the KV cache each needs (the draft gets at least 0.1)."""
+    """kv_cache_free_gpu_mem_fraction per model, as `trtspec deploy` will set it (trtspec.launch.kv_cache_split)."""
+    from trtspec.launch import kv_cache_split
+
     by_role = {e.role: e for e in plan_.engines}
-    t, d = by_role.get("target"), by_role.get("draft")
-    if t is None or d is None or not set(t.devices) & set(d.devices):
-        return {role: 0.9 for role in by_role}
-    draft_share = min(max(d.kv_cache / max(t.kv_cache + d.kv_cache, 1), 0.1), 0.5)
-    return {"target": round(0.9 * (1 - draft_share), 2), "draft": round(0.9 * draft_share, 2)}
+    t, d = by_role["target"], by_role.get("draft")
+    shared = d is not None and bool(set(t.devices) & set(d.devices))
+    split = kv_cache_split(t.kv_cache, d.kv_cache if d else None, shared)
+    return {role: split[role] for role in by_role}
 
 
 def mark_up_to_date(p: Plan) -> None:
