@@ -281,6 +281,121 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
     sys.exit(0 if report.passed(allow_near_ties) else 1)
 
 
+@cli.command()
+@_URL
+@_PROTOCOL
+@click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model to measure.")
+@click.option("--prompts", "prompts_source", default="builtin:chat", show_default=True,
+              help="builtin:chat, builtin:code-edit, builtin:summarize, or a JSONL file with {\"prompt\": ...} per line.")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True),
+              help="Send each prompt in this tokenizer's chat template (e.g. the target engine dir) [default: as written].")
+@click.option("--concurrency", "concurrencies", default="1,4,8", show_default=True, help="Requests in flight, e.g. 1,4,8.")
+@click.option("--num-draft-tokens", "ks", default="0,2,4,6,8", show_default=True, help="Draft lengths K; 0, the target-only baseline, is always measured.")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--requests", default=8, show_default=True, type=click.IntRange(min=1), help="Requests per cell (rounded up to a multiple of the concurrency).")
+@click.option("--stream", is_flag=True, help="Stream the responses (needed for time to first token and inter-token latency).")
+@click.option("--speculation", type=click.Choice(["draft_model", "prompt_lookup"]), help="Draft source of the K > 0 cells [default: the deployment's].")
+@click.option("--reuse-prompts", is_flag=True, help="Send prompts as written, without a request number: repeats hit the engines' prefix KV cache.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the interleaving order.")
+@click.option("--output", type=click.Path(dir_okay=False), default="bench-report.json", show_default=True, help="The JSON report.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Also write a PNG: speedup vs K per concurrency, acceptance per position.")
+@click.option("--apply", "apply_repo", type=click.Path(file_okay=False, exists=True),
+              help="Write the best K, the speculation limit and the cost model into this deployed repository's BLS config.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
+def bench(url, protocol, model, prompts_source, tokenizer_dir, concurrencies, ks, max_tokens, requests, stream, speculation,
+          reuse_prompts, seed, output, plot, apply_repo, timeout) -> None:
+    """Measure latency, throughput, acceptance and speedup for every (concurrency, K), interleaved, against K=0."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from trtspec import bench as b
+    from trtspec.client import SpecClient
+    from trtspec.validate import deployment_max_draft_len
+
+    draft_lengths = b.parse_int_list(ks, "--num-draft-tokens", minimum=0)
+    if 0 not in draft_lengths:
+        draft_lengths.insert(0, 0)
+    with SpecClient(url, protocol=protocol, model=model, timeout=timeout) as client:
+        limit = deployment_max_draft_len(client)
+    if limit is not None:
+        skipped = [k for k in draft_lengths if k > limit]
+        draft_lengths = [k for k in draft_lengths if k <= limit]
+        if skipped:
+            console.print(f"skipping K={','.join(map(str, skipped))}: above the deployment's max_draft_len {limit}")
+    settings = b.BenchSettings(
+        url=url, protocol=protocol, model=model, prompts_source=prompts_source, tokenizer=tokenizer_dir,
+        concurrencies=tuple(b.parse_int_list(concurrencies, "--concurrency", minimum=1)), ks=tuple(draft_lengths),
+        max_tokens=max_tokens, requests=requests, stream=stream, speculation=speculation, numbered=not reuse_prompts,
+        seed=seed, timeout=timeout)
+    prompts = b.Prompts(b.load_prompt_set(prompts_source), tokenizer_dir=tokenizer_dir, numbered=not reuse_prompts)
+    console.print(f"{len(prompts)} prompts from {escape(prompts_source)}, C = {', '.join(map(str, settings.concurrencies))}, "
+                  f"K = {', '.join(map(str, settings.ks))}, {max_tokens} tokens, {requests} requests per cell, "
+                  "interleaved", highlight=False)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        report = b.run_bench(settings, prompts, progress=progress, command=b.command_line(click.get_current_context()))
+    out = Console()
+    b.render(report, out if out.is_terminal else Console(width=max(out.width, 132)))
+    console.print(f"report: {escape(str(b.write_report(report, output)))}", highlight=False)
+    if plot:
+        console.print(f"plot: {escape(str(b.write_plot(report, plot)))}", highlight=False)
+    if apply_repo:
+        _apply_bench_tuning(apply_repo, report["tuning"])
+
+
+def _apply_bench_tuning(repo: str, tuning: dict) -> None:
+    from trtspec.bench import BLS_MODEL, apply_tuning
+
+    applied = apply_tuning(repo, tuning)
+    where = f"{repo}/{BLS_MODEL}/config.pbtxt"
+    if not applied.changes:
+        console.print(f"{escape(where)} already holds the measured settings; nothing changed", highlight=False)
+        return
+    console.print(f"[bold]{escape(where)}[/] updated (the repository still validates):", highlight=False)
+    for change in applied.changes:
+        old = "(not set)" if change.old is None else change.old
+        console.print(f"  {change.parameter}: {escape(old)} -> {escape(change.new)}", highlight=False)
+    for problem in applied.problems:
+        console.print(f"  [yellow]already there before the edit:[/] {escape(str(problem))}", highlight=False)
+    console.print("A running server keeps the config it loaded: restart `trtspec serve`, or, on a server started with "
+                  f"--model-control-mode explicit, reload the model: POST /v2/repository/models/{BLS_MODEL}/load",
+                  highlight=False, soft_wrap=True)
+
+
+@cli.command()
+@click.option("--target", required=True, help="Target checkpoint: HF dir, .gguf file, or pkg:<package>/<file>.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Where the draft goes (new or empty dir, or an earlier run with --resume).")
+@click.option("--layers", default=2, show_default=True, type=click.IntRange(min=1), help="Decoder layers of the draft.")
+@click.option("--init", "init", default="from-target", show_default=True, type=click.Choice(["from-target", "random"]),
+              help="Start from target layers (the first N-1 and the last) or from random weights.")
+@click.option("--data", "data", multiple=True, default=("builtin:assistant",), show_default=True,
+              help="Repeatable. builtin:assistant (chat prompts the target answers), a JSONL file of {\"prompt\"|\"text\"|\"messages\": ...}, or a .txt file used as written.")
+@click.option("--tokens", default=300_000, show_default=True, type=click.IntRange(min=0), help="Tokens to train on (passes over the data as needed).")
+@click.option("--seed", default=0, show_default=True, help="Seed of prompt sampling, generation, initialisation and data order.")
+@click.option("--resume", is_flag=True, help="Continue the run in --output from its last checkpoint (raise --tokens to train further).")
+@click.option("--head-tokens", default=8192, show_default=True, type=click.IntRange(min=0),
+              help="Rows of the draft's output head: the target's most frequent tokens (0: the whole vocabulary).")
+@click.option("--prompts", type=click.IntRange(min=1), help="At most this many prompts from each prompt source.")
+@click.option("--samples", default=2, show_default=True, type=click.IntRange(min=1), help="Answers per prompt: one greedy, the others sampled.")
+@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0.0), help="Temperature of the sampled answers.")
+@click.option("--max-new-tokens", default=192, show_default=True, type=click.IntRange(min=1), help="Longest generated answer.")
+@click.option("--target-quantization", default="none", show_default=True, type=click.Choice(["none", "fp8", "fp8-per-channel"]),
+              help="Round the target's weights as the engine will (match the build config's quantization).")
+@click.option("--eval-every", default=25_000, show_default=True, type=click.IntRange(min=1), help="Tokens between evaluations and checkpoints.")
+@click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(min=0.0, min_open=True), help="Peak learning rate.")
+@click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N, or auto.")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch [default: torch's].")
+def distill(target, output, layers, init, data, tokens, seed, resume, head_tokens, prompts, samples, temperature,
+            max_new_tokens, target_quantization, eval_every, lr, device, threads) -> None:
+    """Train a draft for a target: a few of its layers, on its own answers, to match its next-token distribution."""
+    from trtspec.distill import DistillOptions, run_distill
+
+    run_distill(DistillOptions(
+        target=target, output=Path(output), layers=layers, init=init, data=list(data), tokens=tokens, seed=seed,
+        resume=resume, head_tokens=head_tokens, prompts=prompts, samples=samples, temperature=temperature,
+        max_new_tokens=max_new_tokens, target_quantization=target_quantization, eval_every=eval_every, lr=lr,
+        device=device, threads=threads), console)
+
+
 def main() -> None:
     cli(prog_name="trtspec")
 

@@ -1,0 +1,331 @@
+"""`trtspec bench`: the report's arithmetic on synthetic measurements, the prompt sets, and one small run against
+the real tritonserver with tiny models."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from trtspec import bench as b
+
+# ---- percentiles and the bound -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+def test_percentile_is_numpys_linear_interpolation(q):
+    values = [random.Random(q).uniform(0, 100) for _ in range(37)]
+    assert b.percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_distribution_of_nothing_and_of_one_value():
+    assert b.distribution([]) == {"p50": None, "p90": None, "p99": None, "mean": None, "n": 0}
+    assert b.distribution([7.0]) == {"p50": 7.0, "p90": 7.0, "p99": 7.0, "mean": 7.0, "n": 1}
+    assert b.distribution([1, 2, 3, 4])["p50"] == 2.5
+
+
+@pytest.mark.parametrize("alpha, k, c, tokens, speedup", [
+    # worked values of Leviathan et al.'s formulas (reference table, §2.1)
+    (0.6, 4, 0.05, 2.31, 1.92), (0.8, 4, 0.05, 3.36, 2.80), (0.8, 5, 0.10, 3.69, 2.46), (0.9, 7, 0.05, 5.70, 4.22),
+])
+def test_leviathan_expectation_and_speedup(alpha, k, c, tokens, speedup):
+    assert b.expected_tokens_per_iteration(alpha, k) == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+    assert b.expected_tokens_per_iteration(alpha, k) == pytest.approx(tokens, abs=0.005)
+    assert b.leviathan_speedup(alpha, k, c) == pytest.approx(speedup, abs=0.005)
+
+
+def test_expectation_at_full_acceptance_is_k_plus_one():
+    assert b.expected_tokens_per_iteration(1.0, 4) == 5.0
+    assert b.expected_tokens_per_iteration(0.0, 4) == 1.0
+
+
+def test_predicted_speedup_is_the_ratio_of_model_work():
+    # prefill 5 steps, 10 tokens, E = 3 (α = 1, K = 2), c = 0.5, verify 1.2 steps:
+    # target only 5 + 9 = 14 steps; speculative 5·1.5 + 9·(2·0.5 + 1.2)/3 = 14.1 steps
+    s = b.predicted_speedup(1.0, 2, c=0.5, mean_draft_length=2, verify_cost=1.2, prefill=5, tokens=10)
+    assert s == pytest.approx(14 / 14.1)
+    # without prefill and with free verification the decode-phase formula of Leviathan et al. remains
+    assert b.predicted_speedup(0.8, 4, c=0.05, mean_draft_length=4, verify_cost=1.0, prefill=0, tokens=1e9) == \
+        pytest.approx(b.leviathan_speedup(0.8, 4, 0.05), rel=1e-6)
+
+
+def _simulate(alpha: float, k: int, iterations: int, seed: int = 0) -> tuple[list[int], list[int], int, int]:
+    """Per-position counts of `iterations` drafts of k tokens, each accepted i.i.d. with probability alpha."""
+    rng = random.Random(seed)
+    acc, dra = [0] * k, [0] * k
+    accepted = rejections = 0
+    for _ in range(iterations):
+        n = 0
+        while n < k and rng.random() < alpha:
+            n += 1
+        rejections += n < k
+        accepted += n
+        for i in range(k):
+            dra[i] += 1
+            acc[i] += i < n
+    return acc, dra, accepted, rejections
+
+
+def test_alpha_estimate_is_accepted_over_accepted_plus_rejections():
+    acc, dra, accepted, rejections = _simulate(0.7, 4, 500, seed=1)
+    assert b.estimate_alpha(acc, dra) == pytest.approx(accepted / (accepted + rejections))
+
+
+def test_alpha_estimate_recovers_alpha_where_the_acceptance_rate_does_not():
+    acc, dra, _, _ = _simulate(0.7, 6, 20000, seed=2)
+    assert b.estimate_alpha(acc, dra) == pytest.approx(0.7, abs=0.01)
+    rate = sum(acc) / sum(dra)
+    assert rate == pytest.approx(0.7 * (1 - 0.7 ** 6) / (6 * 0.3), abs=0.01)  # the rate is lower than α
+
+
+def test_alpha_estimate_with_shorter_drafts_and_nothing_drafted():
+    # 10 iterations of K = 2 all accepted, plus 10 of K = 1 all accepted: α = 1
+    assert b.estimate_alpha([20, 10], [20, 10]) == pytest.approx(1.0)
+    assert b.estimate_alpha([], []) is None
+    assert b.estimate_alpha([0], [0]) is None
+
+
+def test_verify_cost_fit():
+    assert b.fit_verify_cost_per_token([(2, 1.2), (4, 1.4)]) == pytest.approx(0.1)
+    assert b.fit_verify_cost_per_token([(2, 0.8)]) == 0.0  # never negative
+    assert b.fit_verify_cost_per_token([]) is None
+
+
+def test_best_k_and_the_speculation_limit():
+    assert b.best_k({0: None, 2: 1.3, 4: 1.5, 6: 1.5}) == 4          # ties go to the smaller K
+    assert b.best_k({0: None, 2: 0.8, 4: 0.9}) == 0                  # K = 0 counts as 1.0
+    assert b.best_k({0: None, 2: None}) == 0
+    assert b.speculation_limit({1: 4, 4: 2, 8: 0}) == 4               # spec wins up to 4, loses at 8
+    assert b.speculation_limit({1: 4, 4: 2, 8: 2}) == 0               # wins at the highest: no limit
+    assert b.speculation_limit({1: 0, 4: 0}) == 0
+    assert b.speculation_limit({1: 2, 4: 0, 8: 2}) == 0
+
+
+# ---- cells from synthetic measurements ---------------------------------------------------------------------
+
+def _record(k, prompt, *, tokens, seconds, verify_ms, draft_ms=0.0, accepted=0, drafted=0, iterations=1, first_ms=50.0,
+            positions=None, ttft=None, intervals=()):
+    return b.RequestRecord(concurrency=1, k=k, round=prompt, prompt=prompt, tokens=tokens, seconds=seconds, ttft=ttft,
+                           intervals=list(intervals), accepted=accepted, drafted=drafted, iterations=iterations,
+                           draft_ms=draft_ms, verify_ms=verify_ms, accepted_per_position=list(positions or []),
+                           drafted_per_position=list(positions or []), first_ms=first_ms)
+
+
+def _synthetic_cells():
+    """C = 1: target step 10 ms, prefill 50 ms, 10 tokens a request. K = 2: every draft accepted (α = 1, E = 3), a
+    first plain iteration then 3 speculative ones; c = 0.5, verification 1.2 steps."""
+    base = [_record(0, p, tokens=10, seconds=0.15, verify_ms=50 + 9 * 10, ttft=0.05, intervals=[0.01] * 9)
+            for p in range(2)]
+    spec = [_record(2, p, tokens=10, seconds=0.12, verify_ms=50 + 3 * 12, draft_ms=0.5 * (50 + 10 * 6), accepted=6,
+                    drafted=6, iterations=4, positions=[3, 3]) for p in range(2)]
+    cells = [b.summarize_cell(base, 0.30, concurrency=1, k=0), b.summarize_cell(spec, 0.24, concurrency=1, k=2)]
+    return b.analyse(cells)
+
+
+def test_cell_figures():
+    base, spec = _synthetic_cells()
+    assert base["tokens"] == 20 and base["tokens_per_s_aggregate"] == pytest.approx(20 / 0.30)
+    assert base["e2e_ms"]["p50"] == pytest.approx(150.0)
+    assert base["ttft_ms"]["p50"] == pytest.approx(50.0) and base["itl_ms"]["p99"] == pytest.approx(10.0)
+    assert b.target_step_ms(base) == pytest.approx(10.0)
+    assert spec["acceptance_rate"] == 1.0 and spec["alpha"] == 1.0
+    assert spec["speculative_iterations"] == 6 and spec["accepted_per_iteration"] == 2.0
+    assert spec["tokens_per_iteration"] == 3.0  # (20 tokens - 2 plain first iterations) / 6
+    assert spec["position_acceptance"] == [1.0, 1.0]
+    assert spec["ttft_ms"] is None and spec["itl_ms"] is None  # not streamed
+    assert spec["time_split"]["draft"] == pytest.approx(110 / 240)
+
+
+def test_speedup_bound_and_efficiency():
+    _, spec = _synthetic_cells()
+    assert spec["speedup"] == pytest.approx(1.25)  # 0.30 s vs 0.24 s for the same tokens
+    bound = spec["bound"]
+    assert bound["target_step_ms"] == pytest.approx(10.0)
+    assert bound["draft_cost_ratio"] == pytest.approx(0.5)
+    assert bound["verify_cost"] == pytest.approx(1.2)
+    assert bound["prefill_steps"] == pytest.approx(5.0)
+    assert bound["expected_tokens_per_iteration"] == pytest.approx(3.0)
+    assert bound["leviathan_speedup"] == pytest.approx(3 / 2)
+    assert bound["decode_speedup"] == pytest.approx(3 / 2.2)
+    assert bound["predicted_speedup"] == pytest.approx(140 / 141)  # model work: 140 ms target only, 55 + 86 ms
+    assert bound["efficiency"] == pytest.approx(1.25 / (140 / 141))
+
+
+def test_tuning_from_cells():
+    cells = _synthetic_cells()
+    tuning = b.tune(cells)
+    assert tuning["best_k"] == {"1": 2} and tuning["default_num_draft_tokens"] == 2
+    assert tuning["max_speculative_concurrency"] == 0
+    assert tuning["draft_cost_ratio"] == pytest.approx(0.5)
+    assert tuning["verify_cost_per_token"] == pytest.approx(0.1)  # v = 1.2 at k = 2
+    assert b.tuned_values(tuning, max_draft_len=8) == {
+        "default_num_draft_tokens": "2", "max_speculative_concurrency": "0", "draft_cost_ratio": "0.5",
+        "verify_cost_per_token": "0.1"}
+
+
+def test_failed_requests_are_counted_not_measured():
+    records = [_record(0, 0, tokens=10, seconds=0.1, verify_ms=100),
+               b.RequestRecord(1, 0, 0, 1, error="tensorrt_llm_bls: max_tokens ...")]
+    cell = b.summarize_cell(records, 0.1, concurrency=1, k=0)
+    assert cell["requests"] == 1 and cell["errors"] == 1 and cell["tokens"] == 10
+    assert cell["error_messages"] == ["tensorrt_llm_bls: max_tokens ..."]
+
+
+# ---- the plan -----------------------------------------------------------------------------------------------
+
+def test_schedule_interleaves_every_cell_with_the_same_prompts_per_round():
+    blocks = b.schedule([1, 4], [0, 2, 4], requests=6, num_prompts=5, seed=3)
+    cells = {}
+    for block in blocks:
+        cells.setdefault((block.concurrency, block.k), []).append(block)
+    assert set(cells) == {(c, k) for c in (1, 4) for k in (0, 2, 4, b.PROBE)}
+    assert all(len(v) == 6 for (c, _), v in cells.items() if c == 1)          # 6 rounds of one request
+    assert all(len(v) == 2 for (c, _), v in cells.items() if c == 4)          # 6 rounded up to 8 = 2 rounds of 4
+    for c in (1, 4):
+        for r in range(6 if c == 1 else 2):
+            prompts = {blk.prompts for blk in blocks if blk.concurrency == c and blk.round == r}
+            assert len(prompts) == 1 and len(next(iter(prompts))) == c
+    rounds = [blk.round for blk in blocks]
+    assert rounds == sorted(rounds)  # a round ends before the next begins
+    first_round = [(blk.concurrency, blk.k) for blk in blocks if blk.round == 0]
+    assert first_round != sorted(first_round)  # shuffled within the round
+    assert blocks == b.schedule([1, 4], [0, 2, 4], requests=6, num_prompts=5, seed=3)
+    assert b.PROBE not in {blk.k for blk in b.schedule([1], [0, 2], 2, 3, probes=False)}
+
+
+def test_int_lists():
+    assert b.parse_int_list("4, 1,1,8", "--concurrency", minimum=1) == [1, 4, 8]
+    with pytest.raises(b.BenchError, match="--concurrency"):
+        b.parse_int_list("0", "--concurrency", minimum=1)
+    with pytest.raises(b.BenchError, match="not an integer"):
+        b.parse_int_list("1,x", "--num-draft-tokens", minimum=0)
+
+
+# ---- prompts ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", b.PROMPT_SETS)
+def test_builtin_prompt_sets(name):
+    prompts = b.load_prompt_set(f"builtin:{name}")
+    assert 20 <= len(prompts) <= 40
+    assert len(set(prompts)) == len(prompts) and all(p.strip() for p in prompts)
+    if name == "code-edit":
+        for prompt in prompts:
+            code = prompt.split("```")[1]
+            assert 10 <= len(code.strip("\n").splitlines()) - 1 <= 30, prompt[:60]
+
+
+def test_prompt_file_and_unknown_set(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "one"}\n\n{"prompt": "two\\nlines"}\n')
+    assert b.load_prompt_set(str(path)) == ["one", "two\nlines"]
+    (tmp_path / "plain.txt").write_text("first\nsecond\n")
+    assert b.load_prompt_set(str(tmp_path / "plain.txt")) == ["first", "second"]
+    with pytest.raises(b.BenchError, match="builtin:chat"):
+        b.load_prompt_set("builtin:poetry")
+    (tmp_path / "bad.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(b.BenchError, match="prompt"):
+        b.load_prompt_set(str(tmp_path / "bad.jsonl"))
+
+
+def test_prompts_numbered_and_templated(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tiny import make_tokenizer
+
+    plain = b.Prompts(["Why?"], numbered=True)
+    assert plain.text(0, 7) == "#7 Why?" and b.Prompts(["Why?"], numbered=False).text(0, 7) == "Why?"
+    make_tokenizer(tmp_path / "tok")
+    with pytest.raises(b.BenchError, match="no chat template"):
+        b.Prompts(["Why?"], tokenizer_dir=tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    tok.save_pretrained(str(tmp_path / "tok"))
+    assert b.Prompts(["Why?"], tokenizer_dir=tmp_path / "tok").text(0, 3) == "<user>#3 Why?<assistant>"
+
+
+# ---- applying the tuning --------------------------------------------------------------------------------------
+
+CONFIG = '''name: "tensorrt_llm_bls"
+parameters: { key: "default_num_draft_tokens" value: { string_value: "0" } }
+parameters { key: "draft_cost_ratio" value { string_value: "0.3" } }
+parameters: { key: "max_draft_len" value: { string_value: "8" } }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+
+
+def test_set_parameters_replaces_in_place_and_adds_what_is_missing():
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    text, changes = b.set_parameters(CONFIG, {"default_num_draft_tokens": "4", "draft_cost_ratio": "0.3",
+                                              "max_speculative_concurrency": "4"})
+    assert changes == [b.Change("default_num_draft_tokens", "0", "4"), b.Change("max_speculative_concurrency", None, "4")]
+    lines = text.splitlines()
+    assert lines[1].endswith('string_value: "4" } }') and lines[2] == CONFIG.splitlines()[2]
+    assert lines[4].startswith('parameters: { key: "max_speculative_concurrency"')  # after the last parameter
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert {k: v.string_value for k, v in config.parameters.items()} == {
+        "default_num_draft_tokens": "4", "draft_cost_ratio": "0.3", "max_draft_len": "8", "max_speculative_concurrency": "4"}
+    assert b.set_parameters(text, {"default_num_draft_tokens": "4"}) == (text, [])
+
+
+# ---- end to end -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bench_server(model_repository, tmp_path_factory):
+    """The tiny FP8 pair's repository (a copy, which the test edits) with the BLS and both engines served."""
+    from conftest import free_ports
+    from trtspec.server import TritonServer
+
+    repo = tmp_path_factory.mktemp("bench") / "model_repository"
+    shutil.copytree(model_repository, repo)
+    http, grpc, metrics = free_ports(3)
+    server = TritonServer(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                          model_control_explicit_models=("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"))
+    with server:
+        yield server
+
+
+def test_bench_end_to_end(bench_server, tmp_path):
+    from trtspec.cli import cli
+    from trtspec.repository import validate_repository
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
+                               ["The quick brown fox", "def add(a, b):", "Triton serves models"]))
+    report, plot = tmp_path / "report.json", tmp_path / "report.png"
+    result = CliRunner().invoke(cli, [
+        "bench", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", str(prompts),
+        "--concurrency", "1,2", "--num-draft-tokens", "2,9", "--max-tokens", "8", "--requests", "2", "--stream",
+        "--output", str(report), "--plot", str(plot), "--apply", str(bench_server.repo)])
+    assert result.exit_code == 0, result.output
+    assert "skipping K=9" in result.output and "default_num_draft_tokens" in result.output
+    assert "restart" in result.output
+
+    data = json.loads(report.read_text())
+    assert {"command", "settings", "environment", "deployment", "cells", "tuning"} <= set(data)
+    assert data["command"].startswith("trtspec bench") and data["settings"]["num_draft_tokens"] == [0, 2]
+    assert data["settings"]["fixed_draft_length"] is True
+    assert sorted((c["concurrency"], c["k"]) for c in data["cells"]) == [(1, 0), (1, 2), (2, 0), (2, 2)]
+    for cell in data["cells"]:
+        assert cell["requests"] == 2 and cell["errors"] == 0, cell["error_messages"]
+        assert cell["tokens"] == 16 and cell["ttft_ms"]["n"] == 2 and cell["e2e_ms"]["p99"] > 0
+        assert cell["first_iteration_measured"] == 2 and len(cell["request_records"]) == 2
+        if cell["k"] == 0:
+            assert cell["speedup"] == 1.0 and cell["bound"] is None and cell["drafted"] == 0
+        else:
+            assert cell["drafted"] > 0 and 0 <= cell["acceptance_rate"] <= 1 and len(cell["position_acceptance"]) == 2
+            bound = cell["bound"]
+            assert bound["predicted_speedup"] > 0 and bound["efficiency"] > 0 and bound["draft_cost_ratio"] > 0
+    tuning = data["tuning"]
+    assert set(tuning["best_k"]) == {"1", "2"} and tuning["default_num_draft_tokens"] in (0, 2)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    config = (bench_server.repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
+    assert f'key: "default_num_draft_tokens" value: {{ string_value: "{tuning["default_num_draft_tokens"]}" }}' in config
+    assert 'key: "verify_cost_per_token"' in config
+    assert validate_repository(bench_server.repo) == []
