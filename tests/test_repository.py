@@ -133,8 +133,10 @@ def test_every_shipped_template_field_has_a_value(built_fp8):
     config = load_config(built_fp8.config).config
     values = repository.template_values(config, read_engine(built_fp8.target), read_engine(built_fp8.draft), device="cpu")
     per_model = {"model_name", "engine_dir"}  # each engine model's own
+    # the trtllm engine models' placement (trtspec.launch.engine_model_values)
+    per_model |= {"gpu_device_ids", "kv_cache_free_gpu_mem_fraction", "trtllm_extra_parameters"}
     templates = sorted(repository.TEMPLATES_DIR.glob("*/config.pbtxt"))
-    assert len(templates) == 5
+    assert len(templates) == 6
     for template in templates:
         assert repository.template_fields(template.read_text()) <= set(values) | per_model, template
 
