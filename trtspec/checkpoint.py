@@ -272,7 +272,7 @@ def _load_shared(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False
         state[name] = tensor.detach().clone()
     del target
     own = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
-    missing = sorted(set(own) - set(state) - set(_tied_names(model)))
+    missing = sorted(set(model.state_dict()) - set(state) - set(_tied_names(model)))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise CheckpointError(f"{info.path}: its own and shared tensors do not make up {info.architecture}: "

@@ -33,9 +33,11 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def source_files(info: CheckpointInfo) -> list[Path]:
+    """The files a checkpoint is made of; a draft that takes weights from its target includes the target's."""
     if info.is_gguf:
         return [info.path]
-    return sorted(p for p in info.path.iterdir() if p.is_file() and not p.name.startswith("."))
+    own = sorted(p for p in info.path.iterdir() if p.is_file() and not p.name.startswith("."))
+    return own + (source_files(info.shared.target) if info.shared is not None else [])
 
 
 def describe_sources(info: CheckpointInfo, *, hash_limit: int | None = None) -> list[dict]:

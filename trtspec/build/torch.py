@@ -125,8 +125,7 @@ def _unique_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def _maybe_tokenizer(info: CheckpointInfo, spec: ModelSpec):
-    has_tokenizer = info.is_gguf or any((info.path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
-    return load_tokenizer(info, trust_remote_code=spec.trust_remote_code) if has_tokenizer else None
+    return load_tokenizer(info, trust_remote_code=spec.trust_remote_code) if info.has_tokenizer else None
 
 
 def engine_config(build: ModelBuild, config: BuildConfig, hf_config, tokenizer) -> dict:

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from trtspec.contract import (
     GenerationRequest, GenerationResult, request_to_tensors, result_to_tensors, tensors_to_request, tensors_to_result,
 )
-from trtspec.engine import fp8
+from trtspec.engine import fp8, subset_head
 from trtspec.engine.manifest import EngineInfo, read_engine
 from trtspec.engine.sampling import accept_draft, select
 from trtspec.errors import EngineError, RequestError
@@ -165,6 +165,7 @@ class Engine:
         hf_config = AutoConfig.for_model(**extra["hf_config"])
         with no_init_weights():
             model = AutoModelForCausalLM.from_config(hf_config, dtype=compute)
+        subset_head.install(model)  # a draft whose head covers part of the vocabulary (FR-Spec)
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as exc:  # shapes that disagree with the config raise even with strict=False
