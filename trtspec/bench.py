@@ -933,7 +933,11 @@ def command_line(ctx) -> list[str]:
     """The command as given: `trtspec`, the subcommand and each option that did not come from its default (click context)."""
     from click.core import ParameterSource
 
-    words = ["trtspec", *ctx.command_path.split()[1:]]
+    names, node = [], ctx
+    while node.parent is not None:  # the root's own name depends on how the program was started
+        names.insert(0, node.info_name)
+        node = node.parent
+    words = ["trtspec", *names]
     for param in ctx.command.params:
         if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None) or not param.opts:
             continue
