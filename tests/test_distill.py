@@ -168,3 +168,16 @@ def test_text_outside_the_vocabulary(target, tmp_path):
 
     with pytest.raises(DistillError, match="outside the target's vocabulary"):
         tokenize_source(Source("x.txt", [], ["some text"], []), Foreign(), 320)
+
+
+def test_the_draft_config_names_the_model_class():
+    # A GGUF-loaded target's config has no `architectures`; the draft's must name the class the engine builds.
+    from transformers import LlamaConfig
+
+    from trtspec.distill.draft import draft_config
+
+    target = LlamaConfig(num_hidden_layers=6, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=320)
+    target.architectures = None
+    config = draft_config(target, "LlamaForCausalLM", [0, 5], torch.arange(100))
+    assert config.architectures == ["LlamaForCausalLM"] and config.num_hidden_layers == 2
+    assert config.trtspec_head_tokens == 100 and config.tie_word_embeddings is False

@@ -197,7 +197,7 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     # 4. training
     examples = T.prepare(train_seqs, head_ids, info.vocab_size)
     heldout_examples = T.prepare(heldout_seqs, head_ids, info.vocab_size)
-    meta = {"trtspec": __version__, "target": o.target, "layers_from_target": layers,
+    meta = {"trtspec": __version__, "command": reproduce_command(o), "target": o.target, "layers_from_target": layers,
             "head_tokens": int(head_ids.numel()) if head_ids is not None else info.vocab_size,
             "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items() if k not in ("output", "resume")},
             "data": stats, "heldout": {"prompts": len(heldout_seqs), "tokens": sum(s.supervised for s in heldout_seqs)}}
@@ -241,7 +241,7 @@ def _train(draft, examples, heldout, o: DistillOptions, work: Path, device, cons
         run["history"].append(entry)
         run["last_eval"] = run["tokens"]
         k4 = next((r for r in result.by_k if r["k"] == 4), result.by_k[-1])
-        console.print(f"eval @ {run['tokens']:>9,} tokens: greedy acceptance {result.match_rate:.3f} (K=1), "
+        console.print(f"eval @ {run['tokens']:>9,} tokens: greedy acceptance {result.by_k[0]['acceptance']:.3f} (K=1), "
                       f"{k4['acceptance']:.3f} (K={k4['k']}, {k4['tokens_per_call']:.2f} tokens/call); held-out KL {result.kl:.3f}",
                       highlight=False)
         tmp = checkpoint.with_suffix(".tmp")
@@ -299,6 +299,21 @@ def _report(history: list[dict], console: Console) -> None:
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
+
+def reproduce_command(o: DistillOptions) -> str:
+    """The `trtspec distill` command line that makes this draft again (options that differ from the defaults)."""
+    defaults = DistillOptions(target=o.target, output=o.output)
+    parts = ["trtspec", "distill", "--target", o.target, "--output", str(o.output)]
+    for key in ("layers", "init", "tokens", "seed", "head_tokens", "prompts", "samples", "temperature", "max_new_tokens",
+                "target_quantization", "eval_every", "lr", "threads"):
+        value = getattr(o, key)
+        if value != getattr(defaults, key) or key == "seed":
+            parts += [f"--{key.replace('_', '-')}", str(value)]
+    if o.data != defaults.data:
+        for spec in o.data:
+            parts += ["--data", spec]
+    return " ".join(parts)
+
 
 def _progress(console: Console) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

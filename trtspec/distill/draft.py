@@ -52,7 +52,7 @@ def default_layers(num_target_layers: int, num_layers: int) -> list[int]:
     return list(range(num_layers - 1)) + [num_target_layers - 1]
 
 
-def draft_config(target_config, layers: list[int], head_ids: torch.Tensor | None):
+def draft_config(target_config, architecture: str, layers: list[int], head_ids: torch.Tensor | None):
     """The draft's Hugging Face config: the target's with fewer layers (and a subset head when head_ids is given)."""
     config = target_config.__class__.from_dict(_clean(target_config.to_dict()))
     config.num_hidden_layers = len(layers)
@@ -61,7 +61,7 @@ def draft_config(target_config, layers: list[int], head_ids: torch.Tensor | None
     if head_ids is not None:
         config.tie_word_embeddings = False
         setattr(config, subset_head.CONFIG_KEY, int(head_ids.numel()))
-    config.architectures = [target_config.architectures[0] if target_config.architectures else type(target_config).__name__]
+    config.architectures = [architecture]  # a GGUF-loaded config has none
     return config
 
 
@@ -75,7 +75,7 @@ def make_draft(target, layers: list[int], *, init: str, head_ids: torch.Tensor |
     """A float32 draft built from the target model (already loaded): see the module doc."""
     from transformers import AutoModelForCausalLM
 
-    config = draft_config(target.config, layers, head_ids)
+    config = draft_config(target.config, type(target).__name__, layers, head_ids)
     torch.manual_seed(seed)
     draft = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     subset_head.install(draft)
@@ -102,7 +102,8 @@ def _tied(model) -> bool:
 
 def choose_head(counts: torch.Tensor, num_tokens: int, always: list[int]) -> torch.Tensor | None:
     """The `num_tokens` most frequent target tokens (plus `always`, e.g. the end token), sorted by id;
-    None when that is the whole vocabulary."""
+    None when that is the whole vocabulary. Equal counts (tokens the data never showed, most of all) rank by
+    lower id first: in a BPE vocabulary ids follow merge order, which follows frequency in the tokenizer's corpus."""
     vocab = counts.numel()
     if num_tokens <= 0 or num_tokens >= vocab:
         return None
