@@ -107,6 +107,18 @@ def test_the_draft_builds_and_speculates_exactly(target, distilled, tmp_path):
     assert target_engine.stats.draft_tokens > 0
 
 
+def test_a_random_draft_with_the_whole_head(target, tmp_path):
+    # --init random --head-tokens 0: the draft's head is the target's whole (tied) head, so it stores no head at all.
+    out = tmp_path / "draft"
+    run_distill(DistillOptions(target=str(target), output=out, tokens=600, eval_every=600, init="random",
+                               **(FAST | {"head_tokens": 0, "prompts": 8})))
+    own = load_file(str(out / "model.safetensors"))
+    assert not any(name.startswith(("lm_head", "model.embed_tokens")) for name in own)
+    model, target_model = load_model(inspect_checkpoint(out), torch.float32), load_model(inspect_checkpoint(target), torch.float32)
+    assert torch.equal(model.lm_head.weight, target_model.lm_head.weight)
+    assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, target_model.model.layers[0].mlp.up_proj.weight)
+
+
 def test_acceptance_replays_greedy_speculation():
     # K = 2 over [1, 1, 0, 1, 1, 1]: at 0, two drafts, both accepted, and the target adds position 2 itself;
     # at 3, two drafts (3 tokens left, minus the target's own), both accepted, and the target adds position 5.

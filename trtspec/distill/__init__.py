@@ -225,7 +225,7 @@ def _train(draft, examples, heldout, o: DistillOptions, work: Path, device, cons
     run = {"tokens": 0, "steps": 0, "epoch": 0, "cursor": 0, "seconds": 0.0, "last_eval": None, "history": []}
     checkpoint = work / CHECKPOINT_FILE
     if checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
         missing = set(saved["model"]) ^ set(M.own_state(draft))
         if missing:
             raise DistillError(f"{checkpoint} does not match this draft ({sorted(missing)[:3]}); remove {work} to start over")

@@ -192,7 +192,7 @@ class ShardStore:
 
 def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     values, ids = logits.float().topk(k, dim=-1)
-    return ids.to(torch.int32), values.to(torch.float16)
+    return ids.to(torch.int32).cpu(), values.to(torch.float16).cpu()
 
 
 def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temperature: float, max_new_tokens: int,
@@ -231,8 +231,8 @@ def _generate_batch(model, batch: list[list[int]], config, top_k: int, seed: int
         input_ids[row, width - len(ids):] = torch.tensor(ids)
         mask[row, width - len(ids):] = 1
     torch.manual_seed(seed)
-    result = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
-    new = result.sequences[:, width:]
+    result = model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config)
+    new = result.sequences[:, width:].cpu()
     logits = torch.stack(result.logits, dim=1)  # [batch, new tokens, vocab]
     sequences = []
     for row, ids in enumerate(batch):
@@ -267,7 +267,7 @@ def _teacher_batch(model, batch: list[list[int]], top_k: int) -> list[Sequence]:
     for row, ids in enumerate(batch):
         input_ids[row, :len(ids)] = torch.tensor(ids)
         mask[row, :len(ids)] = 1
-    logits = model(input_ids=input_ids, attention_mask=mask).logits
+    logits = model(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device)).logits
     sequences = []
     for row, ids in enumerate(batch):
         top_ids, top_values = _topk(logits[row, :len(ids) - 1], top_k)

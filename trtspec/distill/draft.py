@@ -118,7 +118,7 @@ def choose_head(counts: torch.Tensor, num_tokens: int, always: list[int]) -> tor
 def own_state(draft) -> dict[str, torch.Tensor]:
     """The draft's tensors that are not the target's (see SHARED_TENSORS and the subset head's rows)."""
     shared = set(SHARED_TENSORS) | set(_shared_head(draft)) | ({"lm_head.weight"} if _tied(draft) else set())
-    return {name: t.detach() for name, t in draft.state_dict().items() if name not in shared}
+    return {name: t.detach().cpu() for name, t in draft.state_dict().items() if name not in shared}
 
 
 def _shared_head(draft) -> dict[str, dict]:
