@@ -33,7 +33,6 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -119,8 +118,11 @@ def med(values):
     return statistics.median(values) if values else float("nan")
 
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f}"
+def _deciles(values) -> tuple[float, float]:
+    if len(values) < 10:
+        return (min(values), max(values)) if values else (float("nan"), float("nan"))
+    cuts = statistics.quantiles(values, n=10)
+    return cuts[0], cuts[-1]
 
 
 # ---- engines --------------------------------------------------------------------------------------------------
@@ -176,27 +178,41 @@ def rotate(items: list, i: int) -> list:
 # ---- a. decode ------------------------------------------------------------------------------------------------
 
 def bench_decode(engines: dict[str, Engine], prompt: list[int], runs: int, tokens: int) -> dict:
-    """Per run and engine (rotating order): prefill the prompt, then `tokens` greedy decode steps."""
+    """Per run: every engine prefills the prompt (a one-token request), then the engines take turns, one
+    greedy decode step each (a one-token request on the cached sequence, as a plain decoding loop sends
+    them), so that bursts of load from other processes fall on all engines alike.
+    Reports the median over all steps and the median over runs of each run's mean ms/token."""
     prefill = {name: [] for name in engines}
-    per_token = {name: [] for name in engines}
+    steps = {name: [] for name in engines}
+    run_means = {name: [] for name in engines}
     for name, engine in engines.items():  # warm-up: first calls allocate and pick kernels
         engine.cache.clear()
         greedy(engine, prompt, 4, NO_END)
     for run in range(runs):
+        seqs = {}
         for name in rotate(list(engines), run):
-            engine = engines[name]
-            engine.cache.clear()
-            t_prefill, first = timed(lambda: greedy(engine, prompt, 1, NO_END))
-            t_decode, result = timed(lambda: greedy(engine, first.output_ids, tokens, NO_END))
-            assert result.reused_tokens == len(prompt), "the decode run did not start from the cached prompt"
-            prefill[name].append(t_prefill)
-            per_token[name].append(t_decode / tokens)
+            engines[name].cache.clear()
+            t, first = timed(lambda: greedy(engines[name], prompt, 1, NO_END))
+            prefill[name].append(t)
+            seqs[name] = first.output_ids
+        this_run = {name: [] for name in engines}
+        for step in range(tokens):
+            for name in rotate(list(engines), run + step):
+                t, result = timed(lambda: greedy(engines[name], seqs[name], 1, NO_END))
+                assert result.computed_tokens == 1 and result.reused_tokens == len(seqs[name]) - 1, "not a cached decode step"
+                seqs[name] = result.output_ids
+                this_run[name].append(t)
+        for name, ts in this_run.items():
+            steps[name] += ts
+            run_means[name].append(statistics.fmean(ts))
     return {
         name: {
             "prefill_ms": round(med(prefill[name]) * 1e3, 1),
-            "decode_ms_per_token": round(med(per_token[name]) * 1e3, 2),
-            "decode_ms_per_token_runs": [round(v * 1e3, 2) for v in per_token[name]],
             "prefill_ms_runs": [round(v * 1e3, 1) for v in prefill[name]],
+            "decode_ms_per_token": round(med(steps[name]) * 1e3, 2),
+            "decode_ms_p10_p90": [round(v * 1e3, 2) for v in _deciles(steps[name])],
+            "decode_ms_per_token_runs": [round(v * 1e3, 2) for v in run_means[name]],
+            "decode_ms_per_token_median_of_run_means": round(med(run_means[name]) * 1e3, 2),
         }
         for name in engines
     } | {"prompt_tokens": len(prompt), "decode_tokens": tokens, "runs": runs}
@@ -290,42 +306,62 @@ def run_bls(engine: Engine, prompt: list[int], n_tokens: int, k: int, drafter: O
             "computed_tokens": computed, "reused_tokens": reused, "draft_tokens": drafted, "accepted_draft_tokens": accepted}
 
 
-def bench_prefix_cache(engine: Engine, prompt: list[int], n_tokens: int, k: int, error: float, reps: int) -> dict:
-    budget = engine.cache.budget_bytes
-    engine.cache.clear()
-    t_plain, plain = timed(lambda: greedy(engine, prompt, n_tokens, NO_END))
-    drafter = OracleDrafter(plain.new_tokens, len(prompt), error, engine.info.vocab_size)
-    runs = {"on": [], "off": []}
+def bench_prefix_cache(engines: dict[str, Engine], demo: str, prompt: list[int], n_tokens: int, k: int, error: float,
+                       reps: int) -> dict:
+    """The orchestrator pattern on the demo target with the prefix cache on and off (outputs must be identical),
+    and, for every engine in `engines`, plain greedy decoding vs the pattern with the cache on; all runs of a
+    repetition interleaved, in rotating order."""
+    budgets = {name: e.cache.budget_bytes for name, e in engines.items()}
+    plain, drafters = {}, {}
+    for name, engine in engines.items():  # the reference continuation each engine's oracle drafter follows
+        engine.cache.clear()
+        plain[name] = greedy(engine, prompt, n_tokens, NO_END).new_tokens
+        drafters[name] = OracleDrafter(plain[name], len(prompt), error, engine.info.vocab_size)
+    cases = [(demo, "on"), (demo, "off")] + [(n, mode) for n in engines for mode in ("plain", "on") if (n, mode) != (demo, "on")]
+    runs = {case: [] for case in cases}
     try:
         for rep in range(reps):
-            for mode in rotate(["on", "off"], rep):
+            for name, mode in rotate(cases, rep):
+                engine = engines[name]
                 engine.cache.clear()
-                engine.cache.budget_bytes = budget if mode == "on" else 0
-                runs[mode].append(run_bls(engine, prompt, n_tokens, k, drafter))
+                engine.cache.budget_bytes = 0 if mode == "off" else budgets[name]
+                if mode == "plain":
+                    seconds, result = timed(lambda: greedy(engine, prompt, n_tokens, NO_END))
+                    runs[name, mode].append({"seconds": seconds, "new_tokens": result.new_tokens, "iterations": n_tokens,
+                                             "computed_tokens": result.computed_tokens, "reused_tokens": 0,
+                                             "draft_tokens": 0, "accepted_draft_tokens": 0})
+                else:
+                    runs[name, mode].append(run_bls(engine, prompt, n_tokens, k, drafters[name]))
     finally:
-        engine.cache.budget_bytes = budget
-        engine.cache.clear()
-    outputs = {tuple(r["new_tokens"]) for rs in runs.values() for r in rs}
-    assert len(outputs) == 1, "the prefix cache changed the output: cache on and off disagree"
-    output = list(next(iter(outputs)))
-    summary = {}
-    for mode, rs in runs.items():
-        last = rs[-1]
-        summary[mode] = {
-            "seconds": round(med([r["seconds"] for r in rs]), 3),
-            "seconds_runs": [round(r["seconds"], 3) for r in rs],
-            "ms_per_new_token": round(med([r["seconds"] for r in rs]) / n_tokens * 1e3, 1),
-            **{key: last[key] for key in ("iterations", "computed_tokens", "reused_tokens", "draft_tokens", "accepted_draft_tokens")},
-        }
-    paired = [off["seconds"] / on["seconds"] for on, off in zip(runs["on"], runs["off"])]
+        for name, engine in engines.items():
+            engine.cache.budget_bytes = budgets[name]
+            engine.cache.clear()
+    demo_outputs = {tuple(r["new_tokens"]) for mode in ("on", "off") for r in runs[demo, mode]}
+    assert len(demo_outputs) == 1, "the prefix cache changed the output: cache on and off disagree"
+
+    def summary(rs: list[dict]) -> dict:
+        seconds = med([r["seconds"] for r in rs])
+        keys = ("iterations", "computed_tokens", "reused_tokens", "draft_tokens", "accepted_draft_tokens")
+        return {"seconds": round(seconds, 3), "seconds_runs": [round(r["seconds"], 3) for r in rs],
+                "ms_per_new_token": round(seconds / n_tokens * 1e3, 1)} | {key: rs[-1][key] for key in keys}
+
+    def paired(a, b) -> float:  # median over repetitions of time(a) / time(b)
+        return round(med([x["seconds"] / y["seconds"] for x, y in zip(runs[a], runs[b])]), 2)
+
+    on, off = summary(runs[demo, "on"]), summary(runs[demo, "off"])
     return {
-        "prompt_tokens": len(prompt), "new_tokens": n_tokens, "draft_len": k, "draft_error_rate": error, "reps": reps,
-        "outputs_identical": True,
-        "output_equals_plain_greedy": output == plain.new_tokens,
-        "plain_greedy_seconds": round(t_plain, 3),
-        "on": summary["on"], "off": summary["off"],
-        "speedup_cache_on": round(med(paired), 2),
-        "computed_tokens_ratio_off_on": round(summary["off"]["computed_tokens"] / summary["on"]["computed_tokens"], 1),
+        "engine": demo, "prompt_tokens": len(prompt), "new_tokens": n_tokens, "draft_len": k, "draft_error_rate": error,
+        "reps": reps, "outputs_identical": True,
+        "output_equals_plain_greedy": list(next(iter(demo_outputs))) == plain[demo],
+        "on": on, "off": off,
+        "speedup_cache_on": paired((demo, "off"), (demo, "on")),
+        "computed_tokens_ratio_off_on": round(off["computed_tokens"] / on["computed_tokens"], 1),
+        "plain_vs_pattern": {
+            name: {"plain": summary(runs[name, "plain"]), "pattern_cache_on": summary(runs[name, "on"]),
+                   "pattern_output_equals_plain": runs[name, "on"][-1]["new_tokens"] == plain[name],
+                   "speedup_pattern_over_plain": paired((name, "plain"), (name, "on"))}
+            for name in engines
+        },
     }
 
 
@@ -531,9 +567,9 @@ def _run(args, target_dir: Path, report: dict, console: Console, scratch: list) 
     if "prefix" not in args.skip:
         console.rule("c. prefix cache")
         with CpuMeter() as meter:
-            report["prefix_cache"] = bench_prefix_cache(engines[demo], chat_ids(tokenizer, BLS_PROMPT), args.bls_tokens,
-                                                        k_default, args.draft_error, args.bls_reps)
-        report["prefix_cache"]["engine"] = demo
+            report["prefix_cache"] = bench_prefix_cache({demo: engines[demo], f"fp8/{o}": engines[f"fp8/{o}"]}, demo,
+                                                        chat_ids(tokenizer, BLS_PROMPT), args.bls_tokens, k_default,
+                                                        args.draft_error, args.bls_reps)
         report["prefix_cache"]["meter"] = meter.summary()
         _print_prefix(console, report["prefix_cache"])
 
@@ -576,14 +612,15 @@ def _print_builds_loads(console: Console, report: dict, d: str) -> None:
 
 
 def _print_decode(console: Console, r: dict, order: list[str], demo: str) -> None:
-    t = _table(f"a. greedy decode with KV cache ({r['prompt_tokens']}-token prompt, {r['decode_tokens']} tokens, "
-               f"median of {r['runs']} runs)", "engine", "prefill ms", "decode ms/token", "vs demo target", "tokens/s", "runs ms/token",
-               meter=r["meter"])
+    t = _table(f"a. greedy decode with KV cache ({r['prompt_tokens']}-token prompt, {r['decode_tokens']} steps x {r['runs']} runs, "
+               "engines interleaved step by step)", "engine", "prefill ms", "decode ms/token (median step)", "vs demo target",
+               "tokens/s", "step p10-p90 ms", "run means ms/token", meter=r["meter"])
     base = r[demo]["decode_ms_per_token"]
     for name in order:
         row = r[name]
         t.add_row(name + (" (demo target)" if name == demo else ""), f"{row['prefill_ms']:.0f}", f"{row['decode_ms_per_token']:.1f}",
                   f"{row['decode_ms_per_token'] / base:.2f}x", f"{1e3 / row['decode_ms_per_token']:.1f}",
+                  "-".join(f"{v:.0f}" for v in row["decode_ms_p10_p90"]),
                   " ".join(f"{v:.0f}" for v in row["decode_ms_per_token_runs"]))
     console.print(t)
 
@@ -600,18 +637,26 @@ def _print_verify(console: Console, results: dict) -> None:
 
 
 def _print_prefix(console: Console, r: dict) -> None:
-    t = _table(f"c. orchestrator pattern, {r['new_tokens']} new tokens, {r['draft_len']} draft tokens/iteration, "
-               f"{r['prompt_tokens']}-token prompt, {r['engine']} (median of {r['reps']})",
-               "prefix cache", "total s", "ms/new token", "iterations", "tokens computed", "tokens reused", "accepted/drafted",
-               meter=r["meter"])
+    t = _table(f"c. orchestrator pattern on {r['engine']}: {r['prompt_tokens']}-token prompt, {r['new_tokens']} new tokens, "
+               f"{r['draft_len']} draft tokens/iteration (oracle draft, {r['draft_error_rate']:.0%} of draft tokens wrong), "
+               f"median of {r['reps']}", "prefix cache", "total s", "ms/new token", "iterations", "tokens computed",
+               "tokens reused", "accepted/drafted", meter=r["meter"])
     for mode in ("on", "off"):
         m = r[mode]
         t.add_row(mode, f"{m['seconds']:.2f}", f"{m['ms_per_new_token']:.0f}", str(m["iterations"]), str(m["computed_tokens"]),
                   str(m["reused_tokens"]), f"{m['accepted_draft_tokens']}/{m['draft_tokens']}")
     console.print(t)
     console.print(f"cache on is {r['speedup_cache_on']:.2f}x faster and computes {r['computed_tokens_ratio_off_on']:.1f}x fewer tokens; "
-                  f"outputs identical: {r['outputs_identical']}; equal to plain greedy decoding: {r['output_equals_plain_greedy']} "
-                  f"(plain greedy took {r['plain_greedy_seconds']:.2f} s)")
+                  f"outputs identical: {r['outputs_identical']}; equal to plain greedy decoding: {r['output_equals_plain_greedy']}")
+    t = _table("c'. plain greedy decoding vs the orchestrator pattern (cache on), same oracle draft, interleaved",
+               "engine", "plain s", "plain ms/token", "pattern s", "pattern ms/token", "accepted/drafted",
+               "pattern speed-up over plain", "same output")
+    for name, v in r["plain_vs_pattern"].items():
+        p, s = v["plain"], v["pattern_cache_on"]
+        t.add_row(name, f"{p['seconds']:.2f}", f"{p['ms_per_new_token']:.0f}", f"{s['seconds']:.2f}", f"{s['ms_per_new_token']:.0f}",
+                  f"{s['accepted_draft_tokens']}/{s['draft_tokens']}", f"{v['speedup_pattern_over_plain']:.2f}x",
+                  str(v["pattern_output_equals_plain"]))
+    console.print(t)
 
 
 def _print_agreement(console: Console, r: dict) -> None:
