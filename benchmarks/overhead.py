@@ -1,0 +1,248 @@
+"""The orchestration cost of one iteration: the part of every draft-then-verify iteration that is not model work.
+
+    python benchmarks/overhead.py --tokenizer /tmp/bench-demo/engines/target --output overhead.json
+    python benchmarks/overhead.py --config build_configs/demo.yaml          # the tokenizer of the config's target
+
+It writes a model repository with trtspec's own templates (`trtspec.repository.write_repository`) for two engine
+dirs that hold no weights, only a TensorRT-LLM style config.json, the real tokenizer, and a `trivial.json`; the
+engine models' model.py is `benchmarks/trivial_engine.py`, which answers at once (a fixed token; the whole draft
+accepted). The BLS, the pre/postprocessing tokenizer and every config are the production ones. The repository
+is served by the real tritonserver; streamed requests go to `tensorrt_llm_bls` from as many clients as the
+concurrency, every (concurrency, K) cell interleaved with the others in rounds.
+
+With engines that take no time, the time between two streamed responses of a request is one iteration of pure
+orchestration: the BLS round trip to the draft engine (K > 0) and to the target engine (tensor packing, Triton's
+scheduling, the Python backend's shared-memory IPC), the loop's bookkeeping, incremental detokenization, and the
+response path to the client. Reported per cell, as percentiles over every iteration of every request:
+
+    iteration_ms        time between consecutive streamed responses (one iteration each)
+    round_trips_ms      (draft_ms + verify_ms) / iterations, per request: the BLS's calls of the two engines
+    rest_ms             iteration_ms of the request minus its round trips: loop, detokenization, response path
+    ttft_ms             request to first response: tokenization, the first (plain) iteration, the response
+
+Client and server share this machine's cores, so the client's own receiving is in iteration_ms too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trtspec import __version__
+from trtspec.bench import distribution, load_prompt_set
+from trtspec.client import ClientError, SpecClient
+from trtspec.config import BuildConfig, EngineSpec, ModelSpec, SpeculationSpec
+from trtspec.repository import DRAFT_MODEL, TARGET_MODEL, BLS_MODEL, validate_repository, write_repository
+from trtspec.server import TritonServer, free_port
+
+HERE = Path(__file__).resolve().parent
+TRIVIAL_ENGINE = HERE / "trivial_engine.py"
+MAX_DRAFT_LEN = 8
+
+
+# ---- the repository ----------------------------------------------------------------------------------------
+
+def load_tokenizer(args):
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(args.tokenizer)
+    from trtspec.checkpoint import load_tokenizer as load
+    from trtspec.config import load_config
+
+    return load(load_config(args.config).checkpoints["target"])
+
+
+def engine_config(vocab_size: int, max_input_len: int, max_seq_len: int) -> dict:
+    """The config.json of a TensorRT-LLM engine dir, as much of it as trtspec reads (trtspec.engine.manifest)."""
+    return {
+        "version": "trivial",
+        "pretrained_config": {"architecture": "TrivialForCausalLM", "dtype": "float32", "vocab_size": vocab_size},
+        "build_config": {"max_batch_size": 8, "max_input_len": max_input_len, "max_seq_len": max_seq_len + MAX_DRAFT_LEN,
+                         "max_draft_len": MAX_DRAFT_LEN, "speculative_decoding_mode": 2},
+        "trtspec": {"backend": "torch"},
+    }
+
+
+def write_trivial_repository(workdir: Path, tokenizer, *, max_input_len: int = 1024, max_seq_len: int = 2048) -> Path:
+    """Engine dirs without weights + the repository from trtspec's templates, the engines swapped for trivial ones."""
+    token = tokenizer(" the", add_special_tokens=False)["input_ids"][-1]
+    if token == tokenizer.eos_token_id:
+        raise SystemExit("the fixed token must not be the end token")
+    engines = workdir / "engines"
+    for role in ("target", "draft"):
+        folder = engines / role
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(engine_config(len(tokenizer), max_input_len, max_seq_len), indent=2))
+        (folder / "trivial.json").write_text(json.dumps({"token": token}))
+        tokenizer.save_pretrained(str(folder))
+    config = BuildConfig(
+        name="trivial", backend="torch", target=ModelSpec(checkpoint="trivial"), draft=ModelSpec(checkpoint="trivial"),
+        speculation=SpeculationSpec(max_draft_len=MAX_DRAFT_LEN, num_draft_tokens=4),
+        engine=EngineSpec(max_batch_size=8, max_input_len=max_input_len, max_seq_len=max_seq_len))
+    repo = write_repository(config, engines, workdir / "model_repository", force=True, device="cpu")
+    for model in (TARGET_MODEL, DRAFT_MODEL):
+        shutil.copy(TRIVIAL_ENGINE, repo / model / "1" / "model.py")
+    problems = validate_repository(repo)
+    if problems:
+        raise SystemExit("the trivial repository does not validate:\n" + "\n".join(f"  - {p}" for p in problems))
+    return repo
+
+
+# ---- the measurement ---------------------------------------------------------------------------------------
+
+def one_request(client: SpecClient, prompt: str, k: int, max_tokens: int, fields: dict) -> dict:
+    c = client.generate(prompt, max_tokens=max_tokens, num_draft_tokens=k, stream=True, return_perf_metrics=True, **fields)
+    times = [chunk.seconds for chunk in c.chunks if chunk.token_ids]
+    gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])]
+    iterations = c.iterations or 0
+    speculative = c.drafted_per_position[0] if c.drafted_per_position else 0  # iterations that drafted
+    round_trips = (c.draft_ms + c.verify_ms) / iterations if iterations else None
+    return {"tokens": len(c.token_ids), "seconds": c.seconds, "ttft_ms": (c.time_to_first_token or 0) * 1e3,
+            "iterations": iterations, "responses": len(times), "gaps_ms": gaps,
+            "draft_ms": c.draft_ms, "verify_ms": c.verify_ms, "round_trips_ms": round_trips,
+            "draft_ms_per_iteration": c.draft_ms / speculative if speculative else None,
+            "verify_ms_per_iteration": c.verify_ms / iterations if iterations else None,
+            "rest_ms": sum(gaps) / len(gaps) - round_trips if gaps and round_trips is not None else None,
+            "accepted": c.accepted, "drafted": c.drafted}
+
+
+def measure(url: str, protocol: str, prompts: list[str], concurrencies, ks, *, max_tokens: int, requests: int, seed: int,
+            console: Console) -> dict:
+    clients = [SpecClient(url, protocol=protocol) for _ in range(max(concurrencies))]
+    try:
+        inputs = [i["name"] for i in clients[0].model_config(BLS_MODEL).get("input", [])]
+        fields = {"adaptive_draft_length": False} if "adaptive_draft_length" in inputs else {}
+        for k in ks:  # warm-up
+            clients[0].generate(prompts[0], max_tokens=16, num_draft_tokens=k, stream=True, **fields)
+        rounds = {c: max(1, -(-requests // c)) for c in concurrencies}
+        results = {(c, k): [] for c in concurrencies for k in ks}
+        counter = 0
+        total = sum(rounds[c] * c * len(ks) for c in concurrencies)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("measuring", total=total)
+            for r in range(max(rounds.values())):
+                cells = [(c, k) for c in concurrencies for k in ks if r < rounds[c]]
+                random.Random(seed + r).shuffle(cells)
+                for c, k in cells:
+                    progress.update(task, description=f"round {r + 1}: C={c} K={k}")
+                    texts = [f"#{counter + i} {prompts[(counter + i) % len(prompts)]}" for i in range(c)]
+                    counter += c
+                    with ThreadPoolExecutor(max_workers=c) as pool:
+                        done = list(pool.map(lambda i: one_request(clients[i], texts[i], k, max_tokens, fields), range(c)))
+                    results[(c, k)] += done
+                    progress.advance(task, c)
+    finally:
+        for client in clients:
+            client.close()
+    return {"cells": [summarize(c, k, recs) for (c, k), recs in results.items()], "fixed_draft_length": bool(fields)}
+
+
+def summarize(concurrency: int, k: int, records: list[dict]) -> dict:
+    def values(key):
+        return [r[key] for r in records if r.get(key) is not None]
+
+    return {
+        "concurrency": concurrency, "k": k, "requests": len(records), "tokens": sum(values("tokens")),
+        "iterations": sum(values("iterations")),
+        "tokens_per_iteration": sum(values("tokens")) / max(1, sum(values("iterations"))),
+        "iteration_ms": distribution([g for r in records for g in r["gaps_ms"]]),
+        "round_trips_ms": distribution(values("round_trips_ms")),
+        "draft_round_trip_ms": distribution(values("draft_ms_per_iteration")),
+        "verify_round_trip_ms": distribution(values("verify_ms_per_iteration")),
+        "rest_ms": distribution(values("rest_ms")),
+        "ttft_ms": distribution(values("ttft_ms")),
+        "tokens_per_s": sum(values("tokens")) / sum(values("seconds")) * concurrency if records else None,
+        "all_accepted": all(r["accepted"] == r["drafted"] for r in records),
+    }
+
+
+def render(report: dict, console: Console) -> None:
+    table = Table(title="orchestration cost per iteration, trivial engines (they answer at once)")
+    for col in ("C", "K", "req", "iter", "tok/iter", "iteration ms p50/p99", "BLS round trips ms p50",
+                "draft / verify ms p50", "rest ms p50", "TTFT ms p50/p99"):
+        table.add_column(col, justify="right")
+    for c in sorted(report["cells"], key=lambda c: (c["concurrency"], c["k"])):
+        it, rt, rest, ttft = c["iteration_ms"], c["round_trips_ms"], c["rest_ms"], c["ttft_ms"]
+        draft = c["draft_round_trip_ms"]["p50"]
+        table.add_row(str(c["concurrency"]), str(c["k"]), str(c["requests"]), str(c["iterations"]),
+                      f"{c['tokens_per_iteration']:.2f}", f"{it['p50']:.2f}/{it['p99']:.2f}", f"{rt['p50']:.2f}",
+                      f"{'-' if draft is None else f'{draft:.2f}'} / {c['verify_round_trip_ms']['p50']:.2f}",
+                      f"{rest['p50']:.2f}", f"{ttft['p50']:.1f}/{ttft['p99']:.1f}")
+    console.print(table)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="build_configs/demo.yaml", help="build config whose target's tokenizer to use")
+    parser.add_argument("--tokenizer", help="tokenizer dir (e.g. a target engine dir) instead of the config's checkpoint")
+    parser.add_argument("--workdir", help="where the repository goes [default: a temporary dir, removed]")
+    parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    parser.add_argument("--concurrency", default="1,4")
+    parser.add_argument("--num-draft-tokens", default="0,4")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--requests", type=int, default=8, help="requests per cell (rounded up to the concurrency)")
+    parser.add_argument("--prompts", default="builtin:chat")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", help="JSON report")
+    args = parser.parse_args(argv)
+    console = Console(stderr=True)
+    concurrencies = sorted({int(x) for x in args.concurrency.split(",")})
+    ks = sorted({int(x) for x in args.num_draft_tokens.split(",")})
+
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="trtspec-overhead-"))
+    try:
+        with console.status("writing the trivial repository…"):
+            repo = write_trivial_repository(workdir, load_tokenizer(args))
+        server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                              model_control_explicit_models=(TARGET_MODEL, DRAFT_MODEL, BLS_MODEL))
+        with console.status("starting tritonserver…"):
+            server.start(timeout=300)
+        try:
+            url = server.grpc_url if args.protocol == "grpc" else server.http_url
+            started = time.time()
+            load_start = list(os.getloadavg())
+            result = measure(url, args.protocol, load_prompt_set(args.prompts), concurrencies, ks,
+                             max_tokens=args.max_tokens, requests=args.requests, seed=args.seed, console=console)
+        finally:
+            server.stop()
+    except ClientError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report = {
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+        "settings": {"protocol": args.protocol, "concurrency": concurrencies, "num_draft_tokens": ks,
+                     "max_tokens": args.max_tokens, "requests": args.requests, "prompts": args.prompts,
+                     "fixed_draft_length": result["fixed_draft_length"], "stream": True},
+        "environment": {"trtspec": __version__, "python": platform.python_version(), "platform": platform.platform(),
+                        "cpus": os.cpu_count(), "load_average_start": load_start,
+                        "load_average_end": list(os.getloadavg()), "seconds": time.time() - started},
+        "cells": result["cells"],
+    }
+    render(report, Console())
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"report: {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""A trivial engine with the `tensorrt_llm` tensor contract: it answers at once and runs no model.
+
+Every token it emits is one fixed token, read from `trivial.json` in its engine dir. Without draft tokens it
+returns `request_output_len` of them; with draft tokens it accepts the whole draft and adds one token of its
+own, as a target that agrees with its draft would. The same model serves as the draft engine, so every draft
+is accepted and each speculative iteration yields K + 1 tokens.
+
+Requests go through the same contract code as the embedded engine (trtspec.contract's tensors_to_request and
+result_to_tensors, the perf outputs included), so what a request costs with these engines is the orchestration
+alone: BLS round trips, tensor packing, detokenization, the loop's bookkeeping and the response path.
+`benchmarks/overhead.py` copies this file into its repository as the engine models' model.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trtspec.contract import ENGINE_INPUTS, GenerationResult, result_to_tensors, tensors_to_request
+from trtspec.triton.common import model_parameters, optional_input, parameter, respond_each
+from trtspec.triton.engine_model import split_rows, stack_rows
+
+SETTINGS_FILE = "trivial.json"
+
+
+def answer(tensors: dict, token: int) -> dict:
+    """One request's outputs: the draft accepted whole plus `token`, or `request_output_len` x `token`."""
+    request = tensors_to_request(tensors)
+    draft = list(request.draft_input_ids or [])
+    new = draft + [token] if draft else [token] * request.request_output_len
+    ids = new if request.exclude_input_in_output else request.input_ids + new
+    result = GenerationResult(ids, new, num_draft_tokens=len(draft), num_accepted_draft_tokens=len(draft))
+    return result_to_tensors(result, with_logits=False, with_perf=True)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(args)
+        self.name = args.get("model_name", "tensorrt_llm")
+        settings = json.loads((Path(parameter(params, "engine_dir")) / SETTINGS_FILE).read_text())
+        self.token = int(settings["token"])
+
+    def execute(self, requests):
+        return respond_each(requests, self._serve, self.name)
+
+    def _serve(self, request) -> dict:
+        tensors = {}
+        for spec in ENGINE_INPUTS:
+            value = optional_input(request, spec.name)
+            if value is not None:
+                tensors[spec.name] = value
+        rows = split_rows(tensors)
+        outputs = [answer(row, self.token) for row in rows]
+        return outputs[0] if len(outputs) == 1 else stack_rows(outputs, pad_values={"output_ids": self.token})
