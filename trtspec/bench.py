@@ -8,9 +8,9 @@ noise, fall on all the cells alike. Each round also has a prefill probe block pe
 with K = 0 and max_tokens = 1, whose verify time is the cost of a request's first iteration (the target's
 prefill and first token), which the cost model below keeps apart from the decoding steps.
 
-Every request's prompt starts with its own number ("#17 "), so that no request finds another's prompt in the
-engines' prefix KV cache (the same prompt runs once per K); what real traffic shares (e.g. a chat template's
-system prompt) is still reused. `--reuse-prompts` sends the prompts as they are.
+Every request's prompt starts with its own number ("#4817203 ", from a random start), so that no request finds
+another's prompt in the engines' prefix KV cache (the same prompt runs once per K, and runs repeat); what real
+traffic shares (e.g. a chat template's system prompt) is still reused. `--reuse-prompts` sends the prompts as they are.
 
 Per request (`RequestRecord`): tokens, end-to-end seconds, time to first token, the token intervals of a stream,
 and the BLS's perf fields (accepted / drafted tokens, iterations, draft and verify milliseconds, acceptance per
@@ -308,6 +308,7 @@ class RequestRecord:
     drafted_per_position: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     first_ms: float | None = None   # the prefill probe of this prompt (same round and concurrency)
+    started_s: float | None = None  # when its block started, in seconds since the run started
     error: str | None = None
 
 
@@ -526,10 +527,11 @@ class _Clients:
 
 
 class _Numbers:
-    """A thread-safe counter: each request's own prompt number."""
+    """A thread-safe counter: each request's own prompt number. It starts at a random number, so that a run does not
+    find the prompts of an earlier run on the same server in its prefix cache either."""
 
-    def __init__(self):
-        self._next = 0
+    def __init__(self, start: int | None = None):
+        self._next = random.SystemRandom().randrange(10_000, 100_000) * 100 if start is None else start
         self._lock = threading.Lock()
 
     def take(self) -> int:
@@ -658,7 +660,10 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
             if progress is not None:
                 what = "prefill probes" if block.k == PROBE else f"K={block.k}"
                 progress.update(task, description=f"round {block.round + 1}: C={block.concurrency} {what}")
+            block_start = time.perf_counter() - started
             recs, wall = run_block(clients, block, prompts, settings, numbers=numbers, request_fields=fields, on_done=done)
+            for rec in recs:
+                rec.started_s = block_start
             if block.k == PROBE:
                 probes.update({(r.concurrency, r.round, r.prompt): r.verify_ms for r in recs if r.error is None})
                 continue
