@@ -237,7 +237,8 @@ def main(argv=None) -> int:
                         "load_average_end": list(os.getloadavg()), "seconds": time.time() - started},
         "cells": result["cells"],
     }
-    render(report, Console())
+    out = Console()
+    render(report, out if out.is_terminal else Console(width=max(out.width, 132)))
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"report: {args.output}")
