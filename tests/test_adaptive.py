@@ -56,6 +56,15 @@ def test_best_k_grows_with_acceptance_and_shrinks_with_cost():
     assert costly.best(0.1, 8)[1] < 1.0  # nothing gains: the controller must fall back
 
 
+def test_a_fixed_verification_cost_favours_longer_drafts():
+    # a CPU-like engine: any pass with draft tokens costs 0.8 steps more, each token 0.05
+    cpu = CostModel(0.0, 0.05, 0.8)
+    assert cpu.cost(0) == 1.0 and cpu.cost(4) == pytest.approx(2.0)
+    k, gain = cpu.best(0.7, 8)
+    assert k >= 4 and gain > 1.0           # prompt lookup (no draft cost) with good acceptance pays
+    assert CostModel(0.2, 0.05, 0.8).best(0.6, 8)[1] < 1.0  # a draft model at 0.6 does not
+
+
 def controller(**kw) -> AdaptiveDraftLength:
     return AdaptiveDraftLength(k_max=8, costs=CostModel(0.1, 0.05), **kw)
 
@@ -99,3 +108,20 @@ def test_budget_bounds_k():
     assert controller().decide(3).k <= 2
     assert controller().decide(1).k == 0
     assert FixedDraftLength(5).decide(3).k == 2
+
+
+def test_failed_probes_back_off():
+    ctl = controller(plain_stretch=4, max_plain_stretch=16)
+    stretches = [d.plain_tokens for d in feed(ctl, 0.0, 60) if d.reason == "low_acceptance" and d.plain_tokens > 1]
+    starts = [n for n in stretches if n in (4, 8, 16)]
+    assert starts[:3] == [4, 8, 16] and set(starts[3:]) == {16}  # doubles after each failed probe, up to the cap
+
+
+def test_request_timings_refine_the_verification_cost():
+    ctl = controller()
+    ctl.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)  # plain step: 10 ms
+    for _ in range(20):  # verifying 2 draft tokens takes 19 ms: 0.9 steps more, far above b·k = 0.1
+        ctl.observe(drafted=2, accepted=2, draft_seconds=0.0, verify_seconds=0.019, tokens=3)
+    assert ctl.costs.verify_cost_fixed == pytest.approx(0.8, abs=0.01)
+    assert ctl.costs.verify_cost_per_token == pytest.approx(0.05)
+    assert ctl.costs.draft_cost_ratio < 0.01

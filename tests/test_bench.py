@@ -90,9 +90,13 @@ def test_alpha_estimate_with_shorter_drafts_and_nothing_drafted():
 
 
 def test_verify_cost_fit():
-    assert b.fit_verify_cost_per_token([(2, 1.2), (4, 1.4)]) == pytest.approx(0.1)
-    assert b.fit_verify_cost_per_token([(2, 0.8)]) == 0.0  # never negative
-    assert b.fit_verify_cost_per_token([]) is None
+    assert b.fit_verify_cost([(2, 1.2), (4, 1.4)]) == pytest.approx((0.0, 0.1))
+    assert b.fit_verify_cost([(2, 1.9), (4, 2.1), (8, 2.5)]) == pytest.approx((0.7, 0.1))  # a CPU: any pass costs more
+    assert b.fit_verify_cost([(2, 1.2)]) == pytest.approx((0.0, 0.1))  # one k: through v0 = 0
+    assert b.fit_verify_cost([(2, 2.0), (4, 1.8)]) == pytest.approx((0.9, 0.0))  # falling: flat at the mean
+    assert b.fit_verify_cost([(1, 1.0), (4, 2.5)]) == pytest.approx((0.0, 6 / 17))  # v0 < 0: through 0
+    assert b.fit_verify_cost([(2, 0.8)]) == (0.0, 0.0)  # never negative
+    assert b.fit_verify_cost([]) is None
 
 
 def test_best_k_and_the_speculation_limit():
@@ -101,7 +105,7 @@ def test_best_k_and_the_speculation_limit():
     assert b.best_k({0: None, 2: None}) == 0
     assert b.speculation_limit({1: 4, 4: 2, 8: 0}) == 4               # spec wins up to 4, loses at 8
     assert b.speculation_limit({1: 4, 4: 2, 8: 2}) == 0               # wins at the highest: no limit
-    assert b.speculation_limit({1: 0, 4: 0}) == 0
+    assert b.speculation_limit({1: 0, 4: 0}) == 1                     # wins nowhere: only a request alone
     assert b.speculation_limit({1: 2, 4: 0, 8: 2}) == 0
 
 
@@ -161,11 +165,25 @@ def test_tuning_from_cells():
     assert tuning["best_k"] == {"1": 2} and tuning["default_num_draft_tokens"] == 2
     assert tuning["max_speculative_concurrency"] == 0
     assert tuning["draft_cost_ratio"] == pytest.approx(0.5)
-    assert tuning["verify_cost_per_token"] == pytest.approx(0.1)  # v = 1.2 at k = 2
+    assert tuning["verify_cost_per_token"] == pytest.approx(0.1)  # v = 1.2 at k = 2 (one k: v0 = 0)
+    assert tuning["verify_cost_fixed"] == 0.0
     assert b.tuned_values(tuning, max_draft_len=8) == {
         "default_num_draft_tokens": "2", "max_speculative_concurrency": "0", "draft_cost_ratio": "0.5",
-        "verify_cost_per_token": "0.1"}
+        "verify_cost_fixed": "0", "verify_cost_per_token": "0.1"}
 
+
+def test_adaptive_cells_compare_ttft_and_count_fallbacks():
+    base = [_record(0, p, tokens=10, seconds=0.15, verify_ms=140, ttft=0.050) for p in range(2)]
+    adaptive = [_record(4, p, tokens=10, seconds=0.16, verify_ms=150, draft_ms=5, accepted=0, drafted=2,
+                        iterations=4, positions=[1, 1], ttft=0.055) for p in range(2)]
+    adaptive[0].fallbacks = {"low_acceptance": 2}
+    adaptive[1].fallbacks = {"low_acceptance": 1, "load": 1}
+    base_cell, cell = b.analyse([b.summarize_cell(base, 0.30, concurrency=1, k=0),
+                                 b.summarize_cell(adaptive, 0.32, concurrency=1, k=4, adaptive=True)])
+    assert cell["adaptive"] and cell["ttft_ratio"] == pytest.approx(1.1) and base_cell["ttft_ratio"] == 1.0
+    assert cell["fallbacks"] == {"low_acceptance": 3, "load": 1} and cell["requests_with_fallback"] == 2
+    assert cell["bound"] is None and cell["speedup"] == pytest.approx(0.30 / 0.32)
+    assert b.tune([base_cell, cell])["best_k"] == {"1": 0}  # tuning reads fixed-K cells only
 
 def test_failed_requests_are_counted_not_measured():
     records = [_record(0, 0, tokens=10, seconds=0.1, verify_ms=100),
@@ -178,7 +196,7 @@ def test_failed_requests_are_counted_not_measured():
 # ---- the plan -----------------------------------------------------------------------------------------------
 
 def test_schedule_interleaves_every_cell_with_the_same_prompts_per_round():
-    blocks = b.schedule([1, 4], [0, 2, 4], requests=6, num_prompts=5, seed=3)
+    blocks = b.schedule([1, 4], b.variants([0, 2, 4]), requests=6, num_prompts=5, seed=3)
     cells = {}
     for block in blocks:
         cells.setdefault((block.concurrency, block.k), []).append(block)
@@ -193,8 +211,19 @@ def test_schedule_interleaves_every_cell_with_the_same_prompts_per_round():
     assert rounds == sorted(rounds)  # a round ends before the next begins
     first_round = [(blk.concurrency, blk.k) for blk in blocks if blk.round == 0]
     assert first_round != sorted(first_round)  # shuffled within the round
-    assert blocks == b.schedule([1, 4], [0, 2, 4], requests=6, num_prompts=5, seed=3)
-    assert b.PROBE not in {blk.k for blk in b.schedule([1], [0, 2], 2, 3, probes=False)}
+    assert blocks == b.schedule([1, 4], b.variants([0, 2, 4]), requests=6, num_prompts=5, seed=3)
+    assert b.PROBE not in {blk.k for blk in b.schedule([1], b.variants([0, 2]), 2, 3, probes=False)}
+    both = b.schedule([1], b.variants([0, 2], "both"), 1, 1, probes=False)
+    assert sorted((blk.k, blk.adaptive) for blk in both) == [(0, False), (2, False), (2, True)]
+
+
+def test_variants():
+    assert b.variants([4, 0, 2]) == [(0, False), (2, False), (4, False)]
+    assert b.variants([0, 4], "adaptive") == [(0, False), (4, True)]
+    assert b.variants([0, 4], "both") == [(0, False), (4, False), (4, True)]
+    with pytest.raises(b.BenchError, match="--draft-length"):
+        b.variants([0], "sometimes")
+    assert b.cell_label(4, True) == "≤4 adaptive" and b.cell_label(4) == "4"
 
 
 def test_int_lists():
@@ -245,6 +274,25 @@ def test_prompts_numbered_and_templated(tmp_path):
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
     tok.save_pretrained(str(tmp_path / "tok"))
     assert b.Prompts(["Why?"], tokenizer_dir=tmp_path / "tok").text(0, 3) == "<user>#3 Why?<assistant>"
+
+
+
+def test_random_token_prompts(tmp_path):
+    from transformers import AutoTokenizer
+
+    from tiny import make_tokenizer
+
+    with pytest.raises(b.BenchError, match="--tokenizer"):
+        b.load_prompt_set("builtin:random")
+    make_tokenizer(tmp_path / "tok")
+    prompts = b.load_prompt_set("builtin:random", tmp_path / "tok")
+    assert len(prompts) == 16 and len(set(prompts)) == 16
+    assert prompts == b.load_prompt_set("builtin:random", tmp_path / "tok")  # a fixed seed: runs compare
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    special = set(tok.all_special_ids)
+    for prompt in prompts:
+        ids = tok.encode(prompt, add_special_tokens=False)
+        assert 16 <= len(ids) <= 48 and not special & set(ids) and "\ufffd" not in prompt
 
 
 # ---- applying the tuning --------------------------------------------------------------------------------------
@@ -300,7 +348,8 @@ def test_bench_end_to_end(bench_server, tmp_path):
     report, plot = tmp_path / "report.json", tmp_path / "report.png"
     result = CliRunner().invoke(cli, [
         "bench", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", str(prompts),
-        "--concurrency", "1,2", "--num-draft-tokens", "2,9", "--max-tokens", "8", "--requests", "2", "--stream",
+        "--concurrency", "1,2", "--num-draft-tokens", "2,9", "--draft-length", "both", "--max-tokens", "8",
+        "--requests", "2", "--stream",
         "--output", str(report), "--plot", str(plot), "--apply", str(bench_server.repo)])
     assert result.exit_code == 0, result.output
     assert "skipping K=9" in result.output and "default_num_draft_tokens" in result.output
@@ -309,14 +358,18 @@ def test_bench_end_to_end(bench_server, tmp_path):
     data = json.loads(report.read_text())
     assert {"command", "settings", "environment", "deployment", "cells", "tuning"} <= set(data)
     assert data["command"].startswith("trtspec bench") and data["settings"]["num_draft_tokens"] == [0, 2]
-    assert data["settings"]["fixed_draft_length"] is True
-    assert sorted((c["concurrency"], c["k"]) for c in data["cells"]) == [(1, 0), (1, 2), (2, 0), (2, 2)]
+    assert data["settings"]["draft_length"] == "both"
+    assert sorted((c["concurrency"], c["k"], c["adaptive"]) for c in data["cells"]) == [
+        (1, 0, False), (1, 2, False), (1, 2, True), (2, 0, False), (2, 2, False), (2, 2, True)]
     for cell in data["cells"]:
         assert cell["requests"] == 2 and cell["errors"] == 0, cell["error_messages"]
         assert cell["tokens"] == 16 and cell["ttft_ms"]["n"] == 2 and cell["e2e_ms"]["p99"] > 0
         assert cell["first_iteration_measured"] == 2 and len(cell["request_records"]) == 2
         if cell["k"] == 0:
             assert cell["speedup"] == 1.0 and cell["bound"] is None and cell["drafted"] == 0
+            assert cell["ttft_ratio"] == 1.0
+        elif cell["adaptive"]:  # the bound's model is for a fixed K
+            assert cell["bound"] is None and cell["ttft_ratio"] > 0 and cell["iterations"] > 0
         else:
             assert cell["drafted"] > 0 and 0 <= cell["acceptance_rate"] <= 1 and len(cell["position_acceptance"]) == 2
             bound = cell["bound"]

@@ -1,6 +1,8 @@
 """`trtspec bench`: latency, throughput, acceptance and the speculative bound of a deployment, per (concurrency, K).
 
-Every (concurrency C, draft length K) pair is a cell; K = 0 is the target-only baseline of its concurrency. The
+Every (concurrency C, draft length K) pair is a cell; K = 0 is the target-only baseline of its concurrency. A
+K > 0 cell either keeps K fixed, or (`--draft-length adaptive`, or `both` for the two side by side) lets the
+deployment's adaptive draft length choose each iteration's k in 1..K and fall back to plain decoding. The
 cells run in ONE run, interleaved: the run is a sequence of rounds, and each round runs one block of every cell
 in a shuffled order. A block of cell (C, K) is C requests sent at once by C clients (one per thread); within a
 round every K of a concurrency gets the same prompts, so the prompts' lengths and difficulty, and the machine's
@@ -17,6 +19,7 @@ and the BLS's perf fields (accepted / drafted tokens, iterations, draft and veri
 draft position). Per cell (`summarize_cell`), with percentiles by linear interpolation (`percentile`):
 
     ttft                       time to the first response carrying tokens (streamed requests only)
+    ttft_ratio                 p50 ttft / p50 ttft of the K = 0 cell of the same concurrency
     itl                        inter-token latency: each streamed response after the first contributes its gap
                                to the response before, divided by its token count, once per token
     e2e                        request end to end
@@ -29,6 +32,7 @@ draft position). Per cell (`summarize_cell`), with percentiles by linear interpo
     position_acceptance_i      accepted_per_position[i] / drafted_per_position[i]
     time split                 draft_ms, verify_ms and the rest (client, transport, tokenization, BLS bookkeeping)
                                as fractions of the summed end-to-end time
+    fallbacks                  reason -> times speculation was switched off (low_acceptance, load), summed
 
 Against the K = 0 cell of the same concurrency (`analyse`):
 
@@ -63,16 +67,20 @@ acceptance rate: under the model, acceptance_rate = α(1 - α^K) / (K(1 - α)) <
 is the share of the speed-up that the engines' measured work allows which the whole path (client, Triton, BLS
 round trips, detokenization, bookkeeping) keeps.
 
+The bound and the tuning use the fixed-K cells only.
+
 Tuning (`tune`): the best K of each concurrency is the K with the largest speedup (K = 0 counts, at 1.0; ties go
 to the smaller K). The deployment's `default_num_draft_tokens` is the best K of the lowest concurrency;
 `max_speculative_concurrency` is the highest concurrency at which speculation still wins when K = 0 wins at
-the highest measured concurrency, else 0 (no limit). The cost model for the adaptive controller comes from the
-lowest concurrency: `draft_cost_ratio` = c over its K > 0 cells, and `verify_cost_per_token` = b of the
-least-squares line v = 1 + b·k̄ through its K > 0 cells (verifying k tokens costs 1 + b·k target steps).
+the highest measured concurrency (1 when it wins at none), else 0 (no limit). The cost model for the adaptive controller comes from the
+lowest concurrency: `draft_cost_ratio` = c over its K > 0 cells, and `verify_cost_fixed` = v0 and
+`verify_cost_per_token` = b of the least-squares line v = 1 + v0 + b·k̄ through its K > 0 cells (verifying k
+draft tokens costs 1 + v0 + b·k target steps; `fit_verify_cost`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -95,8 +103,8 @@ from trtspec.errors import TrtspecError
 
 BUILTIN = "builtin:"
 PROMPT_SETS = ("chat", "code-edit", "summarize")
+RANDOM = "random"  # made from the deployment's tokenizer, not shipped
 BLS_MODEL = "tensorrt_llm_bls"
-TUNED_PARAMETERS = ("default_num_draft_tokens", "max_speculative_concurrency", "draft_cost_ratio", "verify_cost_per_token")
 
 
 class BenchError(TrtspecError):
@@ -109,19 +117,46 @@ def builtin_prompt_path(name: str) -> Path:
     """The JSONL file of a prompt set shipped with trtspec (trtspec/data/prompts/NAME.jsonl)."""
     if name not in PROMPT_SETS:
         raise BenchError(f"unknown prompt set '{BUILTIN}{name}'; choose one of "
-                         + ", ".join(BUILTIN + n for n in PROMPT_SETS) + ", or give a JSONL file")
+                         + ", ".join(BUILTIN + n for n in (*PROMPT_SETS, RANDOM)) + ", or give a JSONL file")
     return Path(str(resources.files("trtspec") / "data" / "prompts" / f"{name}.jsonl"))
 
 
-def load_prompt_set(source: str) -> list[str]:
-    """Prompts from `builtin:NAME` or a file: JSONL with {"prompt": ...} per line, or one prompt per line."""
+def load_prompt_set(source: str, tokenizer_dir: str | os.PathLike | None = None) -> list[str]:
+    """Prompts from `builtin:NAME` or a file: JSONL with {"prompt": ...} per line, or one prompt per line.
+    `builtin:random` is made from the tokenizer in `tokenizer_dir` (see random_token_prompts)."""
     from trtspec.validate import ValidationError, load_prompts
 
+    if source == BUILTIN + RANDOM:
+        if tokenizer_dir is None:
+            raise BenchError(f"{BUILTIN}{RANDOM} draws its prompts from a tokenizer's vocabulary: give --tokenizer "
+                             "(e.g. the target engine dir)")
+        return random_token_prompts(_load_tokenizer(tokenizer_dir))
     path = builtin_prompt_path(source[len(BUILTIN):]) if source.startswith(BUILTIN) else Path(source)
     try:
         return load_prompts(path)
     except ValidationError as exc:
         raise BenchError(str(exc)) from exc
+
+
+def random_token_prompts(tokenizer, count: int = 16, length: int = 32, seed: int = 0) -> list[str]:
+    """`count` prompts of `length` tokens drawn uniformly from the tokenizer's ordinary tokens (no special tokens,
+    none that decode to a broken character), with a fixed seed: the adversarial case for any draft, whose text
+    neither a draft model nor prompt lookup can predict."""
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in range(len(tokenizer)) if i not in special]
+    pieces = tokenizer.batch_decode([[i] for i in ids])
+    usable = [i for i, piece in zip(ids, pieces) if piece.strip() and "\ufffd" not in piece]
+    rng = random.Random(seed)
+    return [tokenizer.decode([rng.choice(usable) for _ in range(length)]) for _ in range(count)]
+
+
+def _load_tokenizer(tokenizer_dir: str | os.PathLike):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"cannot load a tokenizer from {tokenizer_dir}: {exc}") from exc
 
 
 class Prompts:
@@ -138,12 +173,7 @@ class Prompts:
         self.numbered = numbered
         self.tokenizer = None
         if tokenizer_dir is not None:
-            from transformers import AutoTokenizer
-
-            try:
-                self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-            except (OSError, ValueError) as exc:
-                raise BenchError(f"cannot load a tokenizer from {tokenizer_dir}: {exc}") from exc
+            self.tokenizer = _load_tokenizer(tokenizer_dir)
             if not getattr(self.tokenizer, "chat_template", None):
                 raise BenchError(f"the tokenizer in {tokenizer_dir} has no chat template; leave --tokenizer out to "
                                  "send the prompts as they are")
@@ -250,15 +280,25 @@ def estimate_alpha(accepted_per_position: Sequence[int], drafted_per_position: S
     return accepted / reached if reached > 0 else None
 
 
-def fit_verify_cost_per_token(points: Iterable[tuple[float, float]]) -> float | None:
-    """b of the least-squares line v = 1 + b·k through (k, v) points (k > 0): b = Σ k(v - 1) / Σ k².
+def fit_verify_cost(points: Iterable[tuple[float, float]]) -> tuple[float, float] | None:
+    """(v0, b) of the least-squares line v = 1 + v0 + b·k through (k, v) points (k > 0), both at least 0.
 
-    v is the cost of one verification of k draft tokens in target steps, so 1 + b·k says that verifying costs
-    one step plus b per draft token. Never below 0; None without points."""
-    points = [(k, v) for k, v in points if k > 0]
+    v is the cost of one verification of k draft tokens in target steps: one step, plus v0 for any pass with
+    draft tokens, plus b per draft token. With a single k, or when the free fit gives v0 < 0, the line goes
+    through v0 = 0: b = Σ k(v - 1) / Σ k²; when it gives b < 0, v0 is the mean of v - 1. None without points."""
+    points = [(k, v - 1.0) for k, v in points if k > 0]
     if not points:
         return None
-    return max(0.0, sum(k * (v - 1.0) for k, v in points) / sum(k * k for k, _ in points))
+    if len({k for k, _ in points}) > 1:
+        mean_k = sum(k for k, _ in points) / len(points)
+        mean_y = sum(y for _, y in points) / len(points)
+        slope = (sum((k - mean_k) * (y - mean_y) for k, y in points)
+                 / sum((k - mean_k) ** 2 for k, _ in points))
+        if slope < 0:
+            return max(0.0, mean_y), 0.0
+        if mean_y - slope * mean_k >= 0:
+            return mean_y - slope * mean_k, slope
+    return 0.0, max(0.0, sum(k * y for k, y in points) / sum(k * k for k, _ in points))
 
 
 def best_k(speedups: Mapping[int, float | None]) -> int | None:
@@ -273,12 +313,13 @@ def best_k(speedups: Mapping[int, float | None]) -> int | None:
 
 def speculation_limit(best_by_concurrency: Mapping[int, int | None]) -> int:
     """max_speculative_concurrency: when K = 0 wins at the highest measured concurrency, the highest concurrency
-    at which some K > 0 still wins (0 when none does); when speculation wins at the highest, 0 (no limit)."""
+    at which some K > 0 still wins, or 1 when none does (a request alone may still speculate: its adaptive draft
+    length decides); when speculation wins at the highest, 0 (no limit)."""
     measured = {c: k for c, k in best_by_concurrency.items() if k is not None}
     if not measured or measured[max(measured)] > 0:
         return 0
     winning = [c for c, k in measured.items() if k > 0]
-    return max(winning) if winning else 0
+    return max(winning) if winning else 1
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -295,6 +336,7 @@ class RequestRecord:
     k: int
     round: int
     prompt: int
+    adaptive: bool = False  # K was the upper bound of the deployment's adaptive draft length, not a fixed K
     tokens: int = 0
     seconds: float = 0.0
     ttft: float | None = None
@@ -306,13 +348,15 @@ class RequestRecord:
     verify_ms: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
+    fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
     finish_reason: str | None = None
     first_ms: float | None = None   # the prefill probe of this prompt (same round and concurrency)
     started_s: float | None = None  # when its block started, in seconds since the run started
     error: str | None = None
 
 
-def record_from_completion(completion, *, concurrency: int, k: int, round: int, prompt: int, streamed: bool) -> RequestRecord:
+def record_from_completion(completion, *, concurrency: int, k: int, round: int, prompt: int, streamed: bool,
+                           adaptive: bool = False) -> RequestRecord:
     """A RequestRecord from a client Completion (trtspec.client)."""
     intervals: list[float] = []
     if streamed:
@@ -321,12 +365,13 @@ def record_from_completion(completion, *, concurrency: int, k: int, round: int, 
             gap = chunk.seconds - before.seconds
             intervals += [gap / len(chunk.token_ids)] * len(chunk.token_ids)
     return RequestRecord(
-        concurrency=concurrency, k=k, round=round, prompt=prompt, tokens=len(completion.token_ids),
+        concurrency=concurrency, k=k, round=round, prompt=prompt, adaptive=adaptive, tokens=len(completion.token_ids),
         seconds=completion.seconds, ttft=completion.time_to_first_token if streamed else None, intervals=intervals,
         accepted=completion.accepted or 0, drafted=completion.drafted or 0, iterations=completion.iterations or 0,
         draft_ms=completion.draft_ms or 0.0, verify_ms=completion.verify_ms or 0.0,
         accepted_per_position=list(completion.accepted_per_position),
-        drafted_per_position=list(completion.drafted_per_position), finish_reason=completion.finish_reason)
+        drafted_per_position=list(completion.drafted_per_position), fallbacks=dict(completion.fallbacks),
+        finish_reason=completion.finish_reason)
 
 
 def _sum_positions(rows: Iterable[Sequence[int]]) -> list[int]:
@@ -339,7 +384,8 @@ def _sum_positions(rows: Iterable[Sequence[int]]) -> list[int]:
     return total
 
 
-def summarize_cell(records: Sequence[RequestRecord], wall_seconds: float, *, concurrency: int, k: int) -> dict:
+def summarize_cell(records: Sequence[RequestRecord], wall_seconds: float, *, concurrency: int, k: int,
+                   adaptive: bool = False) -> dict:
     """The figures of one cell from its requests and the summed wall time of its blocks (formulas: module doc)."""
     ok = [r for r in records if r.error is None]
     tokens = sum(r.tokens for r in ok)
@@ -352,8 +398,12 @@ def summarize_cell(records: Sequence[RequestRecord], wall_seconds: float, *, con
     speculative = drafted_pos[0] if drafted_pos else 0
     plain = iterations - speculative
     ttfts = [r.ttft * 1e3 for r in ok if r.ttft is not None]
+    fallbacks: dict[str, int] = {}
+    for r in ok:
+        for reason, n in r.fallbacks.items():
+            fallbacks[reason] = fallbacks.get(reason, 0) + n
     return {
-        "concurrency": concurrency, "k": k,
+        "concurrency": concurrency, "k": k, "adaptive": adaptive,
         "requests": len(ok), "errors": len(records) - len(ok),
         "error_messages": sorted({r.error for r in records if r.error})[:5],
         "tokens": tokens, "wall_s": wall_seconds,
@@ -363,6 +413,7 @@ def summarize_cell(records: Sequence[RequestRecord], wall_seconds: float, *, con
         "tokens_per_s": distribution([r.tokens / r.seconds for r in ok if r.seconds > 0]),
         "tokens_per_s_aggregate": tokens / wall_seconds if wall_seconds > 0 else None,
         "accepted": accepted, "drafted": drafted, "iterations": iterations, "speculative_iterations": speculative,
+        "fallbacks": fallbacks, "requests_with_fallback": sum(bool(r.fallbacks) for r in ok),
         "acceptance_rate": _ratio(accepted, drafted),
         "accepted_per_iteration": _ratio(accepted, speculative),
         "tokens_per_iteration": _ratio(tokens - plain, speculative),
@@ -390,7 +441,8 @@ def target_step_ms(baseline: dict) -> float | None:
 
 
 def analyse(cells: Sequence[dict]) -> list[dict]:
-    """Each cell with its speedup against K = 0 at the same concurrency and, for K > 0, the bound (module doc)."""
+    """Each cell with its speedup and time-to-first-token ratio against K = 0 at the same concurrency and, for a
+    fixed K > 0, the bound (module doc; its i.i.d. model assumes K tokens drafted every iteration)."""
     baselines = {c["concurrency"]: c for c in cells if c["k"] == 0}
     out = []
     for cell in cells:
@@ -400,8 +452,9 @@ def analyse(cells: Sequence[dict]) -> list[dict]:
         base_p50 = ((base or {}).get("tokens_per_s") or {}).get("p50")
         cell["speedup"] = _ratio(cell["tokens_per_s_aggregate"], (base or {}).get("tokens_per_s_aggregate"))
         cell["latency_speedup"] = _ratio(p50, base_p50)
+        cell["ttft_ratio"] = _ratio((cell.get("ttft_ms") or {}).get("p50"), ((base or {}).get("ttft_ms") or {}).get("p50"))
         step = target_step_ms(base) if base else None
-        cell["bound"] = bound(cell, step) if cell["k"] > 0 else None
+        cell["bound"] = bound(cell, step) if cell["k"] > 0 and not cell.get("adaptive") else None
         out.append(cell)
     return out
 
@@ -430,7 +483,9 @@ def bound(cell: dict, step_ms: float | None) -> dict | None:
 
 
 def tune(cells: Sequence[dict]) -> dict:
-    """Best K per concurrency, the deployment defaults they imply, and the cost model (module doc)."""
+    """Best K per concurrency, the deployment defaults they imply, and the cost model (module doc); from the cells
+    with a fixed K only."""
+    cells = [c for c in cells if not c.get("adaptive")]
     concurrencies = sorted({c["concurrency"] for c in cells})
     best = {}
     for conc in concurrencies:
@@ -440,14 +495,15 @@ def tune(cells: Sequence[dict]) -> dict:
     low = [c for c in cells if c["concurrency"] == lowest and c["k"] > 0 and c.get("bound")]
     draft_ms = sum(c["draft_ms"] for c in low)
     draft_steps = sum(c["draft_ms"] / c["bound"]["draft_cost_ratio"] for c in low if c["bound"]["draft_cost_ratio"])
+    verify = fit_verify_cost((c["bound"]["mean_draft_length"], c["bound"]["verify_cost"]) for c in low)
     return {
         "best_k": {str(c): k for c, k in best.items()},
         "default_num_draft_tokens": best.get(lowest) if lowest is not None else None,
         "max_speculative_concurrency": speculation_limit(best),
         "from_concurrency": lowest,
         "draft_cost_ratio": draft_ms / draft_steps if draft_steps else None,
-        "verify_cost_per_token": fit_verify_cost_per_token(
-            (c["bound"]["mean_draft_length"], c["bound"]["verify_cost"]) for c in low),
+        "verify_cost_fixed": verify[0] if verify else None,
+        "verify_cost_per_token": verify[1] if verify else None,
     }
 
 
@@ -456,23 +512,36 @@ def tune(cells: Sequence[dict]) -> dict:
 PROBE = -1  # the K of a prefill probe block (K = 0, max_tokens = 1)
 
 
+DRAFT_LENGTHS = ("fixed", "adaptive", "both")
+
+
+def variants(ks: Sequence[int], draft_length: str = "fixed") -> list[tuple[int, bool]]:
+    """The (K, adaptive) cells of each concurrency: K = 0 once, and each K > 0 with a fixed draft length, with the
+    deployment's adaptive draft length bounded by K, or both."""
+    if draft_length not in DRAFT_LENGTHS:
+        raise BenchError(f"--draft-length must be one of {', '.join(DRAFT_LENGTHS)}, got '{draft_length}'")
+    modes = {"fixed": (False,), "adaptive": (True,), "both": (False, True)}[draft_length]
+    return [(k, adaptive) for k in sorted(set(ks)) for adaptive in ((False,) if k == 0 else modes)]
+
+
 @dataclass(frozen=True)
 class Block:
-    """`concurrency` requests of cell (concurrency, k) sent at once, with these prompts (indices);
+    """`concurrency` requests of cell (concurrency, k, adaptive) sent at once, with these prompts (indices);
     k = PROBE: the round's prefill probes of those prompts."""
 
     round: int
     concurrency: int
     k: int
     prompts: tuple[int, ...]
+    adaptive: bool = False
 
 
-def schedule(concurrencies: Sequence[int], ks: Sequence[int], requests: int, num_prompts: int, seed: int = 0,
-             *, probes: bool = True) -> list[Block]:
-    """The interleaved plan: round r holds one block of every cell whose concurrency C has more than r rounds
-    (ceil(requests / C) rounds, so each cell gets `requests` rounded up to a multiple of C) and, with `probes`,
-    a prefill probe block per concurrency, in an order shuffled with `seed` + r. Within a round every K of a
-    concurrency gets the same prompts."""
+def schedule(concurrencies: Sequence[int], cells: Sequence[tuple[int, bool]], requests: int, num_prompts: int,
+             seed: int = 0, *, probes: bool = True) -> list[Block]:
+    """The interleaved plan: round r holds one block of every (K, adaptive) cell of each concurrency C that has
+    more than r rounds (ceil(requests / C) rounds, so each cell gets `requests` rounded up to a multiple of C)
+    and, with `probes`, a prefill probe block per concurrency, in an order shuffled with `seed` + r. Within a
+    round every cell of a concurrency gets the same prompts."""
     rounds = {c: max(1, math.ceil(requests / c)) for c in concurrencies}
     blocks = []
     for r in range(max(rounds.values(), default=0)):
@@ -481,7 +550,8 @@ def schedule(concurrencies: Sequence[int], ks: Sequence[int], requests: int, num
             if r >= rounds[c]:
                 continue
             prompts = tuple((r * c + j) % num_prompts for j in range(c))
-            this_round += [Block(r, c, k, prompts) for k in ks] + ([Block(r, c, PROBE, prompts)] if probes else [])
+            this_round += [Block(r, c, k, prompts, adaptive) for k, adaptive in cells]
+            this_round += [Block(r, c, PROBE, prompts)] if probes else []
         random.Random(seed + r).shuffle(this_round)
         blocks += this_round
     return blocks
@@ -496,6 +566,7 @@ class BenchSettings:
     tokenizer: str | None = None
     concurrencies: tuple[int, ...] = (1, 4, 8)
     ks: tuple[int, ...] = (0, 2, 4, 6, 8)
+    draft_length: str = "fixed"       # K > 0 cells: "fixed" K, "adaptive" with K as its bound, or "both"
     max_tokens: int = 64
     requests: int = 8
     stream: bool = False
@@ -550,6 +621,8 @@ def run_block(clients: _Clients, block: Block, prompts: Prompts, settings: Bench
     k = 0 if probe else block.k
     texts = [prompts.text(i, numbers.take()) for i in block.prompts]  # made before the clock starts
     fields = dict(request_fields or {})
+    if "adaptive_draft_length" in fields:
+        fields["adaptive_draft_length"] = block.adaptive
     if k > 0 and settings.speculation:
         fields["speculation"] = settings.speculation
     stream = settings.stream and not probe
@@ -561,9 +634,9 @@ def run_block(clients: _Clients, block: Block, prompts: Prompts, settings: Bench
                 texts[slot], max_tokens=1 if probe else settings.max_tokens, num_draft_tokens=k, stream=stream,
                 return_perf_metrics=True, **fields)
             rec = record_from_completion(completion, concurrency=block.concurrency, k=block.k, round=block.round,
-                                         prompt=index, streamed=stream)
+                                         prompt=index, streamed=stream, adaptive=block.adaptive)
         except ClientError as exc:
-            rec = RequestRecord(block.concurrency, block.k, block.round, index, error=str(exc))
+            rec = RequestRecord(block.concurrency, block.k, block.round, index, block.adaptive, error=str(exc))
         if on_done is not None:
             on_done(rec)
         return rec
@@ -626,10 +699,11 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
     env = environment()
     clients = _Clients(settings)
     numbers = _Numbers()
-    blocks = schedule(settings.concurrencies, settings.ks, settings.requests, len(prompts), settings.seed)
-    keys = [(c, k) for c in settings.concurrencies for k in settings.ks]
-    records: dict[tuple[int, int], list[RequestRecord]] = {key: [] for key in keys}
-    walls: dict[tuple[int, int], float] = {key: 0.0 for key in keys}
+    cell_kinds = variants(settings.ks, settings.draft_length)
+    blocks = schedule(settings.concurrencies, cell_kinds, settings.requests, len(prompts), settings.seed)
+    keys = [(c, k, adaptive) for c in settings.concurrencies for k, adaptive in cell_kinds]
+    records: dict[tuple[int, int, bool], list[RequestRecord]] = {key: [] for key in keys}
+    walls: dict[tuple[int, int, bool], float] = {key: 0.0 for key in keys}
     probes: dict[tuple[int, int, int], float] = {}  # (concurrency, round, prompt) -> first-iteration ms
     started = time.perf_counter()
     try:
@@ -637,16 +711,19 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
         inputs = info.get("inputs") or []
         if settings.speculation and inputs and "speculation" not in inputs:
             raise BenchError(f"{settings.model} has no `speculation` input: this deployment cannot choose the draft source")
-        # Fixed K per cell: a deployment with an adaptive draft length is told to keep K.
-        fields = {"adaptive_draft_length": False} if "adaptive_draft_length" in inputs else {}
+        # Each cell says whether K is fixed or the bound of an adaptive draft length; a deployment without that
+        # input (NVIDIA's BLS) always keeps K fixed.
+        adaptive_input = "adaptive_draft_length" in inputs
+        if not adaptive_input and inputs and any(adaptive for _, adaptive in cell_kinds):
+            raise BenchError(f"{settings.model} has no `adaptive_draft_length` input: measure it with --draft-length fixed")
+        fields = {"adaptive_draft_length": False} if adaptive_input else {}
         if settings.warmup:  # the first requests of a fresh server pay for its warm-up: keep them out
-            for k in settings.ks:
-                try:
-                    clients.get(0).generate(prompts.text(0, numbers.take()), max_tokens=min(settings.max_tokens, 8),
-                                            num_draft_tokens=k, stream=settings.stream, **fields,
-                                            **({"speculation": settings.speculation} if k and settings.speculation else {}))
-                except ClientError as exc:
-                    raise BenchError(f"warm-up request with K={k} failed: {exc}") from exc
+            for k, adaptive in cell_kinds:
+                block = Block(-1, 1, k, (0,), adaptive)
+                recs, _ = run_block(clients, block, prompts, dataclasses.replace(settings, max_tokens=min(settings.max_tokens, 8)),
+                                    numbers=numbers, request_fields=fields)
+                if recs[0].error:
+                    raise BenchError(f"warm-up request of cell {cell_label(k, adaptive)} failed: {recs[0].error}")
         total = sum(b.concurrency for b in blocks)
         task = progress.add_task("measuring", total=total) if progress is not None else None
         lock = threading.Lock()
@@ -667,8 +744,8 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
             if block.k == PROBE:
                 probes.update({(r.concurrency, r.round, r.prompt): r.verify_ms for r in recs if r.error is None})
                 continue
-            records[(block.concurrency, block.k)] += recs
-            walls[(block.concurrency, block.k)] += wall
+            records[(block.concurrency, block.k, block.adaptive)] += recs
+            walls[(block.concurrency, block.k, block.adaptive)] += wall
     finally:
         clients.close()
     for recs in records.values():
@@ -677,17 +754,18 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
     if hasattr(os, "getloadavg"):
         env["load_average_end"] = list(os.getloadavg())
     env["seconds"] = time.perf_counter() - started
-    cells = analyse([summarize_cell(records[key], walls[key], concurrency=key[0], k=key[1]) for key in keys])
+    cells = analyse([summarize_cell(records[key], walls[key], concurrency=key[0], k=key[1], adaptive=key[2])
+                     for key in keys])
     for cell in cells:
-        cell["request_records"] = [_record_json(r) for r in records[(cell["concurrency"], cell["k"])]]
+        cell["request_records"] = [_record_json(r) for r in records[(cell["concurrency"], cell["k"], cell["adaptive"])]]
     s = settings
     return {
         "command": shlex.join(command) if command else None,
         "settings": {"url": s.url, "protocol": s.protocol, "model": s.model, "prompts": s.prompts_source,
                      "num_prompts": len(prompts), "chat_template_from": s.tokenizer, "numbered_prompts": s.numbered,
                      "concurrency": list(s.concurrencies), "num_draft_tokens": list(s.ks), "max_tokens": s.max_tokens,
-                     "requests": s.requests, "stream": s.stream, "speculation": s.speculation,
-                     "fixed_draft_length": bool(fields), "seed": s.seed,
+                     "draft_length": s.draft_length, "requests": s.requests, "stream": s.stream,
+                     "speculation": s.speculation, "seed": s.seed,
                      "order": "interleaved rounds with prefill probes (trtspec.bench.schedule)"},
         "environment": env,
         "deployment": info,
@@ -700,7 +778,7 @@ def _record_json(r: RequestRecord) -> dict:
     d = asdict(r)
     intervals = d.pop("intervals")
     d["itl_ms_mean"] = sum(intervals) / len(intervals) * 1e3 if intervals else None
-    for key in ("concurrency", "k"):
+    for key in ("concurrency", "k", "adaptive"):
         d.pop(key)
     return d
 
@@ -722,22 +800,36 @@ def _p(dist: dict | None, key: str, spec: str = ".0f") -> str:
     return _fmt((dist or {}).get(key), spec)
 
 
+def cell_label(k: int, adaptive: bool = False) -> str:
+    """How a cell's K reads in tables: "4", or "≤4 adaptive" for the adaptive draft length bounded by 4."""
+    return f"≤{k} adaptive" if adaptive else str(k)
+
+
+def _fallback_text(cell: dict) -> str:
+    reasons = cell.get("fallbacks") or {}
+    if not reasons:
+        return "-"
+    return f"{cell['requests_with_fallback']}/{cell['requests']} req: " + ", ".join(
+        f"{reason} {n}" for reason, n in sorted(reasons.items()))
+
+
 def render(report: dict, console) -> None:
     """The report's tables on a rich console: latency and throughput, speculation, the bound, tuning."""
     from rich.table import Table
 
     s = report["settings"]
-    cells = sorted(report["cells"], key=lambda c: (c["concurrency"], c["k"]))
+    cells = sorted(report["cells"], key=lambda c: (c["concurrency"], c["k"], c.get("adaptive", False)))
     title = (f"{s['num_prompts']} prompts ({s['prompts']}), {s['max_tokens']} tokens, "
              f"{'streamed' if s['stream'] else 'not streamed'}, {s['protocol']}")
     perf = Table(title=f"latency and throughput: {title}")
-    for col in ("C", "K", "req", "TTFT ms p50/p99", "ITL ms p50/p99", "e2e ms p50/p90/p99", "tok/s req p50",
-                "tok/s all", "speedup"):
+    for col in ("C", "K", "req", "TTFT ms p50/p99", "TTFT vs K=0", "ITL ms p50/p99", "e2e ms p50/p90/p99",
+                "tok/s req p50", "tok/s all", "speedup"):
         perf.add_column(col, justify="right")
     spec = Table(title="speculation (per speculative iteration)")
-    for col in ("C", "K", "accept", "α", "accepted/iter", "tokens/iter", "draft/verify/other", "accepted by position"):
+    for col in ("C", "K", "accept", "α", "accepted/iter", "tokens/iter", "draft/verify/other", "accepted by position",
+                "fell back to plain"):
         spec.add_column(col, justify="right")
-    model = Table(title="the bound: E = (1-α^(K+1))/(1-α) (Leviathan et al.)")
+    model = Table(title="the bound, fixed K: E = (1-α^(K+1))/(1-α) (Leviathan et al.)")
     for col in ("C", "K", "E", "c", "verify", "S Leviathan", "S predicted", "S achieved", "efficiency"):
         model.add_column(col, justify="right")
     last = None
@@ -748,20 +840,22 @@ def render(report: dict, console) -> None:
         last = c["concurrency"]
         req = f"{c['requests']}" + (f" [red]({c['errors']} failed)[/]" if c["errors"] else "")
         speed = _fmt(c["speedup"], ".2f", "x") if c["k"] else "1.00x"
-        perf.add_row(str(c["concurrency"]), str(c["k"]), req,
+        label = cell_label(c["k"], c.get("adaptive", False))
+        perf.add_row(str(c["concurrency"]), label, req,
                      f"{_p(c['ttft_ms'], 'p50')}/{_p(c['ttft_ms'], 'p99')}",
+                     _fmt(c.get("ttft_ratio"), ".2f", "x") if c["k"] else "-",
                      f"{_p(c['itl_ms'], 'p50')}/{_p(c['itl_ms'], 'p99')}",
                      f"{_p(c['e2e_ms'], 'p50')}/{_p(c['e2e_ms'], 'p90')}/{_p(c['e2e_ms'], 'p99')}",
                      _p(c["tokens_per_s"], "p50", ".1f"), _fmt(c["tokens_per_s_aggregate"]), speed)
         split = c.get("time_split") or {}
         split_text = "/".join(_fmt(split.get(x), ".0%") for x in ("draft", "verify", "other"))
         positions = " ".join(_fmt(p, ".0%") for p in c["position_acceptance"][:8])
-        spec.add_row(str(c["concurrency"]), str(c["k"]), _fmt(c["acceptance_rate"], ".0%"), _fmt(c["alpha"], ".2f"),
+        spec.add_row(str(c["concurrency"]), label, _fmt(c["acceptance_rate"], ".0%"), _fmt(c["alpha"], ".2f"),
                      _fmt(c["accepted_per_iteration"], ".2f"), _fmt(c["tokens_per_iteration"], ".2f"), split_text,
-                     positions or "-")
-        if c["k"]:
+                     positions or "-", _fallback_text(c))
+        if c["k"] and not c.get("adaptive"):
             b = c.get("bound") or {}
-            model.add_row(str(c["concurrency"]), str(c["k"]), _fmt(b.get("expected_tokens_per_iteration"), ".2f"),
+            model.add_row(str(c["concurrency"]), label, _fmt(b.get("expected_tokens_per_iteration"), ".2f"),
                           _fmt(b.get("draft_cost_ratio"), ".2f"), _fmt(b.get("verify_cost"), ".2f"),
                           _fmt(b.get("leviathan_speedup"), ".2f", "x"), _fmt(b.get("predicted_speedup"), ".2f", "x"),
                           speed, _fmt(b.get("efficiency"), ".0%"))
@@ -781,6 +875,7 @@ def render(report: dict, console) -> None:
     limit = t["max_speculative_concurrency"]
     tuning.add_row("max_speculative_concurrency", f"{limit}" + (" (no limit)" if limit == 0 else ""))
     tuning.add_row("draft_cost_ratio", _fmt(t["draft_cost_ratio"], ".3f"))
+    tuning.add_row("verify_cost_fixed", _fmt(t.get("verify_cost_fixed"), ".3f"))
     tuning.add_row("verify_cost_per_token", _fmt(t["verify_cost_per_token"], ".3f"))
     console.print(tuning)
 
@@ -795,18 +890,23 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
     cells = report["cells"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for conc in sorted({c["concurrency"] for c in cells}):
-        row = sorted((c for c in cells if c["concurrency"] == conc), key=lambda c: c["k"])
+        row = sorted((c for c in cells if c["concurrency"] == conc and not c.get("adaptive")), key=lambda c: c["k"])
         ks = [c["k"] for c in row if c["speedup"] is not None]
         line, = left.plot(ks, [c["speedup"] for c in row if c["speedup"] is not None], marker="o", label=f"C={conc}")
+        adaptive = [(c["k"], c["speedup"]) for c in cells
+                    if c["concurrency"] == conc and c.get("adaptive") and c["speedup"] is not None]
+        if adaptive:  # the adaptive draft length at its bound K, as separate points
+            left.plot(*zip(*sorted(adaptive)), linestyle="none", marker="D", color=line.get_color(),
+                      label=f"C={conc} adaptive (≤K)")
         predicted = [(c["k"], c["bound"]["predicted_speedup"]) for c in row if c.get("bound")]
         if predicted:
             left.plot(*zip((0, 1.0), *predicted), linestyle="--", marker="x", color=line.get_color(), alpha=0.6,
                       label=f"C={conc} predicted")
-        for c in row:
+        for c in (c for c in cells if c["concurrency"] == conc):
             if c["k"] > 0 and c["position_acceptance"]:
                 right.plot(range(1, len(c["position_acceptance"]) + 1),
                            [p if p is not None else float("nan") for p in c["position_acceptance"]],
-                           marker=".", label=f"C={conc} K={c['k']}")
+                           marker=".", label=f"C={conc} K={cell_label(c['k'], c.get('adaptive', False))}")
     left.axhline(1.0, color="grey", linewidth=0.8)
     left.set_xticks(sorted({c["k"] for c in cells}))
     right.xaxis.get_major_locator().set_params(integer=True)
@@ -869,7 +969,7 @@ def tuned_values(tuning: Mapping, max_draft_len: int | None = None) -> dict[str,
     if k is not None:
         values["default_num_draft_tokens"] = str(min(k, max_draft_len) if max_draft_len else k)
     values["max_speculative_concurrency"] = str(int(tuning.get("max_speculative_concurrency") or 0))
-    for name in ("draft_cost_ratio", "verify_cost_per_token"):
+    for name in ("draft_cost_ratio", "verify_cost_fixed", "verify_cost_per_token"):
         if tuning.get(name) is not None:
             values[name] = f"{tuning[name]:.4g}"
     return values

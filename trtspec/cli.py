@@ -286,11 +286,14 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
 @_PROTOCOL
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model to measure.")
 @click.option("--prompts", "prompts_source", default="builtin:chat", show_default=True,
-              help="builtin:chat, builtin:code-edit, builtin:summarize, or a JSONL file with {\"prompt\": ...} per line.")
+              help="builtin:chat, builtin:code-edit, builtin:summarize, builtin:random (random tokens of --tokenizer), "
+                   "or a JSONL file with {\"prompt\": ...} per line.")
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True),
               help="Send each prompt in this tokenizer's chat template (e.g. the target engine dir) [default: as written].")
 @click.option("--concurrency", "concurrencies", default="1,4,8", show_default=True, help="Requests in flight, e.g. 1,4,8.")
 @click.option("--num-draft-tokens", "ks", default="0,2,4,6,8", show_default=True, help="Draft lengths K; 0, the target-only baseline, is always measured.")
+@click.option("--draft-length", type=click.Choice(["fixed", "adaptive", "both"]), default="fixed", show_default=True,
+              help="K > 0 cells keep K fixed, let the deployment's adaptive draft length choose up to K, or both side by side.")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--requests", default=8, show_default=True, type=click.IntRange(min=1), help="Requests per cell (rounded up to a multiple of the concurrency).")
 @click.option("--stream", is_flag=True, help="Stream the responses (needed for time to first token and inter-token latency).")
@@ -302,8 +305,8 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
 @click.option("--apply", "apply_repo", type=click.Path(file_okay=False, exists=True),
               help="Write the best K, the speculation limit and the cost model into this deployed repository's BLS config.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
-def bench(url, protocol, model, prompts_source, tokenizer_dir, concurrencies, ks, max_tokens, requests, stream, speculation,
-          reuse_prompts, seed, output, plot, apply_repo, timeout) -> None:
+def bench(url, protocol, model, prompts_source, tokenizer_dir, concurrencies, ks, draft_length, max_tokens, requests,
+          stream, speculation, reuse_prompts, seed, output, plot, apply_repo, timeout) -> None:
     """Measure latency, throughput, acceptance and speedup for every (concurrency, K), interleaved, against K=0."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -324,11 +327,12 @@ def bench(url, protocol, model, prompts_source, tokenizer_dir, concurrencies, ks
     settings = b.BenchSettings(
         url=url, protocol=protocol, model=model, prompts_source=prompts_source, tokenizer=tokenizer_dir,
         concurrencies=tuple(b.parse_int_list(concurrencies, "--concurrency", minimum=1)), ks=tuple(draft_lengths),
-        max_tokens=max_tokens, requests=requests, stream=stream, speculation=speculation, numbered=not reuse_prompts,
-        seed=seed, timeout=timeout)
-    prompts = b.Prompts(b.load_prompt_set(prompts_source), tokenizer_dir=tokenizer_dir, numbered=not reuse_prompts)
+        draft_length=draft_length, max_tokens=max_tokens, requests=requests, stream=stream, speculation=speculation,
+        numbered=not reuse_prompts, seed=seed, timeout=timeout)
+    prompts = b.Prompts(b.load_prompt_set(prompts_source, tokenizer_dir), tokenizer_dir=tokenizer_dir,
+                        numbered=not reuse_prompts)
     console.print(f"{len(prompts)} prompts from {escape(prompts_source)}, C = {', '.join(map(str, settings.concurrencies))}, "
-                  f"K = {', '.join(map(str, settings.ks))}, {max_tokens} tokens, {requests} requests per cell, "
+                  f"K = {', '.join(map(str, settings.ks))} ({draft_length}), {max_tokens} tokens, {requests} requests per cell, "
                   "interleaved", highlight=False)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:

@@ -88,6 +88,7 @@ class Completion:
     verify_ms: float | None = None
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
+    fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
     finish_reason: str | None = None
 
     @property
@@ -230,6 +231,10 @@ class _Collector:
         for name, attr in _PER_POSITION.items():
             if name in outputs:
                 setattr(c, attr, [int(v) for v in _flat(outputs[name])])
+        for entry in _flat(outputs.get("fallback_reasons")):  # "reason:count"
+            reason, _, count = (entry.decode() if isinstance(entry, bytes) else str(entry)).rpartition(":")
+            if reason and count.isdigit():
+                c.fallbacks[reason] = int(count)
         reason = _text(outputs.get("finish_reason")) if "finish_reason" in outputs else ""
         if reason:
             c.finish_reason = reason

@@ -168,6 +168,7 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "max_speculative_concurrency": 0,
         "draft_cost_ratio": "0.3",
         "verify_cost_per_token": "0.1",
+        "verify_cost_fixed": "0",
         "max_draft_len": target.max_draft_len,
         "max_input_len": prompt_limit(target),
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)

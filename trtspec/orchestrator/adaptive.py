@@ -2,16 +2,20 @@
 
 Cost model, in units of one plain target step (the time the target takes to produce one token alone):
 
-    cost(k)  = 1 + (c + b) * k      c: one draft step / one target step; b: extra verify cost per draft token
+    cost(k)  = 1 + v0 + (c + b) * k     for k > 0 (cost(0) = 1)
+               c: one draft step / one target step; v0: what a pass that verifies draft tokens costs beyond a
+               plain step whatever k is (large on CPUs, where any multi-token pass is slower); b: the extra
+               verification cost per draft token
     E(k)     = (1 - a^(k+1)) / (1 - a)   expected tokens per iteration (Leviathan et al. 2023), a: acceptance
     gain(k)  = E(k) / cost(k)        tokens per unit time relative to plain decoding (gain(0) = 1)
 
 The adaptive policy drafts the k in 1..k_max with the largest gain. When no k gains (gain < 1 + margin), the
-request falls back to plain decoding for a stretch of tokens and then probes with a short draft, so a
-request whose text turns predictable again gets speculation back. The acceptance `a` is the geometric
-model's estimate (accepted / (accepted + rejections)) over recent iterations with exponential forgetting,
-starting from a prior; c and b start from the deployment's measured values and follow what this request
-measures.
+request falls back to plain decoding for a stretch of tokens and then decides again (a probe), so a request
+whose text turns predictable again gets speculation back; each fallback that follows a probe at once doubles
+the stretch (up to max_plain_stretch), so a request that never pays stops paying for probes. The acceptance
+`a` is the geometric model's estimate (accepted / (accepted + rejections)) over recent iterations with
+exponential forgetting, starting from a prior; c, v0 and b start from the deployment's measured values and
+follow what this request measures.
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ def expected_tokens(alpha: float, k: int) -> float:
 class CostModel:
     draft_cost_ratio: float = 0.3        # c
     verify_cost_per_token: float = 0.1   # b
+    verify_cost_fixed: float = 0.0       # v0
 
     def cost(self, k: int) -> float:
-        return 1.0 + (self.draft_cost_ratio + self.verify_cost_per_token) * k
+        if k <= 0:
+            return 1.0
+        return 1.0 + self.verify_cost_fixed + (self.draft_cost_ratio + self.verify_cost_per_token) * k
 
     def gain(self, alpha: float, k: int) -> float:
         return expected_tokens(alpha, k) / self.cost(k)
@@ -71,11 +78,14 @@ class AdaptiveDraftLength:
     decay: float = 0.8            # weight kept by older iterations at each new one
     margin: float = 0.05          # speculate only when the best gain exceeds 1 + margin
     plain_stretch: int = 16       # tokens decoded plainly after a fallback before probing again
+    max_plain_stretch: int = 256  # the longest stretch that doubling reaches
     successes: float = 0.0
     failures: float = 0.0
     step_seconds: float | None = None   # measured time of one plain target step
     fallbacks: dict = field(default_factory=dict)
     _plain_left: int = 0
+    _stretch: int = 0             # the length of the last stretch (0: none yet)
+    _drafted_since_stretch: int = 0
 
     @property
     def alpha(self) -> float:
@@ -90,7 +100,10 @@ class AdaptiveDraftLength:
         k, gain = self.costs.best(self.alpha, bound)
         if gain < 1.0 + self.margin:
             self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
-            self._plain_left = self.plain_stretch
+            failed_probe = self._stretch and self._drafted_since_stretch <= 1
+            self._stretch = min(2 * self._stretch, self.max_plain_stretch) if failed_probe else self.plain_stretch
+            self._plain_left = self._stretch
+            self._drafted_since_stretch = 0
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
         return Decision(k)
 
@@ -106,11 +119,18 @@ class AdaptiveDraftLength:
             return
         self.successes = self.successes * self.decay + accepted
         self.failures = self.failures * self.decay + (accepted < drafted)
+        self._drafted_since_stretch += 1
         if self.step_seconds:
-            # refine c and b from this request's own timings (relative to its plain step)
-            self.costs.draft_cost_ratio = _ewma(self.costs.draft_cost_ratio, draft_seconds / drafted / self.step_seconds)
-            extra = max(verify_seconds / self.step_seconds - 1.0, 0.0) / drafted
-            self.costs.verify_cost_per_token = _ewma(self.costs.verify_cost_per_token, extra)
+            # refine the costs from this request's own timings (relative to its plain step): c directly; the
+            # verification's extra cost goes to v0 beyond what b predicts, and lowers b when below it
+            costs = self.costs
+            costs.draft_cost_ratio = _ewma(costs.draft_cost_ratio, draft_seconds / drafted / self.step_seconds)
+            extra = max(verify_seconds / self.step_seconds - 1.0, 0.0)
+            if extra < costs.verify_cost_per_token * drafted:
+                costs.verify_cost_per_token = _ewma(costs.verify_cost_per_token, extra / drafted)
+                costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, 0.0)
+            else:
+                costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, extra - costs.verify_cost_per_token * drafted)
 
 
 def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:

@@ -110,7 +110,8 @@ class TritonPythonModel:
         self.adaptive_default = bool_parameter(params, "adaptive_draft_length", True)
         self.ngram = int(parameter(params, "max_matching_ngram_size", "3"))
         self.costs = CostModel(float(parameter(params, "draft_cost_ratio", "0.3")),
-                               float(parameter(params, "verify_cost_per_token", "0.1")))
+                               float(parameter(params, "verify_cost_per_token", "0.1")),
+                               float(parameter(params, "verify_cost_fixed", "0")))
         # Above this many requests in flight, new requests start without speculation (0: no limit).
         self.max_spec_concurrency = int(parameter(params, "max_speculative_concurrency", "0"))
         self._active = 0
@@ -165,7 +166,9 @@ class TritonPythonModel:
         drafter = policy = None
         if spec.num_draft_tokens > 0:
             drafter = self._drafter(plan)
-            policy = (AdaptiveDraftLength(spec.num_draft_tokens, costs=dataclasses.replace(self.costs)) if plan.adaptive
+            # the measured draft cost is the draft model's; prompt lookup calls no model
+            costs = dataclasses.replace(self.costs, **({"draft_cost_ratio": 0.0} if plan.method == "prompt_lookup" else {}))
+            policy = (AdaptiveDraftLength(spec.num_draft_tokens, costs=costs) if plan.adaptive
                       else FixedDraftLength(spec.num_draft_tokens))
         detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
         # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
