@@ -88,18 +88,19 @@ def test_all_accepted_grows_k():
 
 def test_nothing_accepted_falls_back_to_plain():
     ctl = controller()
-    decisions = list(feed(ctl, 0.0, 12))
+    decisions = list(feed(ctl, 0.0, 20))
     fallback = [d for d in decisions if d.k == 0]
     assert fallback and all(d.reason == "low_acceptance" for d in fallback)
     assert ctl.fallbacks["low_acceptance"] >= 1
     assert fallback[0].plain_tokens == 16  # a plain stretch goes to the target in one call
-    assert ctl.alpha < 0.3
+    plain = sum(d.plain_tokens for d in fallback)
+    assert plain > 5 * sum(d.k for d in decisions if d.k)  # far more tokens decoded plainly than drafted
 
 
 def test_probing_recovers_when_acceptance_returns():
     ctl = controller(plain_stretch=4)
-    list(feed(ctl, 0.0, 10))
-    assert ctl.decide(1000).k == 0
+    list(feed(ctl, 0.0, 16))
+    assert ctl.fallbacks["low_acceptance"] >= 2
     recovered = [d.k for d in feed(ctl, 1.0, 30)]
     assert recovered[-1] >= 4  # a probe found acceptance again and speculation came back
 

@@ -10,10 +10,10 @@ Cost model, in units of one plain target step (the time the target takes to prod
     gain(k)  = E(k) / cost(k)        tokens per unit time relative to plain decoding (gain(0) = 1)
 
 The adaptive policy drafts the k in 1..k_max with the largest gain. When no k gains (gain < 1 + margin), the
-request falls back to plain decoding for a stretch of tokens and then decides again (a probe), so a request
-whose text turns predictable again gets speculation back; each fallback that follows a probe at once doubles
-the stretch (up to max_plain_stretch), so a request that never pays stops paying for probes. The acceptance
-`a` is the geometric model's estimate (accepted / (accepted + rejections)) over recent iterations with
+request falls back to plain decoding for a stretch of tokens and then decides again from the prior (a probe),
+so a request whose text turns predictable again gets speculation back; a fallback after probes that got
+nothing accepted doubles the stretch (up to max_plain_stretch), so a request that never pays stops paying for
+probes. The acceptance `a` is the geometric model's estimate (accepted / (accepted + rejections)) over recent iterations with
 exponential forgetting, starting from a prior; c, v0 and b start from the deployment's measured values and
 follow what this request measures.
 """
@@ -85,7 +85,8 @@ class AdaptiveDraftLength:
     fallbacks: dict = field(default_factory=dict)
     _plain_left: int = 0
     _stretch: int = 0             # the length of the last stretch (0: none yet)
-    _drafted_since_stretch: int = 0
+    _in_stretch: bool = False
+    _accepted_since_stretch: int = 0
 
     @property
     def alpha(self) -> float:
@@ -100,26 +101,28 @@ class AdaptiveDraftLength:
         k, gain = self.costs.best(self.alpha, bound)
         if gain < 1.0 + self.margin:
             self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
-            failed_probe = self._stretch and self._drafted_since_stretch <= 1
+            failed_probe = self._stretch and self._accepted_since_stretch == 0
             self._stretch = min(2 * self._stretch, self.max_plain_stretch) if failed_probe else self.plain_stretch
             self._plain_left = self._stretch
-            self._drafted_since_stretch = 0
+            self._in_stretch = True
+            self._accepted_since_stretch = 0
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
         return Decision(k)
 
     def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int) -> None:
         if drafted == 0:
             self._plain_left = max(0, self._plain_left - tokens)
-            if self._plain_left == 0 and self.fallbacks:
-                # the stretch is over: make the next decision a probe with the prior's optimism partly restored
-                self.successes *= self.decay
-                self.failures *= self.decay
+            if self._plain_left == 0 and self._in_stretch:
+                # the stretch is over: the probe judges the text as it is now, from the prior, not by the
+                # failures that led to the stretch (acceptance comes in runs: a copied passage, a predictable phrase)
+                self._in_stretch = False
+                self.successes = self.failures = 0.0
             if tokens > 0:
                 self.step_seconds = _ewma(self.step_seconds, verify_seconds / tokens)
             return
         self.successes = self.successes * self.decay + accepted
         self.failures = self.failures * self.decay + (accepted < drafted)
-        self._drafted_since_stretch += 1
+        self._accepted_since_stretch += accepted
         if self.step_seconds:
             # refine the costs from this request's own timings (relative to its plain step): c directly; the
             # verification's extra cost goes to v0 beyond what b predicts, and lowers b when below it
