@@ -77,7 +77,7 @@ class AdaptiveDraftLength:
     prior_weight: float = 2.0     # the prior counts as this many observations
     decay: float = 0.8            # weight kept by older iterations at each new one
     margin: float = 0.05          # speculate only when the best gain exceeds 1 + margin
-    plain_stretch: int = 16       # tokens decoded plainly after a fallback before probing again
+    plain_stretch: int = 8        # tokens decoded plainly after a fallback before probing again
     max_plain_stretch: int = 256  # the longest stretch that doubling reaches
     successes: float = 0.0
     failures: float = 0.0
