@@ -126,3 +126,29 @@ def test_request_timings_refine_the_verification_cost():
     assert ctl.costs.verify_cost_fixed == pytest.approx(0.8, abs=0.01)
     assert ctl.costs.verify_cost_per_token == pytest.approx(0.05)
     assert ctl.costs.draft_cost_ratio < 0.01
+
+
+def test_deployment_costs_learn_from_finished_requests():
+    from trtspec.orchestrator.adaptive import DeploymentCosts
+
+    shared = DeploymentCosts(CostModel(0.3, 0.1, 0.0), weight=0.5)
+    lookup = shared.policy(4, model_drafts=False)
+    assert lookup.costs.draft_cost_ratio == 0.0 and lookup.step_seconds is None
+    shared.learn(lookup, model_drafts=False)  # measured nothing: teaches nothing
+    assert shared.costs == CostModel(0.3, 0.1, 0.0)
+
+    request = shared.policy(4, model_drafts=True)
+    request.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
+    for _ in range(20):  # a CPU: verifying 2 tokens costs 1.9 steps; a draft step 0.15
+        request.observe(drafted=2, accepted=0, draft_seconds=0.003, verify_seconds=0.019, tokens=1)
+    shared.learn(request, model_drafts=True)
+    learned = shared.costs
+    assert learned.verify_cost_fixed == pytest.approx(0.35, abs=0.01)  # halfway to the request's 0.9 - b·k = 0.7
+    assert learned.draft_cost_ratio == pytest.approx(0.225, abs=0.01)  # halfway from 0.3 to 0.15
+    nxt = shared.policy(4, model_drafts=True)
+    assert nxt.step_seconds == pytest.approx(0.010) and nxt.costs == learned
+    assert nxt.costs is not shared.costs  # each request refines its own copy
+    lookup = shared.policy(4, model_drafts=False)
+    lookup.observe(drafted=2, accepted=2, draft_seconds=0.0, verify_seconds=0.019, tokens=3)
+    shared.learn(lookup, model_drafts=False)
+    assert shared.costs.draft_cost_ratio == pytest.approx(learned.draft_cost_ratio)  # prompt lookup: no draft cost

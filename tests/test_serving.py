@@ -124,6 +124,7 @@ def test_greedy_speculative_equals_target_only_grpc(spec_server, references, k):
         for stream in (False, True):
             responses = grpc_generate(spec_server.grpc_url, {
                 "text_input": prompt, "max_tokens": 24, "num_draft_tokens": k, "stream": stream, "return_perf_metrics": True,
+                "adaptive_draft_length": False,  # draft K every iteration, whatever it costs
             })
             assert ids_of(responses) == references[prompt], (prompt, k, stream)
             perf = responses[-1]
@@ -243,7 +244,8 @@ def read_metrics(url: str) -> dict[str, float]:
 
 def test_metrics_move(spec_server):
     before = read_metrics(spec_server.metrics_url)
-    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 24, "num_draft_tokens": 4})
+    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 24, "num_draft_tokens": 4,
+                                         "adaptive_draft_length": False})
     after = read_metrics(spec_server.metrics_url)
 
     def total(values, prefix):

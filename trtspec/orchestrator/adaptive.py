@@ -14,12 +14,18 @@ request falls back to plain decoding for a stretch of tokens and then decides ag
 so a request whose text turns predictable again gets speculation back; a fallback after probes that got
 nothing accepted doubles the stretch (up to max_plain_stretch), so a request that never pays stops paying for
 probes. The acceptance `a` is the geometric model's estimate (accepted / (accepted + rejections)) over recent iterations with
-exponential forgetting, starting from a prior; c, v0 and b start from the deployment's measured values and
-follow what this request measures.
+exponential forgetting, starting from a prior; c, v0 and b start from the deployment's costs and follow what
+this request measures.
+
+The deployment's costs (`DeploymentCosts`) start from what `trtspec bench --apply` measured and learn from
+every finished request, so a deployment that was never benchmarked stops over-estimating speculation after its
+first requests, and each request can refine its costs from its first speculative iteration on.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from dataclasses import dataclass, field
 
 
@@ -138,3 +144,37 @@ class AdaptiveDraftLength:
 
 def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
+
+
+class DeploymentCosts:
+    """The cost model that new requests start from, shared by a deployment's requests (thread-safe): the
+    configured one, moved a little toward what each finished adaptive request measured. The draft cost is the
+    draft model's: prompt lookup starts at c = 0 and teaches only the verification costs and the step time."""
+
+    def __init__(self, costs: CostModel, weight: float = 0.2):
+        self._costs = dataclasses.replace(costs)
+        self._step_seconds: float | None = None
+        self._weight = weight
+        self._lock = threading.Lock()
+
+    def policy(self, k_max: int, *, model_drafts: bool) -> AdaptiveDraftLength:
+        with self._lock:
+            costs = dataclasses.replace(self._costs, **({} if model_drafts else {"draft_cost_ratio": 0.0}))
+            return AdaptiveDraftLength(k_max, costs=costs, step_seconds=self._step_seconds)
+
+    def learn(self, policy: AdaptiveDraftLength, *, model_drafts: bool) -> None:
+        if policy.step_seconds is None:  # the request measured nothing to compare with
+            return
+        w = self._weight
+        with self._lock:
+            self._step_seconds = _ewma(self._step_seconds, policy.step_seconds, w)
+            mine, theirs = self._costs, policy.costs
+            mine.verify_cost_fixed = _ewma(mine.verify_cost_fixed, theirs.verify_cost_fixed, w)
+            mine.verify_cost_per_token = _ewma(mine.verify_cost_per_token, theirs.verify_cost_per_token, w)
+            if model_drafts:
+                mine.draft_cost_ratio = _ewma(mine.draft_cost_ratio, theirs.draft_cost_ratio, w)
+
+    @property
+    def costs(self) -> CostModel:
+        with self._lock:
+            return dataclasses.replace(self._costs)

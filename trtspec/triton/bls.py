@@ -20,7 +20,7 @@ from trtspec.contract import (
     ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, SamplingParams, request_to_tensors, tensors_to_result,
 )
 from trtspec.errors import EngineError, RequestError
-from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, FixedDraftLength
+from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
 from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.loop import Cancelled, SpecRequest, speculate
@@ -109,9 +109,9 @@ class TritonPythonModel:
         self.default_method = parameter(params, "default_speculation", "draft_model" if self.draft else "none")
         self.adaptive_default = bool_parameter(params, "adaptive_draft_length", True)
         self.ngram = int(parameter(params, "max_matching_ngram_size", "3"))
-        self.costs = CostModel(float(parameter(params, "draft_cost_ratio", "0.3")),
-                               float(parameter(params, "verify_cost_per_token", "0.1")),
-                               float(parameter(params, "verify_cost_fixed", "0")))
+        self.costs = DeploymentCosts(CostModel(float(parameter(params, "draft_cost_ratio", "0.3")),
+                                               float(parameter(params, "verify_cost_per_token", "0.1")),
+                                               float(parameter(params, "verify_cost_fixed", "0"))))
         # Above this many requests in flight, new requests start without speculation (0: no limit).
         self.max_spec_concurrency = int(parameter(params, "max_speculative_concurrency", "0"))
         self._active = 0
@@ -166,10 +166,8 @@ class TritonPythonModel:
         drafter = policy = None
         if spec.num_draft_tokens > 0:
             drafter = self._drafter(plan)
-            # the measured draft cost is the draft model's; prompt lookup calls no model
-            costs = dataclasses.replace(self.costs, **({"draft_cost_ratio": 0.0} if plan.method == "prompt_lookup" else {}))
-            policy = (AdaptiveDraftLength(spec.num_draft_tokens, costs=costs) if plan.adaptive
-                      else FixedDraftLength(spec.num_draft_tokens))
+            policy = (self.costs.policy(spec.num_draft_tokens, model_drafts=plan.method == "draft_model")
+                      if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
         detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
         # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
         # unless exclude_input_in_output is set.
@@ -185,6 +183,8 @@ class TritonPythonModel:
             else:
                 text.append(piece)
         rest = detok.flush()
+        if isinstance(policy, AdaptiveDraftLength):
+            self.costs.learn(policy, model_drafts=plan.method == "draft_model")
         self.metrics.record(stats)
         perf = stats if plan.want_perf else None
         if spec.stream:
