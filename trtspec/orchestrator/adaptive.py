@@ -13,9 +13,9 @@ The adaptive policy drafts the k in 1..k_max with the largest gain. When no k ga
 request falls back to plain decoding for a stretch of tokens and then decides again from the prior (a probe),
 so a request whose text turns predictable again gets speculation back; a fallback after probes that got
 nothing accepted doubles the stretch (up to max_plain_stretch), so a request that never pays stops paying for
-probes. The acceptance `a` is the geometric model's estimate (accepted / (accepted + rejections)) over recent iterations with
-exponential forgetting, starting from a prior; c, v0 and b start from the deployment's costs and follow what
-this request measures.
+probes. The acceptance `a` is the geometric model's estimate (accepted / (accepted + rejections)) over recent
+iterations with exponential forgetting, starting from a prior; c, v0 and b start from the deployment's costs
+and follow what this request measures.
 
 The deployment's costs (`DeploymentCosts`) start from what `trtspec bench --apply` measured and learn from
 every finished request, so a deployment that was never benchmarked stops over-estimating speculation after its
