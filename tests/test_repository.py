@@ -269,3 +269,20 @@ def test_cli_deploy_then_validate(built_fp8, tmp_path):
     result = runner.invoke(cli, ["deploy", "-c", str(built_fp8.config), "--engines", str(built_fp8.engines),
                                  "--repo", str(tmp_path / "other"), "--device", "cpu"])
     assert result.exit_code == 2 and "--force" in result.output
+
+
+def test_cli_deploy_sets_the_default_draft_source(built_fp8, tmp_path):
+    out = tmp_path / "repo"
+    result = CliRunner().invoke(cli, ["deploy", "-c", str(built_fp8.config), "--engines", str(built_fp8.engines),
+                                      "--repo", str(out), "--device", "cpu", "--speculation", "prompt_lookup"])
+    assert result.exit_code == 0, result.output
+    bls = out / "tensorrt_llm_bls" / "config.pbtxt"
+    assert 'key: "default_speculation" value: { string_value: "prompt_lookup" }' in bls.read_text()
+
+    edit(bls, 'string_value: "prompt_lookup"', 'string_value: "ngram"')
+    assert [p.field for p in validate_repository(out)] == ["tensorrt_llm_bls/config.pbtxt parameter default_speculation"]
+    edit(bls, 'string_value: "ngram"', 'string_value: "draft_model"')
+    edit(bls, 'key: "tensorrt_llm_draft_model_name" value: { string_value: "tensorrt_llm_draft" }',
+         'key: "tensorrt_llm_draft_model_name" value: { string_value: "" }')
+    problems = validate_repository(out)
+    assert len(problems) == 1 and "needs a draft model" in str(problems[0])

@@ -109,11 +109,13 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
 @click.option("--force", is_flag=True, help="Replace --repo even if it is not a repository written by trtspec.")
 @click.option("--default-num-draft-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding, as NVIDIA's BLS).")
+@click.option("--speculation", type=click.Choice(["draft_model", "prompt_lookup", "none"]),
+              help="Draft source of requests that name none [default: the build config's speculation.method].")
 @click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
 @click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
 @click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")
 def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int,
-           k8s_dir: str | None, image: str, pvc: str) -> None:
+           speculation: str | None, k8s_dir: str | None, image: str, pvc: str) -> None:
     """Check the built engines, write the Triton model repository for them, then validate it."""
     from trtspec.build import default_output
     from trtspec.config import load_config
@@ -123,8 +125,12 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
     loaded = load_config(config_path)
     engines_dir = Path(engines) if engines else default_output(loaded)
     _report_problems(f"engines {engines_dir}", validate_for_config(loaded, engines_dir))
-    out = write_repository(loaded, engines_dir, repo, force=force, device=device,
-                           overrides={"default_num_draft_tokens": default_num_draft_tokens})
+    overrides: dict[str, object] = {"default_num_draft_tokens": default_num_draft_tokens}
+    if speculation:
+        if speculation == "draft_model" and loaded.config.draft is None:
+            raise click.UsageError("--speculation draft_model: the build config has no draft; use prompt_lookup or none")
+        overrides["default_speculation"] = speculation
+    out = write_repository(loaded, engines_dir, repo, force=force, device=device, overrides=overrides)
     problems = validate_repository(out)
     _report_problems(f"repository {out}", problems)
     if k8s_dir:

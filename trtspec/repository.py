@@ -488,6 +488,14 @@ def _check_bls(config, present: set[str]) -> list[Problem]:
         elif value not in present:
             problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter {key}", value, "names a model that is not in the repository",
                                     f"add the model or set {key} to one of: {', '.join(sorted(present))}"))
+    method = _param(config, "default_speculation")
+    if method and method not in ("draft_model", "prompt_lookup", "none"):
+        problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter default_speculation", method,
+                                "is not a draft source", "set it to draft_model, prompt_lookup or none"))
+    elif method == "draft_model" and not _param(config, "tensorrt_llm_draft_model_name"):
+        problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter default_speculation", method,
+                                "needs a draft model, and tensorrt_llm_draft_model_name is empty",
+                                "set it to prompt_lookup or none, or deploy a draft"))
     drafts, longest = _param(config, "default_num_draft_tokens"), _param(config, "max_draft_len")
     if drafts and longest and drafts.isdigit() and longest.isdigit() and int(drafts) > int(longest):
         problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter default_num_draft_tokens", int(drafts),
