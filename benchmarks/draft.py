@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -38,34 +36,9 @@ from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
 from trtspec.orchestrator.loop import SpecRequest, speculate
 from trtspec.orchestrator.stats import RequestStats
 
+from cpu_meter import CpuMeter  # benchmarks/cpu_meter.py, beside this script
+
 NO_END = -1
-
-
-def _busy_jiffies() -> int:
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    return sum(values[:8]) - values[3] - (values[4] if len(values) > 4 else 0)
-
-
-def _own_jiffies() -> int:
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-class CpuMeter:
-    """Wall time of a block and the cores other processes kept busy meanwhile."""
-
-    def __enter__(self):
-        gc.collect()
-        self.start, self.busy, self.own = time.perf_counter(), _busy_jiffies(), _own_jiffies()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.start
-        others = (_busy_jiffies() - self.busy) - (_own_jiffies() - self.own)
-        self.others = max(others, 0) / os.sysconf("SC_CLK_TCK") / max(self.seconds, 1e-9)
-        return False
 
 
 def med(values):
@@ -207,7 +180,7 @@ def main(argv=None) -> int:
     with CpuMeter() as m_costs:
         costs = step_costs(target, draft, prompts[0], max(ks), args.reps)
     t = Table(title=f"a. step costs on a cached {costs['context_tokens']}-token sequence, median of {args.reps} "
-                    f"(other processes: {m_costs.others:.2f} cores)")
+                    f"(other processes: {m_costs.others_cores:.2f} cores)")
     for col in ("step", "ms", "x target decode"):
         t.add_column(col, justify="right")
     for name, value in costs["ms"].items():
@@ -220,7 +193,7 @@ def main(argv=None) -> int:
     with CpuMeter() as m_side:
         side = side_by_side(target, draft, prompts, ks, args.max_tokens, end_id, console)
     t = Table(title=f"b. greedy, concurrency 1, {side['prompts']} held-out chat prompts, up to {args.max_tokens} tokens, "
-                    f"interleaved (other processes: {m_side.others:.2f} cores); outputs identical: {side['outputs_identical']}")
+                    f"interleaved (other processes: {m_side.others_cores:.2f} cores); outputs identical: {side['outputs_identical']}")
     for col in ("K", "acceptance", "tokens/target call", "ms/token", "speedup", "median per prompt"):
         t.add_column(col, justify="right")
     for r in side["rows"]:
@@ -232,8 +205,8 @@ def main(argv=None) -> int:
     console.print(f"best K = {best['k']}: {best['speedup']:.3f}x at acceptance {best['acceptance']:.3f}; draft step = "
                   f"{costs['ratio_to_target_decode']['draft decode']:.3f} x target step")
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "engines": str(args.engines),
-              "threads": torch.get_num_threads(), "step_costs": costs | {"other_processes_cores": round(m_costs.others, 2)},
-              "side_by_side": side | {"other_processes_cores": round(m_side.others, 2)}, "best_k": best["k"]}
+              "threads": torch.get_num_threads(), "step_costs": costs | {"other_processes_cores": round(m_costs.others_cores, 2)},
+              "side_by_side": side | {"other_processes_cores": round(m_side.others_cores, 2)}, "best_k": best["k"]}
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"report: {args.output}")
     return 0 if side["outputs_identical"] else 1

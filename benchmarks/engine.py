@@ -46,6 +46,8 @@ from trtspec.contract import GenerationRequest
 from trtspec.engine.manifest import read_manifest
 from trtspec.engine.runtime import Engine
 
+from cpu_meter import CpuMeter  # benchmarks/cpu_meter.py, beside this script
+
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
     "What is the capital of Australia, and why was it chosen?",
@@ -75,38 +77,6 @@ NO_END = -1  # end_id -1: generate exactly request_output_len tokens
 
 
 # ---- measuring ------------------------------------------------------------------------------------------------
-
-def _busy_jiffies() -> int:
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)
-    return sum(values[:8]) - idle
-
-
-def _own_jiffies() -> int:
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime of all threads
-
-
-class CpuMeter:
-    """Wall time of a block and how many cores other processes kept busy meanwhile (a noise indicator)."""
-
-    def __enter__(self):
-        gc.collect()
-        self.start, self.busy, self.own = time.perf_counter(), _busy_jiffies(), _own_jiffies()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.start
-        hz = os.sysconf("SC_CLK_TCK")
-        others = (_busy_jiffies() - self.busy) - (_own_jiffies() - self.own)
-        self.others_cores = max(others, 0) / hz / max(self.seconds, 1e-9)
-        return False
-
-    def summary(self) -> dict:
-        return {"seconds": round(self.seconds, 2), "other_processes_cores": round(self.others_cores, 2)}
-
 
 def timed(fn):
     start = time.perf_counter()

@@ -27,13 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,8 +39,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from trtspec import __version__
-from trtspec.bench import distribution, load_prompt_set
+from trtspec.bench import (
+    distribution, environment, finish_environment, load_prompt_set, table_console, write_report,
+)
 from trtspec.client import ClientError, SpecClient
 from trtspec.config import BuildConfig, EngineSpec, ModelSpec, SpeculationSpec
 from trtspec.repository import DRAFT_MODEL, TARGET_MODEL, BLS_MODEL, validate_repository, write_repository
@@ -215,8 +213,7 @@ def main(argv=None) -> int:
             server.start(timeout=300)
         try:
             url = server.grpc_url if args.protocol == "grpc" else server.http_url
-            started = time.time()
-            load_start = list(os.getloadavg())
+            env, started = environment(), time.perf_counter()
             result = measure(url, args.protocol, load_prompt_set(args.prompts), concurrencies, ks,
                              max_tokens=args.max_tokens, requests=args.requests, seed=args.seed, console=console)
         finally:
@@ -232,16 +229,12 @@ def main(argv=None) -> int:
         "settings": {"protocol": args.protocol, "concurrency": concurrencies, "num_draft_tokens": ks,
                      "max_tokens": args.max_tokens, "requests": args.requests, "prompts": args.prompts,
                      "fixed_draft_length": result["fixed_draft_length"], "stream": True},
-        "environment": {"trtspec": __version__, "python": platform.python_version(), "platform": platform.platform(),
-                        "cpus": os.cpu_count(), "load_average_start": load_start,
-                        "load_average_end": list(os.getloadavg()), "seconds": time.time() - started},
+        "environment": finish_environment(env, started),
         "cells": result["cells"],
     }
-    out = Console()
-    render(report, out if out.is_terminal else Console(width=max(out.width, 132)))
+    render(report, table_console())
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
-        console.print(f"report: {args.output}")
+        console.print(f"report: {write_report(report, args.output)}")
     return 0
 
 

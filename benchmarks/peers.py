@@ -31,9 +31,6 @@ method / that of its own baseline; paired median: the median over prompts of the
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -44,7 +41,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from trtspec.bench import load_prompt_set
+from trtspec.bench import environment, finish_environment, load_prompt_set, table_console, write_report
 from trtspec.client import SpecClient
 from trtspec.config import load_config
 
@@ -206,26 +203,21 @@ def main(argv=None) -> int:
     parser.add_argument("--output", help="JSON report")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
-    started = time.time()
-    load_start = list(os.getloadavg())
+    env, started = environment(), time.perf_counter()
     result = run(args, console)
     report = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
         "settings": {"config": args.config, "prompts": args.prompts, "num_prompts": args.num_prompts,
                      "max_tokens": args.max_tokens, "num_draft_tokens": args.num_draft_tokens, "hf_dtype": args.hf_dtype,
                      "protocol": args.protocol, "url": result["url"]},
-        "environment": {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                        "torch_threads": torch.get_num_threads(), "load_average_start": load_start,
-                        "load_average_end": list(os.getloadavg()), "seconds": time.time() - started},
+        "environment": finish_environment(env, started) | {"torch_threads": torch.get_num_threads()},
         "same_checkpoint": result["same_checkpoint"],
         "methods": result["methods"],
         "runs": result["runs"],
     }
-    out = Console()
-    render(report, out if out.is_terminal else Console(width=max(out.width, 132)))
+    render(report, table_console())
     if args.output:
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
-        console.print(f"report: {args.output}")
+        console.print(f"report: {write_report(report, args.output)}")
     return 0
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trtspec.contract import ENGINE_INPUTS, GenerationResult, result_to_tensors, tensors_to_request
-from trtspec.triton.common import model_parameters, optional_input, parameter, respond_each
-from trtspec.triton.engine_model import split_rows, stack_rows
+from trtspec.contract import GenerationResult, result_to_tensors, tensors_to_request
+from trtspec.triton.common import model_parameters, parameter, respond_each
+from trtspec.triton.engine_model import engine_inputs, split_rows, stack_rows
 
 SETTINGS_FILE = "trivial.json"
 
@@ -44,11 +44,7 @@ class TritonPythonModel:
         return respond_each(requests, self._serve, self.name)
 
     def _serve(self, request) -> dict:
-        tensors = {}
-        for spec in ENGINE_INPUTS:
-            value = optional_input(request, spec.name)
-            if value is not None:
-                tensors[spec.name] = value
+        tensors = engine_inputs(request)
         rows = split_rows(tensors)
         outputs = [answer(row, self.token) for row in rows]
         return outputs[0] if len(outputs) == 1 else stack_rows(outputs, pad_values={"output_ids": self.token})

@@ -88,7 +88,6 @@ import platform
 import random
 import re
 import shlex
-import sys
 import tempfile
 import threading
 import time
@@ -688,12 +687,18 @@ def environment() -> dict:
     return env
 
 
+def finish_environment(env: dict, started: float) -> dict:
+    """`environment()` completed at the end of a run that began at time.perf_counter() `started`."""
+    if hasattr(os, "getloadavg"):
+        env["load_average_end"] = list(os.getloadavg())
+    env["seconds"] = time.perf_counter() - started
+    return env
+
+
 def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, command: Sequence[str] | None = None) -> dict:
     """Measure every cell, interleaved (see `schedule`), and return the report (a JSON-able dict).
 
     `progress`: a rich Progress (or None); a task on it advances by one per finished request."""
-    from trtspec.client import ClientError
-
     if 0 not in settings.ks:
         raise BenchError("the draft lengths must include 0, the target-only baseline")
     env = environment()
@@ -751,9 +756,7 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
     for recs in records.values():
         for r in recs:
             r.first_ms = probes.get((r.concurrency, r.round, r.prompt))
-    if hasattr(os, "getloadavg"):
-        env["load_average_end"] = list(os.getloadavg())
-    env["seconds"] = time.perf_counter() - started
+    finish_environment(env, started)
     cells = analyse([summarize_cell(records[key], walls[key], concurrency=key[0], k=key[1], adaptive=key[2])
                      for key in keys])
     for cell in cells:
@@ -781,6 +784,15 @@ def _record_json(r: RequestRecord) -> dict:
     for key in ("concurrency", "k", "adaptive"):
         d.pop(key)
     return d
+
+
+def table_console():
+    """A rich console for a report's wide tables: the terminal itself, or 132 columns when the output goes to a
+    file or a pipe (where rich would wrap them at 80)."""
+    from rich.console import Console
+
+    out = Console()
+    return out if out.is_terminal else Console(width=max(out.width, 132))
 
 
 def write_report(report: dict, path: str | os.PathLike) -> Path:

@@ -343,8 +343,7 @@ def bench(url, protocol, model, prompts_source, tokenizer_dir, concurrencies, ks
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         report = b.run_bench(settings, prompts, progress=progress, command=b.command_line(click.get_current_context()))
-    out = Console()
-    b.render(report, out if out.is_terminal else Console(width=max(out.width, 132)))
+    b.render(report, b.table_console())
     console.print(f"report: {escape(str(b.write_report(report, output)))}", highlight=False)
     if plot:
         console.print(f"plot: {escape(str(b.write_plot(report, plot)))}", highlight=False)

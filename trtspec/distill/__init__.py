@@ -330,7 +330,7 @@ def _check_state(work: Path, o: DistillOptions) -> None:
         if changed:
             raise DistillError("--resume with other settings than the run it continues: "
                                + ", ".join(f"{k} was {saved.get(k)!r}, now {mine.get(k)!r}" for k in changed)
-                               + f"; use the same ones, or another --output")
+                               + "; use the same ones, or another --output")
         return
     path.write_text(json.dumps({"trtspec": __version__, "options": mine}, indent=2) + "\n")
 

@@ -27,7 +27,6 @@ from trtspec.engine import subset_head
 
 SHARED_TENSORS = ("model.embed_tokens.weight",)
 ASSET_WEIGHTS = "model.safetensors"
-ASSET_FILES = ("config.json", ASSET_WEIGHTS, SHARED_FILE)
 
 
 def check_distillable(info: CheckpointInfo, config) -> None:

@@ -221,7 +221,7 @@ class Engine:
             k = len(r.draft_input_ids)
             if not info.accepts_draft_tokens:
                 raise RequestError(
-                    "draft_input_ids", f"this engine was built without speculative decoding (max_draft_len 0); "
+                    "draft_input_ids", "this engine was built without speculative decoding (max_draft_len 0); "
                     "build the target with speculation.max_draft_len >= the number of draft tokens",
                 )
             if k > info.max_draft_len:

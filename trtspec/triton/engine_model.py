@@ -35,11 +35,7 @@ class TritonPythonModel:
         return respond_each(requests, self._serve, self.name)
 
     def _serve(self, request) -> dict[str, np.ndarray]:
-        tensors = {}
-        for spec in ENGINE_INPUTS:
-            value = optional_input(request, spec.name)
-            if value is not None:
-                tensors[spec.name] = value
+        tensors = engine_inputs(request)
         rows = split_rows(tensors)
         if len(rows) == 1:
             return self.engine.serve(rows[0])
@@ -53,6 +49,16 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine = None
+
+
+def engine_inputs(request) -> dict[str, np.ndarray]:
+    """The `tensorrt_llm` inputs a request carries, by name."""
+    tensors = {}
+    for spec in ENGINE_INPUTS:
+        value = optional_input(request, spec.name)
+        if value is not None:
+            tensors[spec.name] = value
+    return tensors
 
 
 def split_rows(tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
