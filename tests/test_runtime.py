@@ -242,7 +242,7 @@ def _bls_session(engine: Engine, reference) -> list:
 
 def test_prefix_cache_changes_nothing_but_the_work(built_fp8, reference):
     plain, reusing = Engine.load(built_fp8.target), Engine.load(built_fp8.target)
-    plain.cache.budget_bytes = 0
+    plain.cache.reuse = False
     without, with_ = _bls_session(plain, reference), _bls_session(reusing, reference)
     for a, b in zip(without, with_, strict=True):
         assert a.output_ids == b.output_ids
@@ -261,7 +261,7 @@ def test_prefix_cache_changes_nothing_but_the_work(built_fp8, reference):
 
 def test_prefix_cache_eviction_keeps_outputs(built_fp8):
     tiny = Engine.load(built_fp8.target)
-    tiny.cache.budget_bytes = 1  # nothing fits: every entry is evicted at once
+    tiny.cache.reuse_bytes = 1  # nothing can be kept: every entry is evicted at once
     normal = Engine.load(built_fp8.target)
     for prompt in PROMPTS:
         a, b = tiny.generate(req(prompt, n=8)), normal.generate(req(prompt, n=8))
@@ -273,7 +273,7 @@ def test_prefix_cache_eviction_keeps_outputs(built_fp8):
 
 def test_sampling_is_seeded_and_cache_independent(built_fp8):
     a, b = Engine.load(built_fp8.target), Engine.load(built_fp8.target)
-    b.cache.budget_bytes = 0
+    b.cache.reuse = False
     sampling = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=1234)
     first = a.generate(req(PROMPTS[0], n=16, sampling=sampling, end_id=-1))
     assert a.generate(req(PROMPTS[0], n=16, sampling=sampling, end_id=-1)).new_tokens == first.new_tokens

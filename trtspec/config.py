@@ -53,7 +53,11 @@ class EngineSpec(_Strict):
     max_batch_size: int = Field(8, ge=1)
     max_input_len: int = Field(2048, ge=1)
     max_seq_len: int = Field(4096, ge=2)
-    # Embedded engine only: memory kept for reusable KV caches of recent sequences (TRT-LLM's block reuse).
+    # Embedded engine only: the byte budget of all KV caches (running calls and those kept for reuse); a call
+    # that cannot fit is refused with an error naming this limit.
+    kv_cache_mb: int = Field(1024, ge=1)
+    # Embedded engine only: of that budget, at most this much kept for reusable KV caches of recent sequences
+    # (TRT-LLM's block reuse).
     kv_cache_reuse_mb: int = Field(512, ge=0)
 
 

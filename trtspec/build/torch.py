@@ -189,6 +189,7 @@ def engine_config(build: ModelBuild, config: BuildConfig, hf_config, tokenizer) 
             "backend": "torch",
             "role": build.role,
             "weights": WEIGHTS_FILE,
+            "kv_cache_mb": eng.kv_cache_mb,
             "kv_cache_reuse_mb": eng.kv_cache_reuse_mb,
             "eos_token_id": eos,
             "pad_token_id": pad if pad is not None else eos,

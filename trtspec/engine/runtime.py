@@ -1,22 +1,24 @@
 """The embedded engine: an engine dir served in process with the semantics of TRT-LLM's `tensorrt_llm` model.
 
-- `generate`: up to `request_output_len` tokens after `input_ids` (greedy by default, sampling on request).
-- verify: with `draft_input_ids`, the sequence and the draft go through the network in ONE forward pass and
-  the draft is accepted inside the engine (see `sampling.accept_draft`), as TRT-LLM's
-  `draft_tokens_external` mode does.
-- KV-cache prefix reuse, as TRT-LLM's block reuse: the caches of recent sequences are kept within a memory
-  budget and a request computes only the suffix it shares with none of them. The orchestrator re-sends the
-  whole sequence every iteration, so without this every iteration would re-prefill it.
+- generation: up to `request_output_len` tokens after `input_ids` (greedy by default, sampling on request);
+- verification: with `draft_input_ids`, the sequence and the draft go through the network in ONE forward
+  pass and the draft is accepted inside the engine (see `sampling.accept_draft`), as TRT-LLM's
+  `draft_tokens_external` mode does;
+- in-flight batching (scheduler.py): calls of different requests that wait at the same time share each
+  forward pass, whatever their lengths, drafts and sampling settings;
+- KV caches within a byte budget, with prefix reuse (kv.py), as TRT-LLM's block reuse: the orchestrator
+  re-sends the whole sequence every iteration, and a call computes only what no kept cache holds.
 
-FP8 weights are dequantized to the compute dtype at load: CPUs have no FP8 matmul, so on CPU FP8 saves
-disk and load I/O and reproduces FP8's rounding, not compute.
+The network is `model.CompactModel` for the architectures trtspec builds (batch-invariant on CPU: see
+kernels.py), or the transformers model itself (`forward="hf"`, the reference and a benchmark variant).
+FP8 weights are dequantized to the compute dtype at load, except on CUDA SM89+ where they go through
+`torch._scaled_mm` (kernels.Fp8Linear); CPUs have no FP8 product, so there FP8 saves disk and load I/O and
+reproduces FP8's rounding, not compute.
 """
 
 from __future__ import annotations
 
-import copy
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,96 +30,16 @@ from trtspec.contract import (
     GenerationRequest, GenerationResult, request_to_tensors, result_to_tensors, tensors_to_request, tensors_to_result,
 )
 from trtspec.engine import fp8, subset_head
+from trtspec.engine.kv import KVPool, KVStats
 from trtspec.engine.manifest import EngineInfo, read_engine
-from trtspec.engine.sampling import accept_draft, select
+from trtspec.engine.model import COMPACT_ARCHITECTURES, CompactModel, HFModel, Segment
+from trtspec.engine.scheduler import BatchStats, Job, Scheduler
 from trtspec.errors import EngineError, RequestError
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-@dataclass
-class _Entry:
-    tokens: tuple[int, ...]   # the tokens whose keys and values the cache holds
-    cache: object
-    nbytes: int
-
-
-@dataclass
-class PrefixCacheStats:
-    lookups: int = 0
-    hits: int = 0
-    reused_tokens: int = 0
-    computed_tokens: int = 0
-    evictions: int = 0
-
-
-class PrefixCache:
-    """KV caches of recent sequences, most recent first, within a byte budget.
-
-    `take` hands out the cache with the longest common prefix, cropped to that prefix. A cache whose every
-    token is a prefix of the request is moved out (the usual next iteration of the same sequence); one that
-    only shares part (e.g. a system prompt) is copied, so the sequence it belongs to keeps it.
-    """
-
-    def __init__(self, budget_bytes: int):
-        self.budget_bytes = budget_bytes
-        self.entries: list[_Entry] = []
-        self.stats = PrefixCacheStats()
-
-    def take(self, ids: list[int], new_cache, max_cached: int):
-        """Return (cache, n_cached): the cache holds ids[:n_cached], with n_cached <= max_cached."""
-        self.stats.lookups += 1
-        best, best_len = None, 0
-        for entry in self.entries:
-            n = _common_prefix(entry.tokens, ids)
-            if n > best_len:
-                best, best_len = entry, n
-        if best is None:
-            return new_cache(), 0
-        keep = min(best_len, max_cached)
-        if keep == len(best.tokens):
-            self.entries.remove(best)
-            cache = best.cache
-        else:
-            cache = copy.deepcopy(best.cache)
-            _crop(cache, keep)
-        self.stats.hits += 1
-        return cache, keep
-
-    def put(self, tokens: list[int], cache) -> None:
-        if self.budget_bytes <= 0:
-            return
-        entry = _Entry(tuple(tokens), cache, _cache_nbytes(cache))
-        self.entries.insert(0, entry)
-        while self.entries and sum(e.nbytes for e in self.entries) > self.budget_bytes:
-            self.entries.pop()
-            self.stats.evictions += 1
-
-    def clear(self) -> None:
-        self.entries.clear()
-
-
-def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def _cache_nbytes(cache) -> int:
-    total = 0
-    for layer in getattr(cache, "layers", []):
-        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-            if isinstance(t, torch.Tensor):
-                total += t.numel() * t.element_size()
-    return total
-
-
-def _crop(cache, length: int) -> None:
-    remove = cache.get_seq_length() - length
-    if remove > 0:
-        cache.crop(-remove)  # a negative count removes that many tokens in every transformers release we support
+FORWARDS = ("auto", "compact", "hf")
+DEFAULT_KV_CACHE_MB = 1024
+DEFAULT_KV_REUSE_MB = 512
 
 
 @dataclass
@@ -126,11 +48,13 @@ class EngineStats:
     verify_requests: int = 0
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
-    prefix: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    prefix: KVStats = field(default_factory=KVStats)
+    batching: BatchStats = field(default_factory=BatchStats)
 
 
 class Engine:
-    """An engine dir loaded for in-process serving; thread-safe (requests run one at a time)."""
+    """An engine dir loaded for in-process serving; thread-safe. `generate` / `generate_many` run calls in the
+    caller's thread; `start` runs them on a background thread instead (the Triton engine model)."""
 
     def __init__(self, info: EngineInfo, model, device: torch.device):
         self.info = info
@@ -139,17 +63,24 @@ class Engine:
         extra = info.raw.get("trtspec", {})
         self.eos_token_id: int | None = extra.get("eos_token_id")
         self.pad_token_id: int | None = extra.get("pad_token_id")
-        self.cache = PrefixCache(int(extra.get("kv_cache_reuse_mb", 512)) * 2**20)
-        self.stats = EngineStats(prefix=self.cache.stats)
-        self._lock = threading.Lock()
+        self.cache = KVPool(model, int(extra.get("kv_cache_mb", DEFAULT_KV_CACHE_MB)) * 2**20,
+                            int(extra.get("kv_cache_reuse_mb", DEFAULT_KV_REUSE_MB)) * 2**20)
+        self.scheduler = Scheduler(model, self.cache, max(1, info.max_batch_size))
+        self.stats = EngineStats(prefix=self.cache.stats, batching=self.scheduler.stats)
+        self._stats_lock = threading.Lock()
+        self.batch_invariant = False  # set by check_batch_invariance
 
     # ---- loading -------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, engine_dir: str | Path, device: str = "cpu", dtype: str | None = None) -> "Engine":
-        """Load an embedded-backend engine dir; `dtype` overrides the built compute dtype."""
-        from transformers import AutoConfig, AutoModelForCausalLM
-        from transformers.initialization import no_init_weights
+    def load(cls, engine_dir: str | Path, device: str = "cpu", dtype: str | None = None, *,
+             forward: str = "auto", fp8_matmul: bool | None = None, check_invariance: bool = True) -> "Engine":
+        """Load an embedded-backend engine dir. `dtype` overrides the built compute dtype; `forward` picks the
+        network (auto: compact where supported); `fp8_matmul` (default: on CUDA SM89+) multiplies FP8 weights
+        in FP8 instead of dequantizing them."""
+        from transformers import AutoConfig
 
+        if forward not in FORWARDS:
+            raise EngineError(f"forward {forward!r} is not one of {', '.join(FORWARDS)}")
         info = read_engine(engine_dir)
         if info.backend != "torch":
             raise EngineError(f"{engine_dir} is a {info.backend} engine; the embedded engine loads only engines built with `backend: torch`")
@@ -158,44 +89,102 @@ class Engine:
         if not weights.is_file():
             raise EngineError(f"{weights} is missing: the engine dir is incomplete; rebuild it with `trtspec build`")
         compute = TORCH_DTYPES[dtype or info.dtype]
+        dev = torch.device(device)
         try:
-            state = fp8.dequantize_state_dict(load_file(str(weights)), compute)
+            state = load_file(str(weights))
         except Exception as exc:  # safetensors raises its own error types on a corrupt file
             raise EngineError(f"cannot read {weights}: {exc}") from exc
         hf_config = AutoConfig.for_model(**extra["hf_config"])
-        with no_init_weights():
-            model = AutoModelForCausalLM.from_config(hf_config, dtype=compute)
-        subset_head.install(model)  # a draft whose head covers part of the vocabulary (FR-Spec)
-        try:
-            missing, unexpected = model.load_state_dict(state, strict=False)
-        except RuntimeError as exc:  # shapes that disagree with the config raise even with strict=False
-            raise EngineError(f"{weights} does not match {info.architecture} as configured in {engine_dir}: {exc}") from exc
-        missing = [m for m in missing if not _is_tied(model, m)]
-        if missing or unexpected:
-            raise EngineError(f"{weights} does not match {info.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        model.tie_weights()
-        model.to(device).eval()
-        return cls(info, model, torch.device(device))
+        if not getattr(hf_config, "architectures", None):
+            hf_config.architectures = [info.architecture]
+        compact = forward == "compact" or (forward == "auto" and hf_config.architectures[0] in COMPACT_ARCHITECTURES)
+        if compact:
+            if fp8_matmul is None:
+                fp8_matmul = dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9)
+            _check_state(hf_config, state, weights, info)
+            try:
+                model = CompactModel(hf_config, state, dtype=compute, device=dev, fp8_matmul=fp8_matmul)
+            except (KeyError, RuntimeError) as exc:
+                raise EngineError(f"{weights} does not match {info.architecture} as configured in {engine_dir}: {exc}") from exc
+        else:
+            model = HFModel(_hf_model(hf_config, state, compute, weights, info, engine_dir).to(dev).eval(), dev)
+        engine = cls(info, model, dev)
+        if check_invariance and compact:
+            engine.batch_invariant = engine.check_batch_invariance()
+        return engine
+
+    def check_batch_invariance(self) -> bool:
+        """Whether this model, on this machine, gives a sequence's logits bitwise the same computed in one pass,
+        one position at a time, and batched behind another sequence (a 70-token probe crossing a key block)."""
+        vocab = self.info.vocab_size
+        ids = [(i * 7919 + 13) % vocab for i in range(70)]
+        other = [(i * 104729 + 5) % vocab for i in range(13)]
+        m = self.model
+        with torch.inference_mode():
+            whole = m.forward([Segment(ids, 0, m.new_kv(70), 6)])[0]
+            kv = m.new_kv(70)
+            m.forward([Segment(ids[:64], 0, kv, 1)])
+            single = torch.cat([m.forward([Segment([ids[p]], p, kv, 1)])[0] for p in range(64, 70)])
+            batched = m.forward([Segment(other, 0, m.new_kv(13), 2), Segment(ids, 0, m.new_kv(70), 6)])[1]
+        return torch.equal(whole, single) and torch.equal(whole, batched)
 
     # ---- serving -------------------------------------------------------------------------------------------
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        self._check(request)
-        with self._lock, torch.inference_mode():
-            start = time.perf_counter()
-            if request.draft_input_ids:
-                result = self._verify(request)
-            else:
-                result = self._generate(request)
-            result.seconds = time.perf_counter() - start
-        self.stats.requests += 1
-        if request.exclude_input_in_output:
-            result.output_ids = list(result.new_tokens)
-        return result
+        return self._outcome(self.generate_many([request])[0])
+
+    def generate_many(self, requests: list[GenerationRequest]) -> list[GenerationResult | BaseException]:
+        """Run calls together, batched step by step; each outcome is a result or the error it ended with.
+        A request that fails its checks raises at once and nothing runs."""
+        outcomes: list = [None] * len(requests)
+        jobs = []
+        for i, request in enumerate(requests):
+            jobs.append(self._job(request, lambda out, i=i: outcomes.__setitem__(i, out)))
+        with torch.inference_mode():
+            self.scheduler.run(jobs)
+        return [self._finished(r, out) for r, out in zip(requests, outcomes)]
+
+    def submit(self, request: GenerationRequest, done) -> None:
+        """Queue a call for the background worker; `done(result or exception)` is called from the worker."""
+        self.scheduler.submit(self._job(request, lambda out: done(self._finished(request, out))))
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
 
     def serve(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One request in the tensor contract, as the `tensorrt_llm` model receives and answers it."""
         request = tensors_to_request(tensors)
-        return result_to_tensors(self.generate(request), with_logits=request.return_generation_logits, with_perf=True)
+        return self.result_tensors(request, self.generate(request))
+
+    @staticmethod
+    def result_tensors(request: GenerationRequest, result: GenerationResult) -> dict[str, np.ndarray]:
+        return result_to_tensors(result, with_logits=request.return_generation_logits, with_perf=True)
+
+    def _job(self, request: GenerationRequest, done) -> Job:
+        self._check(request)
+        return Job(request, done, end_id=self._end_id(request), generator=self._generator(request),
+                   vocab_size=self.info.vocab_size)
+
+    def _finished(self, request: GenerationRequest, outcome):
+        if isinstance(outcome, BaseException):
+            return outcome
+        with self._stats_lock:
+            self.stats.requests += 1
+            if request.draft_input_ids:
+                self.stats.verify_requests += 1
+                self.stats.draft_tokens += outcome.num_draft_tokens
+                self.stats.accepted_draft_tokens += outcome.num_accepted_draft_tokens
+        if request.exclude_input_in_output:
+            outcome.output_ids = list(outcome.new_tokens)
+        return outcome
+
+    @staticmethod
+    def _outcome(outcome):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def _check(self, r: GenerationRequest) -> None:
         info, vocab = self.info, self.info.vocab_size
@@ -235,6 +224,7 @@ class Engine:
                     raise RequestError("draft_logits", f"shape {shape} does not match [{k} draft tokens, vocab {vocab}]")
         elif r.draft_logits is not None:
             raise RequestError("draft_logits", "given without draft_input_ids")
+        self.cache.check(len(r.input_ids) + max(r.request_output_len, len(r.draft_input_ids or ()) + 1), "request_output_len")
 
     def _end_id(self, r: GenerationRequest) -> int | None:
         end = r.end_id if r.end_id is not None else self.eos_token_id
@@ -250,77 +240,43 @@ class Engine:
         gen.manual_seed((seed * 1_000_003 + len(r.input_ids)) % 2**63)
         return gen
 
-    def _forward(self, ids: list[int], n_logits: int):
-        """Run `ids` through the network on top of the best cached prefix; logits [n_logits, V] of the last
-        positions, and the cache, which then holds all of `ids`."""
-        from transformers import DynamicCache
 
-        # The positions whose logits are wanted must go through the network, even when their KV is cached.
-        cache, cached = self.cache.take(ids, DynamicCache, max_cached=len(ids) - n_logits)
-        suffix = torch.tensor([ids[cached:]], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=suffix, past_key_values=cache, use_cache=True, logits_to_keep=n_logits)
-        self.cache.stats.reused_tokens += cached
-        self.cache.stats.computed_tokens += suffix.shape[1]
-        return out.logits[0].float(), out.past_key_values, cached, suffix.shape[1]
+def _check_state(hf_config, state: dict, weights: Path, info: EngineInfo) -> None:
+    """Every tensor the architecture needs is there, and nothing else: the same rule as loading the
+    transformers model strictly (a tied output head may be absent)."""
+    from transformers import AutoModelForCausalLM
 
-    def _generate(self, r: GenerationRequest) -> GenerationResult:
-        end_id, gen = self._end_id(r), self._generator(r)
-        seq = list(r.input_ids)
-        logits, cache, reused, computed = self._forward(seq, 1)
-        new, kept_logits = [], []
-        while True:
-            step = logits[-1]
-            if end_id is not None and len(new) < r.min_tokens:
-                step = step.clone()
-                step[end_id] = float("-inf")
-            token = select(step, r.sampling, gen)
-            new.append(token)
-            if r.return_generation_logits:
-                kept_logits.append(logits[-1])
-            if token == end_id or len(new) >= r.request_output_len:
-                break
-            out = self.model(input_ids=torch.tensor([[token]], device=self.device), past_key_values=cache, use_cache=True)
-            logits, cache = out.logits[0].float(), out.past_key_values
-            computed += 1
-            self.cache.stats.computed_tokens += 1
-        # The cache holds every token but the last emitted one, whose keys are computed next time.
-        self.cache.put(seq + new[:-1], cache)
-        return GenerationResult(
-            output_ids=seq + new, new_tokens=new,
-            generation_logits=torch.stack(kept_logits).numpy() if kept_logits else None,
-            reused_tokens=reused, computed_tokens=computed,
-        )
-
-    def _verify(self, r: GenerationRequest) -> GenerationResult:
-        end_id, gen = self._end_id(r), self._generator(r)
-        seq = list(r.input_ids)
-        # Never emit more than request_output_len tokens: a verify step emits up to len(draft) + 1.
-        draft = list(r.draft_input_ids[: r.request_output_len - 1])
-        draft_logits = None
-        if r.draft_logits is not None and draft:
-            draft_logits = torch.as_tensor(np.asarray(r.draft_logits))[: len(draft), : self.info.vocab_size].float()
-        logits, cache, reused, computed = self._forward(seq + draft, len(draft) + 1)
-        accepted, emitted = accept_draft(logits, draft, params=r.sampling, draft_logits=draft_logits, generator=gen)
-        if end_id is not None and end_id in emitted:  # nothing follows an end token, even an accepted one
-            emitted = emitted[: emitted.index(end_id) + 1]
-            accepted = min(accepted, len(emitted))
-        # Keep the KV of the sequence and the accepted draft tokens; rejected positions are cropped.
-        kept = seq + emitted[:-1]
-        _crop(cache, len(kept))
-        self.cache.put(kept, cache)
-        self.stats.verify_requests += 1
-        self.stats.draft_tokens += len(draft)
-        self.stats.accepted_draft_tokens += accepted
-        return GenerationResult(
-            output_ids=seq + emitted, new_tokens=emitted,
-            generation_logits=logits[: len(emitted)].numpy() if r.return_generation_logits else None,
-            num_draft_tokens=len(draft), num_accepted_draft_tokens=accepted,
-            reused_tokens=reused, computed_tokens=computed,
-        )
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(hf_config)
+    subset_head.install(skeleton)
+    expected = {n: tuple(t.shape) for n, t in skeleton.state_dict().items()}
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    have = {n for n in state if not n.endswith(fp8.SCALE_SUFFIX)}
+    missing = [n for n in expected if n not in have and not (tied and n == "lm_head.weight")]
+    unexpected = [n for n in have if n not in expected]
+    if missing or unexpected:
+        raise EngineError(f"{weights} does not match {info.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    wrong = [f"{n} {tuple(state[n].shape)} (expected {expected[n]})" for n in have if tuple(state[n].shape) != expected[n]]
+    if wrong:
+        raise EngineError(f"{weights} does not match {info.architecture} as configured: {', '.join(wrong[:3])}")
 
 
-def _is_tied(model, name: str) -> bool:
-    return name == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))
+def _hf_model(hf_config, state: dict, compute: torch.dtype, weights: Path, info: EngineInfo, engine_dir):
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=compute)
+    subset_head.install(model)  # a draft whose head covers part of the vocabulary (FR-Spec)
+    try:
+        missing, unexpected = model.load_state_dict(fp8.dequantize_state_dict(state, compute), strict=False)
+    except RuntimeError as exc:  # shapes that disagree with the config raise even with strict=False
+        raise EngineError(f"{weights} does not match {info.architecture} as configured in {engine_dir}: {exc}") from exc
+    missing = [m for m in missing if not (m == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
+    if missing or unexpected:
+        raise EngineError(f"{weights} does not match {info.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    return model
 
 
 class InProcessClient:

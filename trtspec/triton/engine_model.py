@@ -29,7 +29,7 @@ class TritonPythonModel:
                               "regenerate the repository with `trtspec deploy --device cpu`")
         self.engine = Engine.load(parameter(params, "engine_dir"), device)
         if not bool_parameter(params, "enable_kv_cache_reuse", True):
-            self.engine.cache.budget_bytes = 0  # nothing is kept: every request computes its whole sequence
+            self.engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
 
     def execute(self, requests):
         return respond_each(requests, self._serve, self.name)

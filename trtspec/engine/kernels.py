@@ -1,0 +1,153 @@
+"""The embedded engine's matrix products, chosen so that a row's result never depends on the rows beside it.
+
+Batch invariance is what makes greedy speculative output equal target-only output by construction: the
+target's logits for a position must be bitwise the same whether that position is decoded alone, verified
+with draft tokens after it, or computed in one pass with other requests' sequences. Two facts of the CPU
+kernels under torch 2.13 decide the shapes used here (tests/test_kernels.py re-checks them on every machine,
+and `invariance_probe` checks the loaded model itself at load):
+- oneDNN's prepacked linear (`mkldnn._linear_pointwise` on a `_reorder_linear_weight` weight) gives bitwise
+  equal rows for any number of rows >= 2; a single row takes another path (a GEMV) whose sums round
+  differently, so a one-row product is computed as two rows. It also reads the weights 2-3x faster than the
+  dense product, which repacks the weight on every call.
+- the dense fp32 GEMM behind `torch.bmm` rounds a row the same way for any number of rows >= 12 (and where
+  the row sits among them); below that, small-matrix kernels round differently. Attention therefore pads its
+  query rows to at least `MIN_GEMM_ROWS`, and each row's keys to a length that depends on the row alone
+  (`attention_length`), so every row of every pass goes through identically shaped products.
+On CUDA, cuBLAS picks kernels (and split-K) by shape, so no such guarantee is made there: the engine reports
+`batch_invariant = False` and validation falls back to classifying differences as near-ties.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+MIN_GEMM_ROWS = 16       # query rows per attention product (see the module docstring)
+KEY_BLOCK = 64           # a row attends over its keys padded to a multiple of this
+
+
+def attention_length(position: int) -> int:
+    """Keys a query at `position` (0-based) is computed over: its own position + 1, rounded up to KEY_BLOCK."""
+    return -(-(position + 1) // KEY_BLOCK) * KEY_BLOCK
+
+
+def prepack_available(dtype: torch.dtype, device: torch.device) -> bool:
+    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class DenseLinear:
+    """y = x W^T + b with the framework's own product (CUDA, or a CPU without oneDNN)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+        self.nbytes = weight.numel() * weight.element_size()
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class PrepackedLinear:
+    """oneDNN product on a weight reordered once into its blocked layout (CPU)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        rows = 2  # the layout is chosen for a batch of this many rows; any row count works with it
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
+        self.bias = bias
+        self.nbytes = weight.numel() * weight.element_size()
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:  # one row takes oneDNN's GEMV, which rounds differently: compute it as two
+            return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1), self.packed, self.bias, "none", [], "")[:1]
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class Fp8Linear:
+    """A real FP8 product (`torch._scaled_mm`, SM89+ on CUDA): E4M3 weights with their ModelOpt scales, the
+    activations quantized per token on the fly (amax / 448), the output in the compute dtype."""
+
+    E4M3_MAX = 448.0
+
+    def __init__(self, weight_fp8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype):
+        self.weight_t = weight_fp8.t()               # [K, N], column-major as _scaled_mm wants its second operand
+        n = weight_fp8.shape[0]
+        # Per-token activation scales need per-channel weight scales ([1, N]); a per-tensor scale is broadcast.
+        self.scale_b = scale.float().reshape(-1).expand(n).reshape(1, n).contiguous()
+        self.bias, self.out_dtype = bias, out_dtype
+        self.nbytes = weight_fp8.numel()
+        self.out_features = n
+
+    @staticmethod
+    def supported(weight: torch.Tensor) -> bool:
+        n, k = weight.shape
+        return n % 16 == 0 and k % 16 == 0  # _scaled_mm's shape rule
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+        scale_a = amax / self.E4M3_MAX
+        xq = (x.float() / scale_a).clamp(-self.E4M3_MAX, self.E4M3_MAX).to(torch.float8_e4m3fn)
+        # rowwise scaling produces bfloat16; other compute dtypes are converted after
+        out = torch._scaled_mm(xq, self.weight_t, scale_a=scale_a, scale_b=self.scale_b, out_dtype=torch.bfloat16)
+        out = out.to(self.out_dtype)
+        return out + self.bias if self.bias is not None else out
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str):
+    if kind == "prepacked":
+        return PrepackedLinear(weight, bias)
+    if kind == "dense":
+        return DenseLinear(weight, bias)
+    raise ValueError(f"unknown linear kind {kind!r}")
+
+
+def attention_plan(positions: list[int], groups: int, window: int | None, device: torch.device) -> list[tuple]:
+    """How `attend` splits one sequence's new rows (at ascending `positions`), computed once per forward pass:
+    runs of rows with the same `attention_length`, each with its mask (True where a key may not be attended:
+    after the row's position, or outside a sliding window). Padding rows attend to key 0 only, so their
+    softmax stays finite."""
+    plan, start, n = [], 0, len(positions)
+    while start < n:
+        length = attention_length(positions[start])
+        end = start
+        while end < n and attention_length(positions[end]) == length:
+            end += 1
+        m = (end - start) * groups
+        pos = torch.tensor(positions[start:end], device=device).repeat_interleave(groups)
+        pos = torch.cat([pos, pos.new_zeros(max(m, MIN_GEMM_ROWS) - m)])
+        key = torch.arange(length, device=device)
+        blocked = key[None, :] > pos[:, None]
+        if window is not None:
+            blocked |= key[None, :] <= pos[:, None] - window
+        plan.append((start, end, length, blocked))
+        start = end
+    return plan
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: list[tuple], *,
+           scale: float, groups: int) -> torch.Tensor:
+    """Causal attention of one sequence's new rows over its cached keys and values.
+
+    q [n, Hq, d]; keys, values [Hkv, capacity, d], holding every position up to the last row's; `plan` from
+    `attention_plan`; `groups` = Hq / Hkv query heads per key head. Returns [n, Hq * d]. Each run of rows is
+    one product per key head, padded to at least MIN_GEMM_ROWS rows, over keys padded to the run's
+    `attention_length`: a row's result depends on nothing but its own inputs.
+    """
+    n, hq, d = q.shape
+    hkv = keys.shape[0]
+    out = q.new_empty(n, hq, d)
+    for start, end, length, blocked in plan:
+        rows = end - start
+        m = rows * groups
+        qg = q.new_zeros(hkv, blocked.shape[0], d)                        # [Hkv, >= MIN_GEMM_ROWS, d]
+        qg[:, :m] = q[start:end].view(rows, hkv, groups, d).permute(1, 0, 2, 3).reshape(hkv, m, d)
+        scores = torch.bmm(qg, keys[:, :length].transpose(1, 2)).mul_(scale)
+        scores.masked_fill_(blocked, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        att = torch.bmm(probs, values[:, :length])[:, :m]                # [Hkv, rows*G, d]
+        out[start:end] = att.view(hkv, rows, groups, d).permute(1, 0, 2, 3).reshape(rows, hq, d)
+    return out.view(n, hq * d)

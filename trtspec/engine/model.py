@@ -1,0 +1,308 @@
+"""The networks the embedded engine runs: a compact forward over a ragged batch, and Hugging Face's own.
+
+`CompactModel` is the engine's forward for the decoder-only architectures trtspec builds (Llama, Mistral,
+Qwen2, Qwen3): one flat list of rows, the new tokens of every sequence in the batch one after another, goes
+through each linear once (weights are read once per step whatever the batch), and each sequence attends over
+its own KV cache. Why not the Hugging Face modules with faster linears: their attention pads a batch to a
+common length and computes each pass's rows in one shape-dependent product, so logits of a sequence change
+with what else is in the batch; and their per-call overhead (masks, cache objects, module hooks) is a large
+part of a 20 ms CPU step. The rotary embedding is still the architecture's own Hugging Face class, so every
+RoPE variant (Llama 3 scaling, YaRN, ...) means what transformers means by it.
+
+`HFModel` runs the transformers model itself, one sequence at a time: the reference the compact forward is
+tested against, and the "eager" variant `benchmarks/engine.py` measures beside it.
+
+Both take `Segment`s and keep their KV in objects only they read (`new_kv`, `copy_kv` or `adopt_prefix`,
+`kv_nbytes`), which trtspec.engine.kv manages.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from trtspec.engine import fp8, kernels, subset_head
+from trtspec.errors import EngineError
+
+COMPACT_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass
+class Segment:
+    """One sequence's part of a forward pass: `ids` at positions start.. start+len(ids)-1, on top of a KV cache
+    that already holds positions 0..start-1; logits are wanted for the last `n_logits` of them."""
+
+    ids: list[int]
+    start: int
+    kv: object
+    n_logits: int
+
+
+class CompactModel:
+    """Decoder-only transformer forward over ragged batches; weights prepacked once (see kernels.py)."""
+
+    def __init__(self, config, state: dict[str, torch.Tensor], *, dtype: torch.dtype, device: torch.device,
+                 fp8_matmul: bool = False):
+        arch = (getattr(config, "architectures", None) or [""])[0]
+        if arch not in COMPACT_ARCHITECTURES:
+            raise EngineError(f"the compact forward covers {', '.join(COMPACT_ARCHITECTURES)}, not {arch}")
+        self.kind = COMPACT_ARCHITECTURES[arch]
+        self.config, self.dtype, self.device = config, dtype, device
+        self.num_layers = config.num_hidden_layers
+        self.hq = config.num_attention_heads
+        self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.hq
+        self.groups = self.hq // self.hkv
+        self.scale = self.head_dim ** -0.5
+        self.eps = config.rms_norm_eps
+        self.window = _sliding_window(config)
+        if config.hidden_act != "silu":
+            raise EngineError(f"hidden_act {config.hidden_act!r} is not supported by the compact forward (silu only)")
+        self.linear_kind = "prepacked" if kernels.prepack_available(dtype, device) else "dense"
+        self.fp8_matmul = fp8_matmul
+        self._load(state)
+        self.rotary = _rotary(config, device)
+
+    # ---- weights ----------------------------------------------------------------------------------------------
+    def _tensor(self, state, name):
+        return state[name].to(self.device, self.dtype)
+
+    def _linear(self, state, names: list[str], bias: bool):
+        """One product for several projections that read the same input (q/k/v, gate/up), stacked by rows."""
+        biases = [state.get(n.removesuffix(".weight") + ".bias") for n in names] if bias else []
+        b = torch.cat([x.to(self.device, self.dtype) for x in biases]) if biases and all(x is not None for x in biases) else None
+        if self.fp8_matmul and all(state[n].dtype == fp8.FP8_DTYPE for n in names):
+            w8 = torch.cat([state[n] for n in names]).to(self.device)
+            scales = [state[n.removesuffix(".weight") + fp8.SCALE_SUFFIX].float().reshape(-1) for n in names]
+            scale = torch.cat([s.expand(state[n].shape[0]) for s, n in zip(scales, names)]).to(self.device)
+            if kernels.Fp8Linear.supported(w8):
+                return kernels.Fp8Linear(w8, scale, b, self.dtype)
+        w = torch.cat([_dequantized(state, n, self.dtype) for n in names]).to(self.device)
+        return kernels.make_linear(w, b, kind=self.linear_kind)
+
+    def _load(self, state: dict[str, torch.Tensor]) -> None:
+        need = ["model.embed_tokens.weight", "model.norm.weight"]
+        missing = [n for n in need if n not in state]
+        if missing:
+            raise EngineError(f"weights lack {missing}")
+        self.embed = _dequantized(state, "model.embed_tokens.weight", self.dtype).to(self.device)
+        self.norm = self._tensor(state, "model.norm.weight")
+        qkv_bias = self.kind == "qwen2" or bool(getattr(self.config, "attention_bias", False))
+        self.layers = []
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            layer = {
+                "input_norm": self._tensor(state, p + "input_layernorm.weight"),
+                "post_norm": self._tensor(state, p + "post_attention_layernorm.weight"),
+                "qkv": self._linear(state, [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], qkv_bias),
+                "o": self._linear(state, [a + "o_proj.weight"], bool(getattr(self.config, "attention_bias", False))),
+                "gate_up": self._linear(state, [m + "gate_proj.weight", m + "up_proj.weight"], False),
+                "down": self._linear(state, [m + "down_proj.weight"], False),
+            }
+            if self.kind == "qwen3":
+                layer["q_norm"] = self._tensor(state, a + "q_norm.weight")
+                layer["k_norm"] = self._tensor(state, a + "k_norm.weight")
+            self.layers.append(layer)
+        self.head_ids = None
+        n_head = subset_head.head_tokens(self.config)
+        if n_head:
+            self.head = kernels.make_linear(_dequantized(state, "lm_head.weight", self.dtype).to(self.device), None, kind=self.linear_kind)
+            self.head_ids = state["lm_head.token_ids"].to(self.device)
+        elif "lm_head.weight" in state and not getattr(self.config, "tie_word_embeddings", False):
+            self.head = kernels.make_linear(_dequantized(state, "lm_head.weight", self.dtype).to(self.device), None, kind=self.linear_kind)
+        else:
+            self.head = kernels.make_linear(self.embed, None, kind=self.linear_kind)
+        self.vocab_size = self.config.vocab_size
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every linear and the output head (not the embedding table,
+        of which a step reads one row per token)."""
+        linears = [lin for layer in self.layers for key, lin in layer.items() if hasattr(lin, "nbytes")]
+        norms = sum(t.numel() * t.element_size() for layer in self.layers for key, t in layer.items() if isinstance(t, torch.Tensor))
+        return sum(lin.nbytes for lin in linears) + self.head.nbytes + norms
+
+    # ---- KV caches ----------------------------------------------------------------------------------------------
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * 2 * self.hkv * self.head_dim * self.embed.element_size()
+
+    def kv_capacity(self, tokens: int) -> int:
+        return kernels.attention_length(max(tokens, 1) - 1)
+
+    def new_kv(self, tokens: int) -> torch.Tensor:
+        """A cache with room for `tokens` positions (rounded up to the attention's key block), zeroed: the
+        attention reads whole key blocks, and a masked key must hold a finite value."""
+        return torch.zeros(self.num_layers, 2, self.hkv, self.kv_capacity(tokens), self.head_dim,
+                           dtype=self.dtype, device=self.device)
+
+    def kv_room(self, kv: torch.Tensor) -> int:
+        return kv.shape[3]
+
+    def kv_nbytes(self, kv: torch.Tensor) -> int:
+        return kv.numel() * kv.element_size()
+
+    def copy_kv(self, src: torch.Tensor, dst: torch.Tensor, tokens: int) -> None:
+        dst[:, :, :, :tokens] = src[:, :, :, :tokens]
+
+    def crop_kv(self, kv: torch.Tensor, tokens: int) -> None:
+        """Positions from `tokens` on are stale; nothing to do, as every read masks keys beyond its position."""
+
+    # ---- forward ------------------------------------------------------------------------------------------------
+    def forward(self, segments: list[Segment]) -> list[torch.Tensor]:
+        """Run every segment's rows; returns each segment's logits [n_logits, V] in float32."""
+        ids = torch.tensor([t for s in segments for t in s.ids], dtype=torch.long, device=self.device)
+        positions = [s.start + i for s in segments for i in range(len(s.ids))]
+        cos, sin = self.rotary(self.embed[:1], torch.tensor([positions], device=self.device))
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)                            # [T, 1, d]
+        offsets, total = [], 0
+        for s in segments:
+            offsets.append(total)
+            total += len(s.ids)
+        plans = [kernels.attention_plan(list(range(s.start, s.start + len(s.ids))), self.groups, self.window, self.device)
+                 for s in segments]
+        x = F.embedding(ids, self.embed)
+        d, hq, hkv = self.head_dim, self.hq, self.hkv
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer["input_norm"], self.eps)
+            qkv = layer["qkv"](h)
+            q = qkv[:, : hq * d].view(total, hq, d)
+            k = qkv[:, hq * d : (hq + hkv) * d].view(total, hkv, d)
+            v = qkv[:, (hq + hkv) * d :].view(total, hkv, d)
+            if "q_norm" in layer:
+                q, k = _rms_norm(q, layer["q_norm"], self.eps), _rms_norm(k, layer["k_norm"], self.eps)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            att = x.new_empty(total, hq * d)
+            for s, off, plan in zip(segments, offsets, plans):
+                n = len(s.ids)
+                cache = s.kv[i]                                                      # [2, Hkv, capacity, d]
+                cache[0, :, s.start : s.start + n] = k[off : off + n].transpose(0, 1)
+                cache[1, :, s.start : s.start + n] = v[off : off + n].transpose(0, 1)
+                att[off : off + n] = kernels.attend(q[off : off + n], cache[0], cache[1], plan, scale=self.scale, groups=self.groups)
+            x = x + layer["o"](att)
+            h = _rms_norm(x, layer["post_norm"], self.eps)
+            gate, up = layer["gate_up"](h).chunk(2, dim=-1)
+            x = x + layer["down"](F.silu(gate) * up)
+        rows = torch.tensor([off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
+                            device=self.device)
+        logits = self._head(_rms_norm(x[rows], self.norm, self.eps)).float()
+        out, at = [], 0
+        for s in segments:
+            out.append(logits[at : at + s.n_logits])
+            at += s.n_logits
+        return out
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.head(h)
+        if self.head_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.head_ids, logits)
+
+
+class HFModel:
+    """The transformers model run as it is, one segment at a time (each on its own DynamicCache)."""
+
+    def __init__(self, model, device: torch.device):
+        self.model, self.device = model, device
+        cfg = model.config
+        self.vocab_size = cfg.vocab_size
+        heads = cfg.num_attention_heads
+        hkv = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        elem = next(model.parameters()).element_size()
+        self.kv_bytes_per_token = cfg.num_hidden_layers * 2 * hkv * head_dim * elem
+        self.linear_kind = "hf-eager"
+
+    @property
+    def weight_bytes(self) -> int:
+        emb = self.model.get_input_embeddings().weight
+        return sum(p.numel() * p.element_size() for p in self.model.parameters()) - (
+            0 if self.model.config.tie_word_embeddings else emb.numel() * emb.element_size())
+
+    def kv_capacity(self, tokens: int) -> int:
+        return tokens
+
+    def new_kv(self, tokens: int):
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def kv_room(self, kv) -> int:
+        return 1 << 62  # grows as needed
+
+    def kv_nbytes(self, kv) -> int:
+        return kv.get_seq_length() * self.kv_bytes_per_token
+
+    def adopt_prefix(self, src, tokens: int):
+        kv = copy.deepcopy(src)
+        self.crop_kv(kv, tokens)
+        return kv
+
+    def crop_kv(self, kv, tokens: int) -> None:
+        remove = kv.get_seq_length() - tokens
+        if remove > 0:
+            kv.crop(-remove)
+
+    def forward(self, segments: list[Segment]) -> list[torch.Tensor]:
+        out = []
+        for s in segments:
+            self.crop_kv(s.kv, s.start)
+            ids = torch.tensor([s.ids], dtype=torch.long, device=self.device)
+            res = self.model(input_ids=ids, past_key_values=s.kv, use_cache=True, logits_to_keep=s.n_logits)
+            out.append(res.logits[0].float())
+        return out
+
+
+def _dequantized(state, name: str, dtype: torch.dtype) -> torch.Tensor:
+    t = state[name]
+    if t.dtype == fp8.FP8_DTYPE:
+        scale = state.get(name.removesuffix(".weight") + fp8.SCALE_SUFFIX)
+        if scale is None:
+            raise EngineError(f"{name} is FP8 but its scale is missing")
+        return fp8.dequantize(t, scale, dtype)
+    return t.to(dtype)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # as transformers' LlamaRMSNorm: the mean of squares in float32, the scale applied in the input's dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def _rotary(config, device: torch.device):
+    """The architecture's own rotary embedding module: (x, position_ids [1, T]) -> (cos, sin) [1, T, d]."""
+    kind = COMPACT_ARCHITECTURES[config.architectures[0]]
+    module = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    cls = getattr(module, config.architectures[0].removesuffix("ForCausalLM") + "RotaryEmbedding")
+    return cls(config=config).to(device)
+
+
+def _sliding_window(config) -> int | None:
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    kind = COMPACT_ARCHITECTURES[config.architectures[0]]
+    if kind in ("qwen2", "qwen3"):
+        # Qwen carries a window it uses only with use_sliding_window, and then only from max_window_layers on
+        if getattr(config, "use_sliding_window", False):
+            raise EngineError("use_sliding_window: true (Qwen) is not supported by the embedded engine")
+        return None
+    return int(window)

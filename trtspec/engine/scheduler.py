@@ -1,0 +1,236 @@
+"""In-flight batching: every engine call waiting at the same time runs in one forward pass per step.
+
+A call (`Job`) is a plain generation of `request_output_len` tokens or a verification of draft tokens. Its
+first step computes the tokens its KV cache does not hold yet (all of them, or the suffix past a reused
+prefix) and reads the logits of its last position, or of the draft positions and one past; a generation then
+takes one row per step until it ends. Calls join the batch at any step and leave it as soon as they end, so
+a long plain stretch never holds back a verification that arrives meanwhile: TensorRT-LLM's in-flight
+batching, at the granularity of one forward pass.
+
+Admission is first come, first served, up to `max_batch_size` running calls and within the KV budget
+(trtspec.engine.kv): a call that fits the budget but not beside the running ones waits for one to end.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trtspec.contract import GenerationRequest, GenerationResult
+from trtspec.engine.kv import KVPool, Lease
+from trtspec.engine.model import Segment
+from trtspec.engine.sampling import accept_draft, select
+from trtspec.errors import EngineError
+
+
+@dataclass
+class BatchStats:
+    steps: int = 0
+    rows: int = 0                 # token rows through the network
+    calls: int = 0                # call-steps: a call's share of a step
+    max_calls_in_step: int = 0
+
+
+class Job:
+    """One engine call as it moves through the steps of the scheduler."""
+
+    def __init__(self, request: GenerationRequest, done: Callable[[GenerationResult | BaseException], None], *,
+                 end_id: int | None, generator: torch.Generator | None, vocab_size: int):
+        self.request, self.done = request, done
+        self.end_id, self.generator = end_id, generator
+        self.seq = list(request.input_ids)
+        # Never emit more than request_output_len tokens: a verification emits up to len(draft) + 1.
+        self.draft = list(request.draft_input_ids[: request.request_output_len - 1]) if request.draft_input_ids else []
+        self.draft_logits = None
+        if request.draft_logits is not None and self.draft:
+            self.draft_logits = torch.as_tensor(request.draft_logits)[: len(self.draft), :vocab_size].float()
+        self.tokens = self.seq + self.draft                  # what the first step must have in the cache
+        self.first_logits = len(self.draft) + 1
+        # room for every position this call may write: the sequence, then up to request_output_len tokens
+        self.capacity = len(self.seq) + max(request.request_output_len, len(self.draft) + 1)
+        self.lease: Lease | None = None
+        self.pending: list[int] = []
+        self.start = 0
+        self.n_logits = 0
+        self.new: list[int] = []
+        self.kept_logits: list[torch.Tensor] = []
+        self.accepted = 0
+        self.computed = 0
+        self.began = 0.0
+
+    def admitted(self, lease: Lease) -> None:
+        self.lease = lease
+        self.pending, self.start, self.n_logits = self.tokens[lease.cached :], lease.cached, self.first_logits
+        self.began = time.perf_counter()
+
+    def segment(self) -> Segment:
+        return Segment(self.pending, self.start, self.lease.kv, self.n_logits)
+
+    def advance(self, logits: torch.Tensor) -> bool:
+        """Take this step's logits [n_logits, V]; True when the call is complete."""
+        self.computed += len(self.pending)
+        if self.draft:
+            return self._verified(logits)
+        r = self.request
+        step = logits[-1]
+        if self.end_id is not None and len(self.new) < r.min_tokens:
+            step = step.clone()
+            step[self.end_id] = float("-inf")
+        token = select(step, r.sampling, self.generator)
+        self.new.append(token)
+        if r.return_generation_logits:
+            self.kept_logits.append(logits[-1])
+        if token == self.end_id or len(self.new) >= r.request_output_len:
+            return True
+        self.pending, self.start, self.n_logits = [token], len(self.seq) + len(self.new) - 1, 1
+        return False
+
+    def _verified(self, logits: torch.Tensor) -> bool:
+        r = self.request
+        accepted, emitted = accept_draft(logits, self.draft, params=r.sampling, draft_logits=self.draft_logits,
+                                         generator=self.generator)
+        if self.end_id is not None and self.end_id in emitted:  # nothing follows an end token, even an accepted one
+            emitted = emitted[: emitted.index(self.end_id) + 1]
+            accepted = min(accepted, len(emitted))
+        self.new, self.accepted = emitted, accepted
+        if r.return_generation_logits:
+            self.kept_logits = list(logits[: len(emitted)])
+        return True
+
+    @property
+    def kept_tokens(self) -> list[int]:
+        """The tokens whose KV the cache holds when the call ends: all but the last emitted token, whose keys
+        the next call computes (a verification's rejected positions are dropped)."""
+        return self.seq + self.new[:-1]
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(
+            output_ids=self.seq + self.new, new_tokens=list(self.new),
+            generation_logits=torch.stack(self.kept_logits).numpy() if self.kept_logits else None,
+            num_draft_tokens=len(self.draft), num_accepted_draft_tokens=self.accepted,
+            reused_tokens=self.lease.cached if self.lease else 0, computed_tokens=self.computed,
+            seconds=time.perf_counter() - self.began,
+        )
+
+
+class Scheduler:
+    def __init__(self, model, pool: KVPool, max_batch_size: int):
+        self.model, self.pool, self.max_batch_size = model, pool, max_batch_size
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []
+        self.stats = BatchStats()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._step_lock = threading.Lock()    # one driver at a time: the worker thread or a synchronous caller
+        self._worker: threading.Thread | None = None
+        self._stop = False
+
+    # ---- feeding ------------------------------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            self.waiting.append(job)
+            self._wake.notify()
+
+    def run(self, jobs: list[Job]) -> None:
+        """Submit `jobs` and drive steps in this thread until every one of them is done."""
+        finished = threading.Event()
+        remaining = [len(jobs)]
+        for job in jobs:
+            inner = job.done
+
+            def done(outcome, inner=inner):
+                inner(outcome)
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    finished.set()
+
+            job.done = done
+        for job in jobs:
+            self.submit(job)
+        while not finished.is_set():
+            if self._worker is not None:
+                finished.wait(0.05)
+            elif not self.step():
+                raise EngineError("scheduler idle with calls outstanding")  # cannot happen: every call ends
+
+    # ---- the step ---------------------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Admit what fits, run one forward pass over every running call; False when there was nothing to do."""
+        with self._step_lock:
+            self._admit()
+            if not self.running:
+                return False
+            jobs = list(self.running)
+            try:
+                logits = self.model.forward([job.segment() for job in jobs])
+            except Exception as exc:  # a failed pass fails its calls, never the engine
+                for job in jobs:
+                    self._finish(job, EngineError(f"forward pass failed: {exc}"))
+                return True
+            self.stats.steps += 1
+            self.stats.calls += len(jobs)
+            self.stats.rows += sum(len(job.pending) for job in jobs)
+            self.stats.max_calls_in_step = max(self.stats.max_calls_in_step, len(jobs))
+            self.pool.stats.computed_tokens += sum(len(job.pending) for job in jobs)
+            for job, lg in zip(jobs, logits):
+                try:
+                    complete = job.advance(lg)
+                except Exception as exc:
+                    self._finish(job, EngineError(f"sampling failed: {exc}"))
+                    continue
+                if complete:
+                    self._finish(job, job.result())
+            return True
+
+    def _admit(self) -> None:
+        with self._lock:
+            while self.waiting and len(self.running) < self.max_batch_size:
+                job = self.waiting[0]
+                lease = self.pool.acquire(job.tokens, job.capacity, max_cached=len(job.tokens) - job.first_logits)
+                if lease is None:
+                    if not self.running:  # cannot happen after pool.check; guard against waiting forever
+                        self.waiting.popleft()
+                        job.done(EngineError("KV cache budget exhausted with nothing running"))
+                        continue
+                    break                 # first come, first served: later calls wait behind this one
+                self.waiting.popleft()
+                job.admitted(lease)
+                self.running.append(job)
+
+    def _finish(self, job: Job, outcome) -> None:
+        self.running.remove(job)
+        if job.lease is not None:
+            self.pool.release(job.lease, job.kept_tokens if not isinstance(outcome, BaseException) else [])
+        try:
+            job.done(outcome)
+        except Exception as exc:  # a response that cannot be delivered (client gone) must not stop the others
+            print(f"trtspec engine: could not deliver a result: {exc}", flush=True)
+
+    # ---- background worker (the Triton engine model) ------------------------------------------------------------
+    def start(self) -> None:
+        if self._worker is None:
+            self._stop = False
+            self._worker = threading.Thread(target=self._loop, name="trtspec-engine", daemon=True)
+            self._worker.start()
+
+    def stop(self) -> None:
+        if self._worker is not None:
+            with self._wake:
+                self._stop = True
+                self._wake.notify()
+            self._worker.join()
+            self._worker = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stop and not self.waiting and not self.running:
+                    self._wake.wait()
+                if self._stop:
+                    return
+            self.step()
