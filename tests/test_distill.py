@@ -97,7 +97,7 @@ def test_the_draft_builds_and_speculates_exactly(target, distilled, tmp_path):
     prompt = [5, 17, 42, 9]
     # The draft engine answers in target ids, only ever from its head's tokens.
     drafted = draft_engine.generate(GenerationRequest(input_ids=prompt, request_output_len=6, end_id=-1)).new_tokens
-    kept = set(draft_engine.model.lm_head.token_ids.tolist())
+    kept = set(draft_engine.model.head_ids.tolist())
     assert len(drafted) == 6 and set(drafted) <= kept
     plain = target_engine.generate(GenerationRequest(input_ids=prompt, request_output_len=20, end_id=-1)).new_tokens
     drafter = DraftModelDrafter(InProcessClient(draft_engine), sampling=SamplingParams(), end_id=None, pad_id=None)

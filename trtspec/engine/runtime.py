@@ -163,7 +163,7 @@ class Engine:
         return result_to_tensors(result, with_logits=request.return_generation_logits, with_perf=True)
 
     def _job(self, request: GenerationRequest, done) -> Job:
-        self._check(request)
+        self.check(request)
         return Job(request, done, end_id=self._end_id(request), generator=self._generator(request),
                    vocab_size=self.info.vocab_size)
 
@@ -186,7 +186,7 @@ class Engine:
             raise outcome
         return outcome
 
-    def _check(self, r: GenerationRequest) -> None:
+    def check(self, r: GenerationRequest) -> None:
         info, vocab = self.info, self.info.vocab_size
         if not r.input_ids:
             raise RequestError("input_ids", "is empty; give at least one token")

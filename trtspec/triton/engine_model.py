@@ -1,18 +1,24 @@
 """The engine models (`tensorrt_llm`, `tensorrt_llm_draft`) on the embedded torch backend.
 
 Each request's tensors are those of TRT-LLM's `tensorrt_llm` model (trtspec.contract.ENGINE_INPUTS /
-ENGINE_OUTPUTS); `Engine.serve` answers one request in that contract. A request of batch size B > 1 is served
-row by row and its outputs are padded to a common length (`sequence_length` says where each row ends).
-Parameters: `engine_dir`, `device` ("cpu" or "cuda[:N]"), `enable_kv_cache_reuse`.
+ENGINE_OUTPUTS). `execute` only checks and queues: the engine's scheduler runs on its own thread and batches
+every queued call into each forward pass (in-flight batching, trtspec.engine.scheduler), and each request is
+answered through its response sender as soon as its call ends, so a short verification never waits for a
+long generation that shares its steps. A request of batch size B > 1 becomes B calls; its outputs are padded
+to a common length (`sequence_length` says where each row ends).
+Parameters: `engine_dir`, `device` ("cpu" or "cuda[:N]"), `enable_kv_cache_reuse`, `forward` (auto, compact, hf).
 """
 
 from __future__ import annotations
 
-import numpy as np
+import threading
 
-from trtspec.contract import ENGINE_INPUTS
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtspec.contract import ENGINE_INPUTS, tensors_to_request
 from trtspec.errors import EngineError, RequestError
-from trtspec.triton.common import bool_parameter, model_parameters, optional_input, parameter, respond_each
+from trtspec.triton.common import bool_parameter, error_response, model_parameters, optional_input, parameter
 
 
 class TritonPythonModel:
@@ -27,20 +33,52 @@ class TritonPythonModel:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(f"{self.name}: device '{device}' is configured but no CUDA device is available; "
                               "regenerate the repository with `trtspec deploy --device cpu`")
-        self.engine = Engine.load(parameter(params, "engine_dir"), device)
+        self.engine = Engine.load(parameter(params, "engine_dir"), device, forward=parameter(params, "forward", "auto"))
         if not bool_parameter(params, "enable_kv_cache_reuse", True):
             self.engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
+        pb_utils.Logger.log_info(
+            f"{self.name}: {type(self.engine.model).__name__} on {device}, linears {self.engine.model.linear_kind}, "
+            f"batch-invariant logits: {'yes' if self.engine.batch_invariant else 'no (validation classifies near-ties)'}")
+        self.engine.start()
 
     def execute(self, requests):
-        return respond_each(requests, self._serve, self.name)
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
+                sender.send(error_response(exc, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
 
-    def _serve(self, request) -> dict[str, np.ndarray]:
+    def _submit(self, request, sender) -> None:
         tensors = engine_inputs(request)
-        rows = split_rows(tensors)
-        if len(rows) == 1:
-            return self.engine.serve(rows[0])
-        outputs = [self.engine.serve(row) for row in rows]
-        return stack_rows(outputs, pad_values={"output_ids": self._pad_id(tensors)})
+        calls = [(tensors_to_request(row), row) for row in split_rows(tensors)]
+        outcomes: list = [None] * len(calls)
+        left = [len(calls)]
+        lock = threading.Lock()
+
+        def done(i, outcome):
+            outcomes[i] = outcome
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            sender.send(self._response(calls, outcomes, tensors), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        for i, (call, _) in enumerate(calls):  # every row is checked before any is queued
+            self.engine.check(call)
+        for i, (call, _) in enumerate(calls):
+            self.engine.submit(call, lambda outcome, i=i: done(i, outcome))
+
+    def _response(self, calls, outcomes, tensors):
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:
+            return error_response(failed, self.name)
+        outputs = [self.engine.result_tensors(call, result) for (call, _), result in zip(calls, outcomes)]
+        if len(outputs) > 1:
+            outputs = [stack_rows(outputs, pad_values={"output_ids": self._pad_id(tensors)})]
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs[0].items()])
 
     def _pad_id(self, tensors) -> int:
         if "pad_id" in tensors:
@@ -48,6 +86,8 @@ class TritonPythonModel:
         return self.engine.pad_token_id if self.engine.pad_token_id is not None else 0
 
     def finalize(self):
+        if self.engine is not None:
+            self.engine.stop()
         self.engine = None
 
 
