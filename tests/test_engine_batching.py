@@ -1,0 +1,282 @@
+"""The compact forward and in-flight batching: logits equal to Hugging Face for each supported architecture,
+bitwise batch invariance (alone, with drafts, batched with other lengths), the kernel facts it rests on,
+the KV-cache budget, FP8 products, and batched calls through the real Triton server."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import MAX_DRAFT_LEN
+from tiny import make_checkpoint, write_config
+from trtspec.contract import GenerationRequest, SamplingParams, request_to_tensors
+from trtspec.engine import kernels
+from trtspec.engine.model import CompactModel, HFModel, Segment
+from trtspec.engine.runtime import Engine
+from trtspec.errors import RequestError
+
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {"sliding_window": 40}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32}),
+}
+
+
+def _hf_model(kind: str, seed: int = 0):
+    import transformers
+
+    cfg_name, extra = ARCHITECTURES[kind]
+    config = getattr(transformers, cfg_name)(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=(kind != "qwen3"), **extra)
+    config.architectures = [cfg_name.replace("Config", "ForCausalLM")]
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:  # non-trivial biases (qwen2) and norm weights
+                p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    return model
+
+
+def _ids(n: int, seed: int, vocab: int = 320) -> list[int]:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
+def test_compact_forward_equals_hugging_face(kind):
+    hf = _hf_model(kind)
+    model = CompactModel(hf.config, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    ids = _ids(100, 1)  # crosses a key block (64) and, for mistral, the 40-token window
+    with torch.inference_mode():
+        reference = hf(torch.tensor([ids])).logits[0]
+        kv = model.new_kv(100)
+        first = model.forward([Segment(ids[:70], 0, kv, 70)])[0]
+        rest = model.forward([Segment(ids[70:], 70, kv, 30)])[0]
+    got = torch.cat([first, rest])
+    # float32 sums in another order: a few ulps of logits of magnitude ~1
+    torch.testing.assert_close(got, reference, atol=2e-5, rtol=1e-5)
+    assert torch.equal(got.argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
+def test_logits_are_bitwise_batch_invariant(kind):
+    hf = _hf_model(kind, seed=3)
+    model = CompactModel(hf.config, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    ids = _ids(75, 2)
+    with torch.inference_mode():
+        whole = model.forward([Segment(ids, 0, model.new_kv(75), 12)])[0]          # one pass: positions 63..74
+        # one position at a time, as plain decoding computes them
+        kv = model.new_kv(75)
+        model.forward([Segment(ids[:63], 0, kv, 1)])
+        single = torch.cat([model.forward([Segment([ids[p]], p, kv, 1)])[0] for p in range(63, 75)])
+        # as a verification: the cached prefix, then the rest as "draft" tokens in one pass
+        kv = model.new_kv(75)
+        model.forward([Segment(ids[:63], 0, kv, 1)])
+        verified = model.forward([Segment(ids[63:], 63, kv, 12)])[0]
+        # batched behind and before sequences of other lengths, including a decode step of another sequence
+        other_kv = model.new_kv(31)
+        model.forward([Segment(_ids(30, 5), 0, other_kv, 1)])
+        batched = model.forward([
+            Segment(_ids(7, 6), 0, model.new_kv(7), 3),
+            Segment(ids, 0, model.new_kv(75), 12),
+            Segment([17], 30, other_kv, 1),
+        ])[1]
+    assert torch.equal(whole, single)
+    assert torch.equal(whole, verified)
+    assert torch.equal(whole, batched)
+
+
+def test_hf_forward_is_the_reference_variant():
+    hf = _hf_model("llama")
+    compact = CompactModel(hf.config, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    eager = HFModel(hf, torch.device("cpu"))
+    ids = _ids(40, 4)
+    with torch.inference_mode():
+        a = compact.forward([Segment(ids, 0, compact.new_kv(40), 5)])[0]
+        b = eager.forward([Segment(ids, 0, eager.new_kv(40), 5)])[0]
+    torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_facts_the_invariance_rests_on(threads):
+    """Re-checks kernels.py's two facts on this machine, at the demo target's shapes."""
+    if not kernels.prepack_available(torch.float32, torch.device("cpu")):
+        pytest.skip("no oneDNN on this build of torch: the engine reports batch_invariant = False")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for n, k in [(576, 1536), (1536 * 2, 576), (960, 576)]:
+            linear = kernels.PrepackedLinear(torch.randn(n, k, generator=gen) / k**0.5, None)
+            x = torch.randn(40, k, generator=gen)
+            full = linear(x)
+            for m in (1, 2, 3, 5, 9, 17, 33):
+                for row in {0, m // 2, m - 1}:
+                    assert torch.equal(linear(x[row : row + m][:1]), full[row : row + 1]), (n, k, m, row)
+                    assert torch.equal(linear(x[:m])[row], full[row]), (n, k, m, row)
+        hkv, d, length = 3, 64, 192
+        keys = torch.randn(hkv, length, d, generator=gen)
+        q = torch.randn(hkv, 64, d, generator=gen)
+        reference = torch.bmm(q, keys.transpose(1, 2))
+        for m in (kernels.MIN_GEMM_ROWS, 21, 27, 40):
+            assert torch.equal(torch.bmm(q[:, :m], keys.transpose(1, 2)), reference[:, :m]), m
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---- the engine: batched calls, KV budget, FP8 --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine(built_fp8):
+    return Engine.load(built_fp8.target)
+
+
+def test_the_engine_reports_batch_invariance(engine):
+    assert type(engine.model).__name__ == "CompactModel"
+    assert engine.batch_invariant == kernels.prepack_available(torch.float32, torch.device("cpu"))
+
+
+def _mixed_requests(engine) -> list[GenerationRequest]:
+    base = _ids(30, 11, engine.info.vocab_size)
+    return [
+        GenerationRequest(input_ids=base[:9], request_output_len=12, end_id=-1),
+        GenerationRequest(input_ids=base, request_output_len=5, end_id=-1, return_generation_logits=True),
+        GenerationRequest(input_ids=base[:20], request_output_len=4, draft_input_ids=[3, 4, 5], end_id=-1,
+                          return_generation_logits=True),
+        GenerationRequest(input_ids=base[5:17], request_output_len=8, end_id=-1,
+                          sampling=SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=7)),
+        GenerationRequest(input_ids=base[:3], request_output_len=MAX_DRAFT_LEN + 1,
+                          draft_input_ids=base[3 : 3 + MAX_DRAFT_LEN], end_id=-1,
+                          draft_logits=np.random.default_rng(0).normal(size=(MAX_DRAFT_LEN, 320)).astype(np.float32),
+                          sampling=SamplingParams(temperature=1.0, seed=3)),
+    ]
+
+
+def test_batched_calls_equal_the_same_calls_alone(built_fp8):
+    alone_engine, batched_engine = Engine.load(built_fp8.target), Engine.load(built_fp8.target)
+    requests = _mixed_requests(alone_engine)
+    alone = [alone_engine.generate(r) for r in requests]
+    batched = batched_engine.generate_many(requests)
+    # up to max_batch_size (4 in these engines) calls share a step; the fifth joins when one ends
+    assert batched_engine.stats.batching.max_calls_in_step == min(len(requests), batched_engine.info.max_batch_size)
+    assert batched_engine.stats.batching.steps < sum(max(1, len(a.new_tokens)) for a in alone)
+    for a, b in zip(alone, batched, strict=True):
+        assert a.output_ids == b.output_ids
+        assert (a.num_draft_tokens, a.num_accepted_draft_tokens) == (b.num_draft_tokens, b.num_accepted_draft_tokens)
+        if a.generation_logits is not None:
+            assert np.array_equal(a.generation_logits, b.generation_logits)
+
+
+def test_greedy_verification_reproduces_plain_decoding_bitwise(built_fp8):
+    engine = Engine.load(built_fp8.target)
+    prompt = _ids(12, 21, engine.info.vocab_size)
+    plain = engine.generate(GenerationRequest(input_ids=prompt, request_output_len=MAX_DRAFT_LEN + 1, end_id=-1,
+                                              return_generation_logits=True))
+    fresh = Engine.load(built_fp8.target)
+    verified = fresh.generate(GenerationRequest(input_ids=prompt, request_output_len=MAX_DRAFT_LEN + 1, end_id=-1,
+                                                draft_input_ids=plain.new_tokens[:MAX_DRAFT_LEN], return_generation_logits=True))
+    assert verified.num_accepted_draft_tokens == MAX_DRAFT_LEN
+    assert verified.new_tokens == plain.new_tokens
+    assert np.array_equal(verified.generation_logits, plain.generation_logits)
+
+
+def test_a_call_beyond_the_kv_budget_is_refused_while_others_finish(built_fp8):
+    engine = Engine.load(built_fp8.target)
+    per_token = engine.model.kv_bytes_per_token
+    engine.cache.budget_bytes = 64 * per_token  # one 64-token key block
+    too_big = GenerationRequest(input_ids=list(range(1, 60)), request_output_len=30, end_id=-1)
+    with pytest.raises(RequestError, match=r"request_output_len: .*engine.kv_cache_mb"):
+        engine.generate(too_big)
+    # each of these fits alone (50 tokens: one block), not two together: they queue and all finish
+    fits = [GenerationRequest(input_ids=_ids(20, s, engine.info.vocab_size), request_output_len=30, end_id=-1) for s in range(3)]
+    outcomes = engine.generate_many(fits)
+    assert all(len(o.new_tokens) == 30 for o in outcomes)
+    assert engine.cache.stats.peak_bytes <= engine.cache.budget_bytes
+    assert engine.cache.running_bytes == 0 and engine.cache.stats.refused == 1
+    # the same outputs as an engine with room to spare
+    roomy = Engine.load(built_fp8.target)
+    assert [o.output_ids for o in outcomes] == [roomy.generate(r).output_ids for r in fits]
+
+
+def test_kv_budget_comes_from_the_build_config(tiny_pair, tmp_path):
+    from trtspec.build import run_build
+
+    config = write_config(tmp_path / "build.yaml", tiny_pair.target, None,
+                          engine={"max_input_len": 64, "max_seq_len": 96, "kv_cache_mb": 3, "kv_cache_reuse_mb": 1})
+    engines = run_build(config, tmp_path / "engines")
+    engine = Engine.load(engines / "target")
+    assert engine.cache.budget_bytes == 3 * 2**20 and engine.cache.reuse_bytes == 2**20
+
+
+def test_fp8_products_match_the_dequantized_weights(built_fp8):
+    exact = Engine.load(built_fp8.target)
+    fp8 = Engine.load(built_fp8.target, fp8_matmul=True)
+    assert any(type(lin).__name__ == "Fp8Linear" for lin in fp8.model.layers[0].values())
+    ids = _ids(20, 9, exact.info.vocab_size)
+    with torch.inference_mode():
+        a = exact.model.forward([Segment(ids, 0, exact.model.new_kv(20), 20)])[0]
+        b = fp8.model.forward([Segment(ids, 0, fp8.model.new_kv(20), 20)])[0]
+    # activations quantized to E4M3 per token at every linear of a random 2-layer model: close, not equal
+    assert torch.nn.functional.cosine_similarity(a, b, dim=-1).min() > 0.95
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.75
+
+
+def test_one_fp8_product_is_within_e4m3_rounding():
+    from trtspec.engine import fp8
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 32, generator=gen)
+    x = torch.randn(5, 32, generator=gen)
+    q, scale = fp8.quantize(w, per_channel=True)
+    w_deq = fp8.dequantize(q, scale, torch.float32)
+    y = kernels.Fp8Linear(q, scale, None, torch.float32)(x)
+    exact = x @ w_deq.t()
+    # E4M3 keeps 3 mantissa bits: each activation within 2^-4 of itself; the bfloat16 output within 2^-8
+    bound = 2**-4 * (x.abs() @ w_deq.abs().t()) + 2**-8 * exact.abs() + 1e-6
+    assert ((y - exact).abs() <= bound).all()
+    assert not torch.equal(y, exact)  # it really went through FP8
+
+
+def test_the_forward_choice(built_fp8):
+    eager = Engine.load(built_fp8.target, forward="hf")
+    assert type(eager.model).__name__ == "HFModel" and not eager.batch_invariant
+    compact = Engine.load(built_fp8.target)
+    request = GenerationRequest(input_ids=[5, 6, 7, 8], request_output_len=10, end_id=-1)
+    assert eager.generate(request).output_ids == compact.generate(request).output_ids
+
+
+# ---- through the real server --------------------------------------------------------------------------------
+
+def test_concurrent_calls_through_triton_equal_the_same_calls_one_at_a_time(triton_server, built_fp8):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    requests = _mixed_requests(Engine.load(built_fp8.target, check_invariance=False))
+
+    def infer(request: GenerationRequest) -> dict[str, np.ndarray]:
+        client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+        try:
+            inputs = []
+            for name, value in request_to_tensors(request).items():
+                t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+                t.set_data_from_numpy(value)
+                inputs.append(t)
+            result = client.infer("tensorrt_llm", inputs)
+            return {n: result.as_numpy(n) for n in ("output_ids", "sequence_length", "generation_logits", "total_accepted_draft_tokens")}
+        finally:
+            client.close()
+
+    one_by_one = [infer(r) for r in requests]
+    with cf.ThreadPoolExecutor(len(requests) * 2) as pool:
+        together = list(pool.map(infer, requests * 2))
+    for i, got in enumerate(together):
+        want = one_by_one[i % len(requests)]
+        for name, value in want.items():
+            if value is not None:
+                assert np.array_equal(got[name], value), (i, name)
