@@ -7,8 +7,8 @@ kernels under torch 2.13 decide the shapes used here (tests/test_kernels.py re-c
 and `invariance_probe` checks the loaded model itself at load):
 - oneDNN's prepacked linear (`mkldnn._linear_pointwise` on a `_reorder_linear_weight` weight) gives bitwise
   equal rows for any number of rows >= 2; a single row takes another path (a GEMV) whose sums round
-  differently, so a one-row product is computed as two rows. It also reads the weights 2-3x faster than the
-  dense product, which repacks the weight on every call.
+  differently, so fewer than four rows are padded to four (which also streams the weight fastest). It reads
+  the weights 2-3x faster than the dense product, which repacks the weight on every call.
 - the dense fp32 GEMM behind `torch.bmm` rounds a row the same way for any number of rows >= 12 (and where
   the row sits among them); below that, small-matrix kernels round differently. Attention therefore pads its
   query rows to at least `MIN_GEMM_ROWS`, and each row's keys to a length that depends on the row alone
@@ -54,6 +54,8 @@ class DenseLinear:
 class PrepackedLinear:
     """oneDNN product on a weight reordered once into its blocked layout (CPU)."""
 
+    MIN_ROWS = 4
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         rows = 2  # the layout is chosen for a batch of this many rows; any row count works with it
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
@@ -62,8 +64,11 @@ class PrepackedLinear:
         self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1:  # one row takes oneDNN's GEMV, which rounds differently: compute it as two
-            return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1), self.packed, self.bias, "none", [], "")[:1]
+        m = x.shape[0]
+        if m < self.MIN_ROWS:
+            # one row takes oneDNN's GEMV, which rounds differently; 2-3 rows stream the weight ~10% slower than 4
+            x = torch.cat([x, x.new_zeros(self.MIN_ROWS - m, x.shape[1])])
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")[:m]
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
@@ -105,11 +110,14 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str):
     raise ValueError(f"unknown linear kind {kind!r}")
 
 
-def attention_plan(positions: list[int], groups: int, window: int | None, device: torch.device) -> list[tuple]:
+def attention_plan(positions: list[int], heads: tuple[int, int, int], window: int | None, dtype: torch.dtype,
+                   device: torch.device) -> list[tuple]:
     """How `attend` splits one sequence's new rows (at ascending `positions`), computed once per forward pass:
     runs of rows with the same `attention_length`, each with its mask (True where a key may not be attended:
-    after the row's position, or outside a sliding window). Padding rows attend to key 0 only, so their
+    after the row's position, or outside a sliding window) and a zeroed query buffer that every layer reuses
+    (`heads` = (key heads, query heads per key head, head dim)). Padding rows attend to key 0 only, so their
     softmax stays finite."""
+    hkv, groups, d = heads
     plan, start, n = [], 0, len(positions)
     while start < n:
         length = attention_length(positions[start])
@@ -123,7 +131,7 @@ def attention_plan(positions: list[int], groups: int, window: int | None, device
         blocked = key[None, :] > pos[:, None]
         if window is not None:
             blocked |= key[None, :] <= pos[:, None] - window
-        plan.append((start, end, length, blocked))
+        plan.append((start, end, length, blocked, torch.zeros(hkv, blocked.shape[0], d, dtype=dtype, device=device)))
         start = end
     return plan
 
@@ -140,12 +148,11 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: list
     n, hq, d = q.shape
     hkv = keys.shape[0]
     out = q.new_empty(n, hq, d)
-    for start, end, length, blocked in plan:
+    for start, end, length, blocked, qg in plan:                        # qg: [Hkv, >= MIN_GEMM_ROWS, d]
         rows = end - start
         m = rows * groups
-        qg = q.new_zeros(hkv, blocked.shape[0], d)                        # [Hkv, >= MIN_GEMM_ROWS, d]
-        qg[:, :m] = q[start:end].view(rows, hkv, groups, d).permute(1, 0, 2, 3).reshape(hkv, m, d)
-        scores = torch.bmm(qg, keys[:, :length].transpose(1, 2)).mul_(scale)
+        torch.mul(q[start:end].view(rows, hkv, groups, d).permute(1, 0, 2, 3).reshape(hkv, m, d), scale, out=qg[:, :m])
+        scores = torch.bmm(qg, keys[:, :length].transpose(1, 2))
         scores.masked_fill_(blocked, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         att = torch.bmm(probs, values[:, :length])[:, :m]                # [Hkv, rows*G, d]

@@ -169,19 +169,20 @@ class CompactModel:
         for s in segments:
             offsets.append(total)
             total += len(s.ids)
-        plans = [kernels.attention_plan(list(range(s.start, s.start + len(s.ids))), self.groups, self.window, self.device)
+        heads = (self.hkv, self.groups, self.head_dim)
+        plans = [kernels.attention_plan(list(range(s.start, s.start + len(s.ids))), heads, self.window, self.dtype, self.device)
                  for s in segments]
         x = F.embedding(ids, self.embed)
         d, hq, hkv = self.head_dim, self.hq, self.hkv
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer["input_norm"], self.eps)
             qkv = layer["qkv"](h)
-            q = qkv[:, : hq * d].view(total, hq, d)
-            k = qkv[:, hq * d : (hq + hkv) * d].view(total, hkv, d)
+            qk = qkv[:, : (hq + hkv) * d].view(total, hq + hkv, d)
             v = qkv[:, (hq + hkv) * d :].view(total, hkv, d)
             if "q_norm" in layer:
-                q, k = _rms_norm(q, layer["q_norm"], self.eps), _rms_norm(k, layer["k_norm"], self.eps)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+                qk = torch.cat([_rms_norm(qk[:, :hq], layer["q_norm"], self.eps), _rms_norm(qk[:, hq:], layer["k_norm"], self.eps)], 1)
+            qk = _rope(qk, cos, sin)                     # queries and keys rotated together: one op each
+            q, k = qk[:, :hq], qk[:, hq:]
             att = x.new_empty(total, hq * d)
             for s, off, plan in zip(segments, offsets, plans):
                 n = len(s.ids)
@@ -276,6 +277,8 @@ def _dequantized(state, name: str, dtype: torch.dtype) -> torch.Tensor:
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # as transformers' LlamaRMSNorm: the mean of squares in float32, the scale applied in the input's dtype
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)

@@ -1,0 +1,168 @@
+"""The embedded engine's speed against the memory-bandwidth bound, against the Hugging Face eager forward, and
+under in-flight batching, on a built pair (the demo pair by default).
+
+    python benchmarks/engine_speed.py --engines /tmp/demo-engines --output engine-speed.json
+
+Every repetition measures, interleaved, so that the machine's noise hits all of them alike:
+  a. bandwidth: a 256 MiB float32 copy (`copy_`, read + written bytes, as STREAM counts) and a read (`sum`);
+  b. the decode step (one row on a cached 106-token sequence) of the compact forward and of the Hugging Face
+     eager forward, for the target and the draft; the bound is the step's weight bytes / copy bandwidth;
+  c. passes of k+1 rows (k = 1..8 draft tokens) on the same cache, in decode steps of the same repetition;
+  d. target-only generation of 32 tokens by C = 1, 4, 8 requests at once (the scheduler batches them).
+Ratios are taken within a repetition, then the median over repetitions is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from trtspec.contract import GenerationRequest
+from trtspec.engine.model import Segment
+from trtspec.engine.runtime import Engine
+
+CONTEXT = 106
+
+
+def bandwidth(mib: int = 256) -> dict[str, float]:
+    src = torch.ones(mib * 2**18)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    copies, reads = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        dst.copy_(src)
+        copies.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        src.sum()
+        reads.append(time.perf_counter() - t)
+    nbytes = src.numel() * 4
+    return {"copy_gbs": 2 * nbytes / statistics.median(copies) / 1e9, "read_gbs": nbytes / statistics.median(reads) / 1e9}
+
+
+def pass_times(model, ids: list[int], ks: list[int], steps: int) -> dict[int, float]:
+    """Median seconds of a pass of k+1 rows at position CONTEXT on a cache that holds ids[:CONTEXT]."""
+    kv = model.new_kv(CONTEXT + max(ks) + 1)
+    model.forward([Segment(ids[:CONTEXT], 0, kv, 1)])
+    out = {}
+    for k in ks:
+        rows = ids[CONTEXT : CONTEXT + k + 1]
+        times = []
+        for _ in range(steps if k == 0 else max(2, steps // 3)):
+            t = time.perf_counter()
+            model.forward([Segment(rows, CONTEXT, kv, k + 1)])
+            times.append(time.perf_counter() - t)
+        out[k] = statistics.median(times)
+    return out
+
+
+def batched_rate(engine: Engine, prompts: list[list[int]], concurrency: int, tokens: int) -> float:
+    """Aggregate tokens/s of `concurrency` target-only requests run together (fresh prompts: no reuse)."""
+    requests = [GenerationRequest(input_ids=p, request_output_len=tokens, end_id=-1) for p in prompts[:concurrency]]
+    t = time.perf_counter()
+    results = engine.generate_many(requests)
+    return sum(len(r.new_tokens) for r in results) / (time.perf_counter() - t)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engines", type=Path, required=True, help="engine dir holding target/ (and draft/)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=9, help="decode steps timed per repetition")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=32, help="tokens per request in the batching part")
+    p.add_argument("--output", type=Path)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    console = Console(stderr=True)
+    roles = [r for r in ("target", "draft") if (args.engines / r / "config.json").is_file()]
+    engines = {}
+    for role in roles:
+        engines[role, "compact"] = Engine.load(args.engines / role)
+        engines[role, "hf"] = Engine.load(args.engines / role, forward="hf")
+    target = engines["target", "compact"]
+    vocab = target.info.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (CONTEXT + 9,), generator=gen).tolist()
+    prompts = [torch.randint(0, vocab, (40,), generator=gen).tolist() for _ in range(8 * (args.reps + 1))]
+    ks = list(range(0, 9))
+    reps = []
+    with torch.inference_mode():
+        batched_rate(target, prompts[:8], 8, 4)  # warm-up
+        for rep in range(args.reps):
+            console.print(f"repetition {rep + 1}/{args.reps}")
+            r = {"bandwidth": bandwidth(), "passes": {}, "rates": {}}
+            for (role, forward), engine in engines.items():
+                r["passes"][f"{role}/{forward}"] = pass_times(engine.model, ids, ks if role == "target" else [0], args.steps)
+            batch = prompts[8 * (rep + 1) : 8 * (rep + 2)]
+            for c in (1, 4, 8):
+                r["rates"][c] = batched_rate(target, batch, c, args.tokens)
+            r["bandwidth_after"] = bandwidth()
+            reps.append(r)
+
+    def median(fn):
+        return statistics.median(fn(r) for r in reps)
+
+    copy_gbs = median(lambda r: max(r["bandwidth"]["copy_gbs"], r["bandwidth_after"]["copy_gbs"]))
+    report = {"command": "python " + " ".join(sys.argv), "threads": args.threads, "reps": args.reps,
+              "batch_invariant": target.batch_invariant, "linears": target.model.linear_kind,
+              "copy_gbs": copy_gbs, "read_gbs": median(lambda r: r["bandwidth"]["read_gbs"]), "models": {}}
+    for role in roles:
+        wb = engines[role, "compact"].model.weight_bytes
+        name = f"{role}/compact"
+        # the bound of each repetition: its weight bytes over the best copy bandwidth seen around it
+        ratio = median(lambda r: r["passes"][name][0] / (wb / (max(r["bandwidth"]["copy_gbs"], r["bandwidth_after"]["copy_gbs"]) * 1e9)))
+        report["models"][role] = {
+            "weight_mb": wb / 1e6,
+            "decode_ms": median(lambda r: r["passes"][name][0]) * 1e3,
+            "eager_decode_ms": median(lambda r: r["passes"][f"{role}/hf"][0]) * 1e3,
+            "eager_over_compact": median(lambda r: r["passes"][f"{role}/hf"][0] / r["passes"][name][0]),
+            "bound_ms": wb / (copy_gbs * 1e9) * 1e3,
+            "decode_over_bound": ratio,
+        }
+    for forward in ("compact", "hf"):
+        name = f"target/{forward}"
+        report[f"passes_{forward}"] = {k + 1: median(lambda r: r["passes"][name][k] / r["passes"][name][0]) for k in ks[1:]}
+    report["rates"] = {c: median(lambda r: r["rates"][c]) for c in (1, 4, 8)}
+    report["rate_ratio"] = {c: median(lambda r: r["rates"][c] / r["rates"][1]) for c in (1, 4, 8)}
+    report["batching"] = vars(target.stats.batching)
+    _print(Console(), report)
+    if args.output:
+        args.output.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def _print(console: Console, r: dict) -> None:
+    t = Table(title=f"decode step vs the bandwidth bound (copy {r['copy_gbs']:.1f} GB/s, read {r['read_gbs']:.1f} GB/s; "
+                    f"linears {r['linears']}, batch-invariant {r['batch_invariant']})")
+    for col in ("model", "weights MB", "decode ms", "bound ms", "decode / bound", "HF eager ms", "eager / compact"):
+        t.add_column(col, justify="right")
+    for role, m in r["models"].items():
+        t.add_row(role, f"{m['weight_mb']:.0f}", f"{m['decode_ms']:.1f}", f"{m['bound_ms']:.1f}", f"{m['decode_over_bound']:.2f}x",
+                  f"{m['eager_decode_ms']:.1f}", f"{m['eager_over_compact']:.2f}x")
+    console.print(t)
+    t = Table(title="a pass of k+1 rows, in decode steps (target)")
+    t.add_column("forward")
+    for k in r["passes_compact"]:
+        t.add_column(f"{k} rows", justify="right")
+    for forward in ("compact", "hf"):
+        t.add_row(forward, *(f"{v:.2f}" for v in r[f"passes_{forward}"].values()))
+    console.print(t)
+    t = Table(title="target-only, requests generating together (in-flight batching)")
+    for col in ("concurrency", "tokens/s", "vs concurrency 1"):
+        t.add_column(col, justify="right")
+    for c, rate in r["rates"].items():
+        t.add_row(str(c), f"{rate:.1f}", f"{r['rate_ratio'][c]:.2f}x")
+    console.print(t)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
