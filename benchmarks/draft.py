@@ -53,9 +53,9 @@ def step_costs(target: Engine, draft: Engine, prompt: list[int], max_k: int, rep
     def pristine(engine: Engine, seq: list[int]):
         engine.cache.clear()
         engine.generate(GenerationRequest(input_ids=seq[:-1], request_output_len=1, end_id=NO_END))
-        cache, n = engine.cache.take(seq[:-1], None, max_cached=len(seq) - 1)
-        assert n == len(seq) - 1
-        return cache
+        cache = engine.cache.kept(seq[:-1])
+        assert cache is not None
+        return copy.deepcopy(cache)
 
     seq = prompt + target.generate(GenerationRequest(input_ids=prompt, request_output_len=32, end_id=NO_END)).new_tokens
     caches = {"target": pristine(target, seq), "draft": pristine(draft, seq)}
@@ -64,7 +64,7 @@ def step_costs(target: Engine, draft: Engine, prompt: list[int], max_k: int, rep
     def run(name: str) -> float:
         engine = draft if name == "draft decode" else target
         engine.cache.clear()
-        engine.cache.put(seq[:-1], copy.deepcopy(caches["draft" if engine is draft else "target"]))
+        engine.cache.keep(seq[:-1], copy.deepcopy(caches["draft" if engine is draft else "target"]))
         k = int(name.split("=")[1]) if name.startswith("verify") else 0
         request = GenerationRequest(input_ids=list(seq), request_output_len=k + 1, end_id=NO_END,
                                     draft_input_ids=[seq[-1]] * k or None)

@@ -201,15 +201,15 @@ def bench_verify(engine: Engine, prompt: list[int], context: int, max_k: int, re
     seq, continuation = prompt + ref[:context], ref[context:]
     engine.cache.clear()
     greedy(engine, seq[:-1], 1, NO_END)  # leaves the KV of seq[:-1] in the cache
-    pristine, cached = engine.cache.take(seq[:-1], None, max_cached=len(seq) - 1)
-    assert cached == len(seq) - 1
+    pristine = copy.deepcopy(engine.cache.kept(seq[:-1]))
+    assert pristine is not None
     times = {k: [] for k in range(max_k + 1)}
     accepted = {k: k for k in times}
     rng = random.Random(seed)
 
     def run(k: int) -> float:
         engine.cache.clear()
-        engine.cache.put(seq[:-1], copy.deepcopy(pristine))
+        engine.cache.keep(seq[:-1], copy.deepcopy(pristine))
         request = GenerationRequest(input_ids=list(seq), request_output_len=k + 1, end_id=NO_END,
                                     draft_input_ids=list(continuation[:k]) or None)
         seconds, result = timed(lambda: engine.generate(request))
@@ -281,7 +281,6 @@ def bench_prefix_cache(engines: dict[str, Engine], demo: str, prompt: list[int],
     """The orchestrator pattern on the demo target with the prefix cache on and off (outputs must be identical),
     and, for every engine in `engines`, plain greedy decoding vs the pattern with the cache on; all runs of a
     repetition interleaved, in rotating order."""
-    budgets = {name: e.cache.budget_bytes for name, e in engines.items()}
     plain, drafters = {}, {}
     for name, engine in engines.items():  # the reference continuation each engine's oracle drafter follows
         engine.cache.clear()
@@ -294,7 +293,7 @@ def bench_prefix_cache(engines: dict[str, Engine], demo: str, prompt: list[int],
             for name, mode in rotate(cases, rep):
                 engine = engines[name]
                 engine.cache.clear()
-                engine.cache.budget_bytes = 0 if mode == "off" else budgets[name]
+                engine.cache.reuse = mode != "off"
                 if mode == "plain":
                     seconds, result = timed(lambda: greedy(engine, prompt, n_tokens, NO_END))
                     runs[name, mode].append({"seconds": seconds, "new_tokens": result.new_tokens, "iterations": n_tokens,
@@ -304,7 +303,7 @@ def bench_prefix_cache(engines: dict[str, Engine], demo: str, prompt: list[int],
                     runs[name, mode].append(run_bls(engine, prompt, n_tokens, k, drafters[name]))
     finally:
         for name, engine in engines.items():
-            engine.cache.budget_bytes = budgets[name]
+            engine.cache.reuse = True
             engine.cache.clear()
     demo_outputs = {tuple(r["new_tokens"]) for mode in ("on", "off") for r in runs[demo, mode]}
     assert len(demo_outputs) == 1, "the prefix cache changed the output: cache on and off disagree"

@@ -95,13 +95,21 @@ class KVPool:
     def release(self, lease: Lease, tokens: list[int]) -> None:
         """A call ended; its cache holds `tokens` and is kept for reuse if the budget allows."""
         self.running_bytes -= lease.nbytes
+        self.keep(tokens, lease.kv)
+
+    def keep(self, tokens: list[int], kv) -> None:
+        """Keep `kv`, which holds `tokens`, for reuse (most recently used first), within the budgets."""
         if not self.reuse or self.reuse_bytes <= 0 or not tokens:
             return
-        self.model.crop_kv(lease.kv, len(tokens))
-        self.entries.insert(0, _Kept(tuple(tokens), lease.kv, self.model.kv_nbytes(lease.kv)))
+        self.model.crop_kv(kv, len(tokens))
+        self.entries.insert(0, _Kept(tuple(tokens), kv, self.model.kv_nbytes(kv)))
         while self.entries and (self.kept_bytes > self.reuse_bytes or self.kept_bytes + self.running_bytes > self.budget_bytes):
             self.entries.pop()
             self.stats.evictions += 1
+
+    def kept(self, tokens: list[int]):
+        """The kept cache that holds exactly `tokens` (left in place), or None."""
+        return next((e.kv for e in self.entries if e.tokens == tuple(tokens)), None)
 
     def clear(self) -> None:
         self.entries.clear()

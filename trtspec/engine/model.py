@@ -196,7 +196,8 @@ class CompactModel:
             x = x + layer["down"](F.silu(gate) * up)
         rows = torch.tensor([off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
                             device=self.device)
-        logits = self._head(_rms_norm(x[rows], self.norm, self.eps)).float()
+        # sampling and the contract's outputs work on the CPU: one transfer per step on a GPU
+        logits = self._head(_rms_norm(x[rows], self.norm, self.eps)).float().cpu()
         out, at = [], 0
         for s in segments:
             out.append(logits[at : at + s.n_logits])
@@ -261,7 +262,7 @@ class HFModel:
             self.crop_kv(s.kv, s.start)
             ids = torch.tensor([s.ids], dtype=torch.long, device=self.device)
             res = self.model(input_ids=ids, past_key_values=s.kv, use_cache=True, logits_to_keep=s.n_logits)
-            out.append(res.logits[0].float())
+            out.append(res.logits[0].float().cpu())
         return out
 
 
