@@ -8,7 +8,8 @@ Every repetition measures, interleaved, so that the machine's noise hits all of 
   b. the decode step (one row on a cached 106-token sequence) of the compact forward and of the Hugging Face
      eager forward, for the target and the draft; the bound is the step's weight bytes / copy bandwidth;
   c. passes of k+1 rows (k = 1..8 draft tokens) on the same cache, in decode steps of the same repetition;
-  d. target-only generation of 32 tokens by C = 1, 4, 8 requests at once (the scheduler batches them).
+  d. target-only generation of 32 tokens by C = 1, 4, 8 requests at once (the scheduler batches them), in
+     process and, with --url, sent at once to a served `tensorrt_llm` model over gRPC.
 Ratios are taken within a repetition, then the median over repetitions is reported.
 """
 
@@ -72,6 +73,33 @@ def batched_rate(engine: Engine, prompts: list[list[int]], concurrency: int, tok
     return sum(len(r.new_tokens) for r in results) / (time.perf_counter() - t)
 
 
+def served_rate(url: str, prompts: list[list[int]], concurrency: int, tokens: int) -> float:
+    """The same through Triton: `concurrency` requests sent at once to the `tensorrt_llm` model (gRPC)."""
+    import concurrent.futures as cf
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
+
+    from trtspec.contract import request_to_tensors
+
+    def one(prompt: list[int]) -> int:
+        client = grpcclient.InferenceServerClient(url)
+        try:
+            inputs = []
+            for name, value in request_to_tensors(GenerationRequest(input_ids=prompt, request_output_len=tokens, end_id=-1)).items():
+                t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+                t.set_data_from_numpy(value)
+                inputs.append(t)
+            return int(client.infer("tensorrt_llm", inputs).as_numpy("sequence_length").item()) - len(prompt)
+        finally:
+            client.close()
+
+    t = time.perf_counter()
+    with cf.ThreadPoolExecutor(concurrency) as pool:
+        total = sum(pool.map(one, prompts[:concurrency]))
+    return total / (time.perf_counter() - t)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", type=Path, required=True, help="engine dir holding target/ (and draft/)")
@@ -79,6 +107,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=9, help="decode steps timed per repetition")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=32, help="tokens per request in the batching part")
+    p.add_argument("--url", help="gRPC address of a server running this pair's repository (e.g. 127.0.0.1:8001): "
+                   "also measure part d through Triton")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -105,6 +135,8 @@ def main(argv=None) -> int:
             batch = prompts[8 * (rep + 1) : 8 * (rep + 2)]
             for c in (1, 4, 8):
                 r["rates"][c] = batched_rate(target, batch, c, args.tokens)
+                if args.url:
+                    r.setdefault("served", {})[c] = served_rate(args.url, [[t + 1 for t in p] for p in batch], c, args.tokens)
             r["bandwidth_after"] = bandwidth()
             reps.append(r)
 
@@ -133,6 +165,9 @@ def main(argv=None) -> int:
         report[f"passes_{forward}"] = {k + 1: median(lambda r: r["passes"][name][k] / r["passes"][name][0]) for k in ks[1:]}
     report["rates"] = {c: median(lambda r: r["rates"][c]) for c in (1, 4, 8)}
     report["rate_ratio"] = {c: median(lambda r: r["rates"][c] / r["rates"][1]) for c in (1, 4, 8)}
+    if args.url:
+        report["served_rates"] = {c: median(lambda r: r["served"][c]) for c in (1, 4, 8)}
+        report["served_ratio"] = {c: median(lambda r: r["served"][c] / r["served"][1]) for c in (1, 4, 8)}
     report["batching"] = vars(target.stats.batching)
     _print(Console(), report)
     if args.output:
@@ -157,10 +192,11 @@ def _print(console: Console, r: dict) -> None:
         t.add_row(forward, *(f"{v:.2f}" for v in r[f"passes_{forward}"].values()))
     console.print(t)
     t = Table(title="target-only, requests generating together (in-flight batching)")
-    for col in ("concurrency", "tokens/s", "vs concurrency 1"):
+    for col in ("concurrency", "in process tok/s", "vs concurrency 1") + (("through Triton tok/s", "vs concurrency 1") if "served_rates" in r else ()):
         t.add_column(col, justify="right")
     for c, rate in r["rates"].items():
-        t.add_row(str(c), f"{rate:.1f}", f"{r['rate_ratio'][c]:.2f}x")
+        served = (f"{r['served_rates'][c]:.1f}", f"{r['served_ratio'][c]:.2f}x") if "served_rates" in r else ()
+        t.add_row(str(c), f"{rate:.1f}", f"{r['rate_ratio'][c]:.2f}x", *served)
     console.print(t)
 
 

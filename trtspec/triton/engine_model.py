@@ -25,21 +25,38 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from trtspec.engine.runtime import Engine
-
         params = model_parameters(args)
         self.name = args.get("model_name", "tensorrt_llm")
         device = parameter(params, "device", "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(f"{self.name}: device '{device}' is configured but no CUDA device is available; "
                               "regenerate the repository with `trtspec deploy --device cpu`")
-        self.engine = Engine.load(parameter(params, "engine_dir"), device, forward=parameter(params, "forward", "auto"))
-        if not bool_parameter(params, "enable_kv_cache_reuse", True):
-            self.engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
+        # One thread loads the engine and then runs every forward pass (see Scheduler.serve); `execute` only
+        # checks and queues, so requests join the running batch at every step.
+        self.engine = None
+        loaded, failure = threading.Event(), []
+        threading.Thread(target=self._run, args=(params, device, loaded, failure), name="trtspec-engine", daemon=True).start()
+        loaded.wait()
+        if failure:
+            raise failure[0]
         pb_utils.Logger.log_info(
             f"{self.name}: {type(self.engine.model).__name__} on {device}, linears {self.engine.model.linear_kind}, "
             f"batch-invariant logits: {'yes' if self.engine.batch_invariant else 'no (validation classifies near-ties)'}")
-        self.engine.start()
+
+    def _run(self, params, device: str, loaded: threading.Event, failure: list) -> None:
+        from trtspec.engine.runtime import Engine
+
+        try:
+            engine = Engine.load(parameter(params, "engine_dir"), device, forward=parameter(params, "forward", "auto"))
+            if not bool_parameter(params, "enable_kv_cache_reuse", True):
+                engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
+            self.engine = engine
+        except BaseException as exc:  # reported by initialize, which fails the model's load
+            failure.append(exc)
+            return
+        finally:
+            loaded.set()
+        engine.scheduler.serve()
 
     def execute(self, requests):
         for request in requests:
