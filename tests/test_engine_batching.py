@@ -280,3 +280,16 @@ def test_concurrent_calls_through_triton_equal_the_same_calls_one_at_a_time(trit
         for name, value in want.items():
             if value is not None:
                 assert np.array_equal(got[name], value), (i, name)
+
+
+def test_the_dense_products_of_a_gpu_or_a_cpu_without_onednn(monkeypatch):
+    """The path CUDA takes (F.linear, cuBLAS there): the same network, no invariance promised."""
+    monkeypatch.setattr(kernels, "prepack_available", lambda dtype, device: False)
+    hf = _hf_model("qwen2")
+    model = CompactModel(hf.config, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    assert model.linear_kind == "dense"
+    ids = _ids(30, 8)
+    with torch.inference_mode():
+        got = model.forward([Segment(ids, 0, model.new_kv(30), 30)])[0]
+        reference = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(got, reference, atol=2e-5, rtol=1e-5)
