@@ -3,8 +3,8 @@
 Batch invariance is what makes greedy speculative output equal target-only output by construction: the
 target's logits for a position must be bitwise the same whether that position is decoded alone, verified
 with draft tokens after it, or computed in one pass with other requests' sequences. Two facts of the CPU
-kernels under torch 2.13 decide the shapes used here (tests/test_kernels.py re-checks them on every machine,
-and `invariance_probe` checks the loaded model itself at load):
+kernels under torch 2.13 decide the shapes used here (tests/test_engine_batching.py re-checks them, and
+`Engine.check_batch_invariance` checks the loaded model itself at load):
 - oneDNN's prepacked linear (`mkldnn._linear_pointwise` on a `_reorder_linear_weight` weight) gives bitwise
   equal rows for any number of rows >= 2; a single row takes another path (a GEMV) whose sums round
   differently, so fewer than four rows are padded to four (which also streams the weight fastest). It reads
@@ -14,7 +14,7 @@ and `invariance_probe` checks the loaded model itself at load):
   query rows to at least `MIN_GEMM_ROWS`, and each row's keys to a length that depends on the row alone
   (`attention_length`), so every row of every pass goes through identically shaped products.
 On CUDA, cuBLAS picks kernels (and split-K) by shape, so no such guarantee is made there: the engine reports
-`batch_invariant = False` and validation falls back to classifying differences as near-ties.
+`batch_invariant = False` and `trtspec validate outputs` classifies differences as near-ties or mismatches.
 """
 
 from __future__ import annotations
