@@ -69,12 +69,14 @@ class TritonPythonModel:
 
     def _submit(self, request, sender) -> None:
         tensors = engine_inputs(request)
-        calls = [(tensors_to_request(row), row) for row in split_rows(tensors)]
+        calls = [tensors_to_request(row) for row in split_rows(tensors)]
+        for call in calls:  # every row is checked before any is queued
+            self.engine.check(call)
         outcomes: list = [None] * len(calls)
         left = [len(calls)]
         lock = threading.Lock()
 
-        def done(i, outcome):
+        def done(i, outcome):  # called on the engine's thread as each row's call ends
             outcomes[i] = outcome
             with lock:
                 left[0] -= 1
@@ -82,16 +84,14 @@ class TritonPythonModel:
                     return
             sender.send(self._response(calls, outcomes, tensors), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-        for i, (call, _) in enumerate(calls):  # every row is checked before any is queued
-            self.engine.check(call)
-        for i, (call, _) in enumerate(calls):
+        for i, call in enumerate(calls):
             self.engine.submit(call, lambda outcome, i=i: done(i, outcome))
 
     def _response(self, calls, outcomes, tensors):
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
         if failed is not None:
             return error_response(failed, self.name)
-        outputs = [self.engine.result_tensors(call, result) for (call, _), result in zip(calls, outcomes)]
+        outputs = [self.engine.result_tensors(call, result) for call, result in zip(calls, outcomes)]
         if len(outputs) > 1:
             outputs = [stack_rows(outputs, pad_values={"output_ids": self._pad_id(tensors)})]
         return pb_utils.InferenceResponse(
