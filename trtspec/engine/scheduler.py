@@ -138,6 +138,8 @@ class Scheduler:
 
     def run(self, jobs: list[Job]) -> None:
         """Submit `jobs` and drive steps in this thread until every one of them is done."""
+        if not jobs:
+            return
         finished = threading.Event()
         remaining = [len(jobs)]
         for job in jobs:
