@@ -113,8 +113,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str):
 def attention_plan(positions: list[int], heads: tuple[int, int, int], window: int | None, dtype: torch.dtype,
                    device: torch.device) -> list[tuple]:
     """How `attend` splits one sequence's new rows (at ascending `positions`), computed once per forward pass:
-    runs of rows with the same `attention_length`, each with its mask (True where a key may not be attended:
-    after the row's position, or outside a sliding window) and a zeroed query buffer that every layer reuses
+    runs of rows with the same `attention_length`, each with its additive mask (-inf where a key may not be
+    attended: after the row's position, or outside a sliding window) and a zeroed query buffer that every layer reuses
     (`heads` = (key heads, query heads per key head, head dim)). Padding rows attend to key 0 only, so their
     softmax stays finite."""
     hkv, groups, d = heads
@@ -131,7 +131,8 @@ def attention_plan(positions: list[int], heads: tuple[int, int, int], window: in
         blocked = key[None, :] > pos[:, None]
         if window is not None:
             blocked |= key[None, :] <= pos[:, None] - window
-        plan.append((start, end, length, blocked, torch.zeros(hkv, blocked.shape[0], d, dtype=dtype, device=device)))
+        mask = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, float("-inf"))
+        plan.append((start, end, length, mask, torch.zeros(hkv, blocked.shape[0], d, dtype=dtype, device=device)))
         start = end
     return plan
 
@@ -148,12 +149,11 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: list
     n, hq, d = q.shape
     hkv = keys.shape[0]
     out = q.new_empty(n, hq, d)
-    for start, end, length, blocked, qg in plan:                        # qg: [Hkv, >= MIN_GEMM_ROWS, d]
+    for start, end, length, mask, qg in plan:                           # qg: [Hkv, >= MIN_GEMM_ROWS, d]
         rows = end - start
         m = rows * groups
         torch.mul(q[start:end].view(rows, hkv, groups, d).permute(1, 0, 2, 3).reshape(hkv, m, d), scale, out=qg[:, :m])
-        scores = torch.bmm(qg, keys[:, :length].transpose(1, 2))
-        scores.masked_fill_(blocked, float("-inf"))
+        scores = torch.baddbmm(mask, qg, keys[:, :length].transpose(1, 2))   # -inf where a key may not be seen
         probs = torch.softmax(scores, dim=-1)
         att = torch.bmm(probs, values[:, :length])[:, :m]                # [Hkv, rows*G, d]
         out[start:end] = att.view(hkv, rows, groups, d).permute(1, 0, 2, 3).reshape(rows, hq, d)

@@ -161,14 +161,21 @@ class CompactModel:
     # ---- forward ------------------------------------------------------------------------------------------------
     def forward(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Run every segment's rows; returns each segment's logits [n_logits, V] in float32."""
-        ids = torch.tensor([t for s in segments for t in s.ids], dtype=torch.long, device=self.device)
-        positions = [s.start + i for s in segments for i in range(len(s.ids))]
+        # fewer rows than a product's minimum are padded once here rather than in every product: the extra rows
+        # (token 0 at position 0) go through the linears only, never through attention, a cache or the head
+        flat = [t for s in segments for t in s.ids]
+        pad = max(0, kernels.PrepackedLinear.MIN_ROWS - len(flat))
+        ids = torch.tensor(flat + [0] * pad, dtype=torch.long, device=self.device)
+        positions = [s.start + i for s in segments for i in range(len(s.ids))] + [0] * pad
         cos, sin = self.rotary(self.embed[:1], torch.tensor([positions], device=self.device))
-        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)                            # [T, 1, d]
-        offsets, total = [], 0
+        half = self.head_dim // 2
+        cos = cos[0].unsqueeze(1)                                                      # [T, 1, d]
+        sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1).unsqueeze(1)    # signed for _rope
+        offsets, at = [], 0
         for s in segments:
-            offsets.append(total)
-            total += len(s.ids)
+            offsets.append(at)
+            at += len(s.ids)
+        total = at + pad
         heads = (self.hkv, self.groups, self.head_dim)
         plans = [kernels.attention_plan(list(range(s.start, s.start + len(s.ids))), heads, self.window, self.dtype, self.device)
                  for s in segments]
@@ -183,7 +190,7 @@ class CompactModel:
                 qk = torch.cat([_rms_norm(qk[:, :hq], layer["q_norm"], self.eps), _rms_norm(qk[:, hq:], layer["k_norm"], self.eps)], 1)
             qk = _rope(qk, cos, sin)                     # queries and keys rotated together: one op each
             q, k = qk[:, :hq], qk[:, hq:]
-            att = x.new_empty(total, hq * d)
+            att = x.new_zeros(total, hq * d) if pad else x.new_empty(total, hq * d)
             for s, off, plan in zip(segments, offsets, plans):
                 n = len(s.ids)
                 cache = s.kv[i]                                                      # [2, Hkv, capacity, d]
@@ -285,10 +292,11 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * h.to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half(x) = [-x2, x1] written as flip-halves(x) * [-sin1, sin2]."""
+    t, h, d = x.shape
+    swapped = x.view(t, h, 2, d // 2).flip(2).view(t, h, d)
+    return x * cos + swapped * signed_sin
 
 
 def _rotary(config, device: torch.device):
