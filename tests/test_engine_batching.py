@@ -64,10 +64,23 @@ def test_compact_forward_equals_hugging_face(kind):
     assert torch.equal(got.argmax(-1), reference.argmax(-1))
 
 
+@pytest.fixture(params=["packed", "prepacked"])
+def cpu_linears(request, monkeypatch):
+    """The CPU's two batch-invariant products: trtspec's kernel, and oneDNN's where the kernel is missing."""
+    if request.param == "packed" and not kernels.packed_available(torch.device("cpu")):
+        pytest.skip("trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)")
+    if request.param == "prepacked":
+        if not kernels.prepack_available(torch.float32, torch.device("cpu")):
+            pytest.skip("no oneDNN on this build of torch")
+        monkeypatch.setattr(kernels, "packed_available", lambda device: False)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
-def test_logits_are_bitwise_batch_invariant(kind):
+def test_logits_are_bitwise_batch_invariant(kind, cpu_linears):
     hf = _hf_model(kind, seed=3)
     model = CompactModel(hf.config, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    assert model.linear_kind == cpu_linears
     ids = _ids(75, 2)
     with torch.inference_mode():
         whole = model.forward([Segment(ids, 0, model.new_kv(75), 12)])[0]          # one pass: positions 63..74
@@ -104,8 +117,42 @@ def test_hf_forward_is_the_reference_variant():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+def test_packed_linear_rows_are_independent_of_the_batch(threads):
+    """trtspec's kernel: each row bitwise the same in any batch and any thread count, close to a float64
+    product, bfloat16 weights widened exactly, a bias, and outputs that are not a multiple of the block."""
+    if not kernels.packed_available(torch.device("cpu")):
+        pytest.skip("trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)")
+    before = torch.get_num_threads()
+    gen = torch.Generator().manual_seed(0)
+    try:
+        torch.set_num_threads(threads)
+        for n, k, bias in [(576, 1536, False), (960, 576, True), (50, 24, True)]:
+            w = torch.randn(n, k, generator=gen) / k**0.5
+            b = torch.randn(n, generator=gen) if bias else None
+            linear = kernels.PackedLinear(w, b)
+            x = torch.randn(40, k, generator=gen)
+            full = linear(x)
+            exact = x.double() @ w.double().T + (b.double() if bias else 0)
+            torch.testing.assert_close(full.double(), exact, atol=1e-5, rtol=1e-5)
+            for m in (1, 2, 3, 5, 6, 7, 9, 13, 33):
+                for row in {0, m // 2, m - 1}:
+                    assert torch.equal(linear(x[row : row + m][:1]), full[row : row + 1]), (n, k, m, row)
+                    assert torch.equal(linear(x[:m])[row], full[row]), (n, k, m, row)
+            torch.set_num_threads(3 - threads)                 # the other thread count: the same bits
+            assert torch.equal(linear(x), full)
+            torch.set_num_threads(threads)
+            wb = w.bfloat16()
+            assert kernels.PackedLinear(wb, b).nbytes == linear.nbytes // 2 or n % 16
+            assert torch.equal(kernels.PackedLinear(wb, b)(x), kernels.PackedLinear(wb.float(), b)(x))
+        with pytest.raises(TypeError, match="float32"):
+            linear(x.bfloat16())
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_facts_the_invariance_rests_on(threads):
-    """Re-checks kernels.py's two facts on this machine, at the demo target's shapes."""
+    """Re-checks kernels.py's facts of oneDNN and of torch.bmm on this machine, at the demo target's shapes."""
     if not kernels.prepack_available(torch.float32, torch.device("cpu")):
         pytest.skip("no oneDNN on this build of torch: the engine reports batch_invariant = False")
     before = torch.get_num_threads()
@@ -139,7 +186,8 @@ def engine(built_fp8):
 
 def test_the_engine_reports_batch_invariance(engine):
     assert type(engine.model).__name__ == "CompactModel"
-    assert engine.batch_invariant == kernels.prepack_available(torch.float32, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    assert engine.batch_invariant == (kernels.packed_available(cpu) or kernels.prepack_available(torch.float32, cpu))
 
 
 def _mixed_requests(engine) -> list[GenerationRequest]:
@@ -285,6 +333,7 @@ def test_concurrent_calls_through_triton_equal_the_same_calls_one_at_a_time(trit
 def test_the_dense_products_of_a_gpu_or_a_cpu_without_onednn(monkeypatch):
     """The path CUDA takes (F.linear, cuBLAS there): the same network, no invariance promised."""
     monkeypatch.setattr(kernels, "prepack_available", lambda dtype, device: False)
+    monkeypatch.setattr(kernels, "packed_available", lambda device: False)
     hf = _hf_model("qwen2")
     model = CompactModel(hf.config, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
     assert model.linear_kind == "dense"

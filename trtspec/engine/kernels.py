@@ -2,19 +2,25 @@
 
 Batch invariance is what makes greedy speculative output equal target-only output by construction: the
 target's logits for a position must be bitwise the same whether that position is decoded alone, verified
-with draft tokens after it, or computed in one pass with other requests' sequences. Two facts of the CPU
-kernels under torch 2.13 decide the shapes used here (tests/test_engine_batching.py re-checks them, and
-`Engine.check_batch_invariance` checks the loaded model itself at load):
-- oneDNN's prepacked linear (`mkldnn._linear_pointwise` on a `_reorder_linear_weight` weight) gives bitwise
-  equal rows for any number of rows >= 2; a single row takes another path (a GEMV) whose sums round
-  differently, so fewer than four rows are padded to four (which also streams the weight fastest). It reads
-  the weights 2-3x faster than the dense product, which repacks the weight on every call.
-- the dense fp32 GEMM behind `torch.bmm` rounds a row the same way for any number of rows >= 12 (and where
-  the row sits among them); below that, small-matrix kernels round differently. Attention therefore pads its
-  query rows to at least `MIN_GEMM_ROWS`, and each row's keys to a length that depends on the row alone
-  (`attention_length`), so every row of every pass goes through identically shaped products.
-On CUDA, cuBLAS picks kernels (and split-K) by shape, so no such guarantee is made there: the engine reports
-`batch_invariant = False` and `trtspec validate outputs` classifies differences as near-ties or mismatches.
+with draft tokens after it, or computed in one pass with other requests' sequences. The products used here:
+- `PackedLinear` (CPU, the default): trtspec's own kernel (`_linear.c`, AVX2 + FMA, built at install), on
+  weights packed once as [N/16][K][16] in float32 or bfloat16, with float32 activations. Each output is one
+  multiply-add chain over K in order, whatever the number of rows, so rows are batch-invariant by
+  construction; and it streams the weights at close to the machine's read bandwidth, which a decode step's
+  few hundred small products need (oneDNN's float32 product reached half of it on a 2-core AVX2 machine, and
+  a bfloat16 weight on a CPU without bfloat16 instructions took PyTorch's slow path).
+- `PrepackedLinear` (CPU without the kernel: no compiler at install, or no AVX2): oneDNN's prepacked linear
+  (`mkldnn._linear_pointwise` on a `_reorder_linear_weight` weight) gives bitwise equal rows for any number of
+  rows >= 2; a single row takes another path (a GEMV) whose sums round differently, so fewer than four rows
+  are padded to four.
+- attention: the dense fp32 GEMM behind `torch.bmm` rounds a row the same way for any number of rows >= 12
+  (and where the row sits among them); below that, small-matrix kernels round differently. Attention therefore
+  pads its query rows to at least `MIN_GEMM_ROWS`, and each row's keys to a length that depends on the row
+  alone (`attention_length`), so every row of every pass goes through identically shaped products.
+tests/test_engine_batching.py re-checks these facts, and `Engine.check_batch_invariance` checks the loaded
+model itself at load. On CUDA, cuBLAS picks kernels (and split-K) by shape, so no such guarantee is made
+there: the engine reports `batch_invariant = False` and `trtspec validate outputs` classifies differences as
+near-ties or mismatches.
 """
 
 from __future__ import annotations
@@ -31,6 +37,22 @@ def attention_length(position: int) -> int:
     return -(-(position + 1) // KEY_BLOCK) * KEY_BLOCK
 
 
+def _packed_module():
+    try:
+        from trtspec.engine import _linear
+    except ImportError:  # built without a C compiler, or on a platform the kernel does not cover
+        return None
+    return _linear if _linear.available() else None
+
+
+_LINEAR = _packed_module()
+
+
+def packed_available(device: torch.device) -> bool:
+    """Whether trtspec's own CPU product runs here (built at install, AVX2 + FMA)."""
+    return device.type == "cpu" and _LINEAR is not None
+
+
 def prepack_available(dtype: torch.dtype, device: torch.device) -> bool:
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
@@ -42,6 +64,8 @@ def prepack_available(dtype: torch.dtype, device: torch.device) -> bool:
 class DenseLinear:
     """y = x W^T + b with the framework's own product (CUDA, or a CPU without oneDNN)."""
 
+    MIN_ROWS = 1
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self.weight, self.bias = weight, bias
         self.nbytes = weight.numel() * weight.element_size()
@@ -49,6 +73,41 @@ class DenseLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+class PackedLinear:
+    """trtspec's own CPU product (`_linear.c`): y = x W^T + b for float32 rows x, on W packed once as
+    [N/16][K][16] in float32, or in bfloat16 when it was given in bfloat16 (half the bytes to read, widened
+    exactly in the kernel)."""
+
+    MIN_ROWS = 1
+    BLOCK = 16
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        n, k = weight.shape
+        store = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+        blocks = -(-n // self.BLOCK)
+        w = torch.zeros(blocks * self.BLOCK, k, dtype=store)
+        w[:n] = weight
+        self.packed = w.view(blocks, self.BLOCK, k).transpose(1, 2).contiguous()
+        self.bias = None
+        if bias is not None:
+            self.bias = torch.zeros(blocks * self.BLOCK)
+            self.bias[:n] = bias
+        self.bf16 = int(store == torch.bfloat16)
+        self.n, self.n_padded, self.k = n, blocks * self.BLOCK, k
+        self.nbytes = self.packed.numel() * self.packed.element_size()
+        self.out_features = n
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        if x.dtype != torch.float32:
+            raise TypeError(f"PackedLinear takes float32 rows, not {x.dtype}")
+        m = x.shape[0]
+        y = torch.empty(m, self.n_padded)
+        _LINEAR.linear(x.data_ptr(), m, self.k, self.packed.data_ptr(), self.bf16, self.n_padded, 0,
+                       0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        return y if self.n_padded == self.n else y[:, : self.n]
 
 
 class PrepackedLinear:
@@ -103,6 +162,8 @@ class Fp8Linear:
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str):
+    if kind == "packed":
+        return PackedLinear(weight, bias)
     if kind == "prepacked":
         return PrepackedLinear(weight, bias)
     if kind == "dense":

@@ -56,7 +56,14 @@ class CompactModel:
         if arch not in COMPACT_ARCHITECTURES:
             raise EngineError(f"the compact forward covers {', '.join(COMPACT_ARCHITECTURES)}, not {arch}")
         self.kind = COMPACT_ARCHITECTURES[arch]
-        self.config, self.dtype, self.device = config, dtype, device
+        self.config, self.device = config, device
+        self.weight_dtype = dtype                    # the linears' weights, as built
+        if kernels.packed_available(device):
+            # trtspec's CPU kernel reads float32 or bfloat16 weights and computes in float32 (exact widening)
+            self.linear_kind, self.dtype = "packed", torch.float32
+        else:
+            self.linear_kind = "prepacked" if kernels.prepack_available(dtype, device) else "dense"
+            self.dtype = dtype
         self.num_layers = config.num_hidden_layers
         self.hq = config.num_attention_heads
         self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
@@ -67,7 +74,6 @@ class CompactModel:
         self.window = _sliding_window(config)
         if config.hidden_act != "silu":
             raise EngineError(f"hidden_act {config.hidden_act!r} is not supported by the compact forward (silu only)")
-        self.linear_kind = "prepacked" if kernels.prepack_available(dtype, device) else "dense"
         self.fp8_matmul = fp8_matmul
         self._load(state)
         self.rotary = _rotary(config, device)
@@ -86,7 +92,7 @@ class CompactModel:
             scale = torch.cat([s.expand(state[n].shape[0]) for s, n in zip(scales, names)]).to(self.device)
             if kernels.Fp8Linear.supported(w8):
                 return kernels.Fp8Linear(w8, scale, b, self.dtype)
-        w = torch.cat([_dequantized(state, n, self.dtype) for n in names]).to(self.device)
+        w = torch.cat([_dequantized(state, n, self.weight_dtype) for n in names]).to(self.device)
         return kernels.make_linear(w, b, kind=self.linear_kind)
 
     def _load(self, state: dict[str, torch.Tensor]) -> None:
@@ -114,14 +120,12 @@ class CompactModel:
                 layer["k_norm"] = self._tensor(state, a + "k_norm.weight")
             self.layers.append(layer)
         self.head_ids = None
-        n_head = subset_head.head_tokens(self.config)
-        if n_head:
-            self.head = kernels.make_linear(_dequantized(state, "lm_head.weight", self.dtype).to(self.device), None, kind=self.linear_kind)
+        tied = not subset_head.head_tokens(self.config) and (
+            "lm_head.weight" not in state or getattr(self.config, "tie_word_embeddings", False))
+        head = _dequantized(state, "model.embed_tokens.weight" if tied else "lm_head.weight", self.weight_dtype)
+        self.head = kernels.make_linear(head.to(self.device), None, kind=self.linear_kind)
+        if subset_head.head_tokens(self.config):
             self.head_ids = state["lm_head.token_ids"].to(self.device)
-        elif "lm_head.weight" in state and not getattr(self.config, "tie_word_embeddings", False):
-            self.head = kernels.make_linear(_dequantized(state, "lm_head.weight", self.dtype).to(self.device), None, kind=self.linear_kind)
-        else:
-            self.head = kernels.make_linear(self.embed, None, kind=self.linear_kind)
         self.vocab_size = self.config.vocab_size
 
     @property
@@ -164,7 +168,7 @@ class CompactModel:
         # fewer rows than a product's minimum are padded once here rather than in every product: the extra rows
         # (token 0 at position 0) go through the linears only, never through attention, a cache or the head
         flat = [t for s in segments for t in s.ids]
-        pad = max(0, kernels.PrepackedLinear.MIN_ROWS - len(flat))
+        pad = max(0, self.head.MIN_ROWS - len(flat))
         ids = torch.tensor(flat + [0] * pad, dtype=torch.long, device=self.device)
         positions = [s.start + i for s in segments for i in range(len(s.ids))] + [0] * pad
         cos, sin = self.rotary(self.embed[:1], torch.tensor([positions], device=self.device))
