@@ -150,6 +150,72 @@ def test_packed_linear_rows_are_independent_of_the_batch(threads):
         torch.set_num_threads(before)
 
 
+def _torch_attention_reference(q, k, v, cos, sin, cache, start, window, scale):
+    """Rotary embedding, cache write and causal attention as transformers computes them, in float64."""
+    def rope(x):
+        half = x.shape[-1] // 2
+        return x * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], -1) * sin[:, None]
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    keys, values = cache[0].double().clone(), cache[1].double().clone()
+    keys[:, start : start + n] = rope(k.double()).transpose(0, 1)
+    values[:, start : start + n] = v.double().transpose(0, 1)
+    out = torch.empty(n, hq, d, dtype=torch.float64)
+    qr = rope(q.double())
+    for r in range(n):
+        pos = start + r
+        lo = max(0, pos - window + 1) if window else 0
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            w = torch.softmax(keys[kh, lo : pos + 1] @ qr[r, h] * scale, 0)
+            out[r, h] = w @ values[kh, lo : pos + 1]
+    return out.view(n, hq * d), keys, values
+
+
+@pytest.mark.parametrize("d, window", [(64, None), (128, None), (32, 5), (16, None)])
+def test_cpu_attention_kernel(d, window):
+    """trtspec's attention kernel against float64 attention, and each row bitwise the same computed alone."""
+    if not kernels.packed_available(torch.device("cpu")):
+        pytest.skip("trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)")
+    gen = torch.Generator().manual_seed(d)
+    hq, hkv, n, start, cap = 6, 2, 7, 27, 64
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen)
+    q = qkv[:, : hq * d].view(n, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(n, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(n, hkv, d)
+    angles = torch.arange(start, start + n)[:, None] * torch.rand(d // 2, generator=gen)
+    cos, sin = torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1)
+    cache = torch.randn(2, hkv, cap, d, generator=gen)
+    expected, keys, values = _torch_attention_reference(q, k, v, cos, sin, cache, start, window, d**-0.5)
+    out = torch.zeros(n, hq * d)
+    kernels.attend_rows(q, k, v, cos, sin, cache, start, window=window, scale=d**-0.5, out=out)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(cache[0, :, : start + n].double(), keys[:, : start + n], atol=1e-6, rtol=1e-6)
+    assert torch.equal(cache[1, :, start : start + n], v.transpose(0, 1))
+    for r in (0, 3, n - 1):                       # the same row alone, on the cache the pass left: the same bits
+        alone = torch.zeros(1, hq * d)
+        kernels.attend_rows(q[r : r + 1], k[r : r + 1], v[r : r + 1], cos[r : r + 1], sin[r : r + 1], cache,
+                            start + r, window=window, scale=d**-0.5, out=alone)
+        assert torch.equal(alone[0], out[r]), r
+    with pytest.raises(ValueError, match="float32"):
+        kernels.attend_rows(q.double(), k, v, cos, sin, cache, start, window=window, scale=1.0, out=out)
+
+
+def test_cpu_rms_norm_kernel():
+    if not kernels.packed_available(torch.device("cpu")):
+        pytest.skip("trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)")
+    gen = torch.Generator().manual_seed(1)
+    x, residual, w = torch.randn(5, 576, generator=gen), torch.randn(5, 576, generator=gen), torch.randn(576, generator=gen)
+    summed = x + residual
+    expected = w * (summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-5))
+    y = kernels.rms_norm_rows(x, w, 1e-5, residual)
+    assert torch.equal(x, summed)                                       # the residual is added in place
+    torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(kernels.rms_norm_rows(x[2:3].clone(), w, 1e-5), y[2:3])   # a row alone: the same bits
+    with pytest.raises(ValueError, match="residual"):
+        kernels.rms_norm_rows(x, w, 1e-5, residual[:2])
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_facts_the_invariance_rests_on(threads):
     """Re-checks kernels.py's facts of oneDNN and of torch.bmm on this machine, at the demo target's shapes."""

@@ -3,7 +3,7 @@
 Batch invariance is what makes greedy speculative output equal target-only output by construction: the
 target's logits for a position must be bitwise the same whether that position is decoded alone, verified
 with draft tokens after it, or computed in one pass with other requests' sequences. The products used here:
-- `PackedLinear` (CPU, the default): trtspec's own kernel (`_linear.c`, AVX2 + FMA, built at install), on
+- `PackedLinear` (CPU, the default): trtspec's own kernel (`_cpu_kernels.c`, AVX2 + FMA, built at install), on
   weights packed once as [N/16][K][16] in float32 or bfloat16, with float32 activations. Each output is one
   multiply-add chain over K in order, whatever the number of rows, so rows are batch-invariant by
   construction; and it streams the weights at close to the machine's read bandwidth, which a decode step's
@@ -37,20 +37,56 @@ def attention_length(position: int) -> int:
     return -(-(position + 1) // KEY_BLOCK) * KEY_BLOCK
 
 
-def _packed_module():
+def _cpu_module():
     try:
-        from trtspec.engine import _linear
-    except ImportError:  # built without a C compiler, or on a platform the kernel does not cover
+        from trtspec.engine import _cpu_kernels
+    except ImportError:  # built without a C compiler, or on a platform the kernels do not cover
         return None
-    return _linear if _linear.available() else None
+    return _cpu_kernels if _cpu_kernels.available() else None
 
 
-_LINEAR = _packed_module()
+_CPU = _cpu_module()
 
 
 def packed_available(device: torch.device) -> bool:
-    """Whether trtspec's own CPU product runs here (built at install, AVX2 + FMA)."""
-    return device.type == "cpu" and _LINEAR is not None
+    """Whether trtspec's own CPU kernels run here (built at install, AVX2 + FMA)."""
+    return device.type == "cpu" and _CPU is not None
+
+
+def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """With trtspec's kernel: x += residual (in place, when given), then the RMS norm of each row of x."""
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} does not match {tuple(x.shape)}")
+    x, residual = _f32_rows(x), None if residual is None else _f32_rows(residual.contiguous())
+    y = torch.empty_like(x)
+    _CPU.rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), x.shape[0], x.shape[1],
+                  weight.data_ptr(), eps, y.data_ptr())
+    return y
+
+
+def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: torch.Tensor, start: int, *, window: int | None, scale: float, out: torch.Tensor) -> None:
+    """With trtspec's kernel, one sequence's new rows on one layer: q [n, Hq, d], k and v [n, Hkv, d] (rows
+    may be strided views of one product), cos and sin [n, d] (the rows' rotary tables); rotates the queries and
+    keys, writes keys and values at positions start.. of `cache` [2, Hkv, capacity, d], and writes each row's
+    causal attention over positions 0..its own into `out` [n, Hq * d]."""
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    for t in (q, k, v):
+        if t.dtype != torch.float32 or t.stride(2) != 1 or t.stride(1) != d:
+            raise ValueError("attend_rows takes float32 rows of contiguous heads")
+    cache, cos, sin = _f32_rows(cache), _f32_rows(cos), _f32_rows(sin)
+    if out.stride(0) != hq * d or not out.is_contiguous():
+        raise ValueError("attend_rows writes into contiguous rows")
+    _CPU.attention(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), n, hq, hkv, d,
+                   cos.data_ptr(), sin.data_ptr(), cache.data_ptr(), cache.shape[2], start, window or 0, scale,
+                   out.data_ptr(), out.stride(0), torch.get_num_threads())
+
+
+def _f32_rows(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype != torch.float32 or not t.is_contiguous():
+        raise ValueError(f"trtspec's CPU kernels take contiguous float32 tensors, not {t.dtype} of strides {t.stride()}")
+    return t
 
 
 def prepack_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -76,7 +112,7 @@ class DenseLinear:
 
 
 class PackedLinear:
-    """trtspec's own CPU product (`_linear.c`): y = x W^T + b for float32 rows x, on W packed once as
+    """trtspec's own CPU product (`_cpu_kernels.c`): y = x W^T + b for float32 rows x, on W packed once as
     [N/16][K][16] in float32, or in bfloat16 when it was given in bfloat16 (half the bytes to read, widened
     exactly in the kernel)."""
 
@@ -105,8 +141,8 @@ class PackedLinear:
             raise TypeError(f"PackedLinear takes float32 rows, not {x.dtype}")
         m = x.shape[0]
         y = torch.empty(m, self.n_padded)
-        _LINEAR.linear(x.data_ptr(), m, self.k, self.packed.data_ptr(), self.bf16, self.n_padded, 0,
-                       0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        _CPU.linear(x.data_ptr(), m, self.k, self.packed.data_ptr(), self.bf16, self.n_padded,
+                    0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
         return y if self.n_padded == self.n else y[:, : self.n]
 
 

@@ -75,6 +75,8 @@ class CompactModel:
         if config.hidden_act != "silu":
             raise EngineError(f"hidden_act {config.hidden_act!r} is not supported by the compact forward (silu only)")
         self.fp8_matmul = fp8_matmul
+        # the kernels' norm and attention take rows of 8-float vectors
+        self.fused = self.linear_kind == "packed" and config.hidden_size % 8 == 0 and self.head_dim % 8 == 0
         self._load(state)
         self.rotary = _rotary(config, device)
 
@@ -172,48 +174,90 @@ class CompactModel:
         ids = torch.tensor(flat + [0] * pad, dtype=torch.long, device=self.device)
         positions = [s.start + i for s in segments for i in range(len(s.ids))] + [0] * pad
         cos, sin = self.rotary(self.embed[:1], torch.tensor([positions], device=self.device))
-        half = self.head_dim // 2
-        cos = cos[0].unsqueeze(1)                                                      # [T, 1, d]
-        sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1).unsqueeze(1)    # signed for _rope
         offsets, at = [], 0
         for s in segments:
             offsets.append(at)
             at += len(s.ids)
-        total = at + pad
+        attend = (self._fused_attention if self.fused else self._torch_attention)(segments, offsets, cos[0], sin[0], at + pad)
+        x = F.embedding(ids, self.embed)
+        h = self._norm(x, self.layers[0]["input_norm"])
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer["post_norm"], residual=layer["o"](attend(i, layer, layer["qkv"](h))))
+            gate, up = layer["gate_up"](h).chunk(2, dim=-1)
+            mlp = layer["down"](F.silu(gate) * up)
+            if i + 1 < len(self.layers):
+                h = self._norm(x, self.layers[i + 1]["input_norm"], residual=mlp)
+        x = x + mlp
+        rows = torch.tensor([off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
+                            device=self.device)
+        # sampling and the contract's outputs work on the CPU: one transfer per step on a GPU
+        logits = self._head(self._norm(x[rows], self.norm)).float().cpu()
+        out, at = [], 0
+        for s in segments:
+            out.append(logits[at : at + s.n_logits])
+            at += s.n_logits
+        return out
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x += residual (in place, when given), then the RMS norm of x's rows."""
+        if self.fused:
+            return kernels.rms_norm_rows(x, weight, self.eps, residual)
+        if residual is not None:
+            x.add_(residual)
+        return _rms_norm(x, weight, self.eps)
+
+    def _split_heads(self, layer: dict, qkv: torch.Tensor):
+        """q [T, Hq, d], k and v [T, Hkv, d] of one layer's q/k/v product (Qwen3 normalises q and k per head)."""
+        d, hq, hkv = self.head_dim, self.hq, self.hkv
+        t = qkv.shape[0]
+        q = qkv[:, : hq * d].view(t, hq, d)
+        k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+        if "q_norm" in layer:
+            q, k = _rms_norm(q, layer["q_norm"], self.eps), _rms_norm(k, layer["k_norm"], self.eps)
+        return q, k, v
+
+    def _fused_attention(self, segments, offsets, cos, sin, total):
+        """Attention through trtspec's CPU kernel: rotary embedding, cache writes and attention in one call per
+        sequence and layer; a row's result depends on its own inputs alone (see _cpu_kernels.c)."""
+        cos, sin = cos.contiguous(), sin.contiguous()
+
+        def attend(i: int, layer: dict, qkv: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._split_heads(layer, qkv)
+            att = qkv.new_zeros(total, self.hq * self.head_dim)
+            for s, off in zip(segments, offsets):
+                n = len(s.ids)
+                kernels.attend_rows(q[off : off + n], k[off : off + n], v[off : off + n], cos[off : off + n],
+                                    sin[off : off + n], s.kv[i], s.start, window=self.window, scale=self.scale,
+                                    out=att[off : off + n])
+            return att
+
+        return attend
+
+    def _torch_attention(self, segments, offsets, cos, sin, total):
+        """Attention as framework operations (CUDA, or a CPU without trtspec's kernels), with the shapes of
+        kernels.attention_plan so that a row's result depends on its own inputs alone on a CPU."""
+        half = self.head_dim // 2
+        cos = cos.unsqueeze(1)                                                      # [T, 1, d]
+        sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).unsqueeze(1)       # signed for _rope
         heads = (self.hkv, self.groups, self.head_dim)
         plans = [kernels.attention_plan(list(range(s.start, s.start + len(s.ids))), heads, self.window, self.dtype, self.device)
                  for s in segments]
-        x = F.embedding(ids, self.embed)
-        d, hq, hkv = self.head_dim, self.hq, self.hkv
-        for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer["input_norm"], self.eps)
-            qkv = layer["qkv"](h)
-            qk = qkv[:, : (hq + hkv) * d].view(total, hq + hkv, d)
-            v = qkv[:, (hq + hkv) * d :].view(total, hkv, d)
-            if "q_norm" in layer:
-                qk = torch.cat([_rms_norm(qk[:, :hq], layer["q_norm"], self.eps), _rms_norm(qk[:, hq:], layer["k_norm"], self.eps)], 1)
-            qk = _rope(qk, cos, sin)                     # queries and keys rotated together: one op each
-            q, k = qk[:, :hq], qk[:, hq:]
-            att = x.new_zeros(total, hq * d) if pad else x.new_empty(total, hq * d)
+
+        def attend(i: int, layer: dict, qkv: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._split_heads(layer, qkv)
+            qk = _rope(torch.cat([q, k], 1), cos, sin)   # queries and keys rotated together: one op each
+            q, k = qk[:, : self.hq], qk[:, self.hq :]
+            att = qkv.new_zeros(total, self.hq * self.head_dim)
             for s, off, plan in zip(segments, offsets, plans):
                 n = len(s.ids)
                 cache = s.kv[i]                                                      # [2, Hkv, capacity, d]
                 cache[0, :, s.start : s.start + n] = k[off : off + n].transpose(0, 1)
                 cache[1, :, s.start : s.start + n] = v[off : off + n].transpose(0, 1)
                 att[off : off + n] = kernels.attend(q[off : off + n], cache[0], cache[1], plan, scale=self.scale, groups=self.groups)
-            x = x + layer["o"](att)
-            h = _rms_norm(x, layer["post_norm"], self.eps)
-            gate, up = layer["gate_up"](h).chunk(2, dim=-1)
-            x = x + layer["down"](F.silu(gate) * up)
-        rows = torch.tensor([off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
-                            device=self.device)
-        # sampling and the contract's outputs work on the CPU: one transfer per step on a GPU
-        logits = self._head(_rms_norm(x[rows], self.norm, self.eps)).float().cpu()
-        out, at = [], 0
-        for s in segments:
-            out.append(logits[at : at + s.n_logits])
-            at += s.n_logits
-        return out
+            return att
+
+        return attend
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.head(h)
