@@ -201,6 +201,20 @@ def test_cpu_attention_kernel(d, window):
         kernels.attend_rows(q.double(), k, v, cos, sin, cache, start, window=window, scale=1.0, out=out)
 
 
+def test_the_cpu_kernels_were_built_where_they_can_be():
+    """setup.py builds them as an optional extension: a compiler problem must show here, not as a slow engine."""
+    import platform
+    import sysconfig
+
+    if platform.machine() not in ("x86_64", "AMD64") or not shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc"):
+        pytest.skip("no x86-64 C compiler: the engine runs on oneDNN's products here")
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    if " avx2" not in flags or " fma" not in flags:
+        pytest.skip("this CPU lacks AVX2/FMA: the engine runs on oneDNN's products here")
+    assert kernels.packed_available(torch.device("cpu")), "trtspec.engine._cpu_kernels did not build: see the pip install log"
+
+
 def test_cpu_rms_norm_kernel():
     if not kernels.packed_available(torch.device("cpu")):
         pytest.skip("trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)")
