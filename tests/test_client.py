@@ -327,7 +327,8 @@ class _FakeSpecClient:
     def __init__(self):
         self.logit_requests = []
 
-    def generate(self, prompt, *, max_tokens, num_draft_tokens, **_):
+    def generate(self, prompt, *, max_tokens, num_draft_tokens, adaptive_draft_length=None, **_):
+        assert num_draft_tokens == 0 or adaptive_draft_length is False  # K drafted every iteration
         from trtspec.client import Completion
 
         ids = [10, 11, 12, 13][:max_tokens]

@@ -263,7 +263,7 @@ def run_validation(client: SpecClient, prompts: Sequence[str], ks: Sequence[int]
     greedy = {"max_tokens": max_tokens, "top_k": 1, "return_perf_metrics": True}
     for k in (0, *ks[:1]):  # the first requests of a fresh server pay for warm-up: keep them out of the timings
         try:
-            client.generate(prompts[0], max_tokens=min(max_tokens, 4), num_draft_tokens=k)
+            client.generate(prompts[0], max_tokens=min(max_tokens, 4), num_draft_tokens=k, adaptive_draft_length=False)
         except ClientError:
             pass
     for i, prompt in enumerate(prompts):
@@ -276,7 +276,9 @@ def run_validation(client: SpecClient, prompts: Sequence[str], ks: Sequence[int]
         for result in report.results:
             say(f"prompt {i + 1}/{len(prompts)}: K={result.k}")
             try:
-                spec = client.generate(prompt, num_draft_tokens=result.k, **greedy)
+                # exactly K every iteration: the adaptive draft length may stop drafting, and a check in
+                # which nothing was drafted would compare target-only with itself
+                spec = client.generate(prompt, num_draft_tokens=result.k, adaptive_draft_length=False, **greedy)
             except ClientError as exc:
                 result.errors.append(f"prompt {i + 1}: {exc}")
                 continue
