@@ -18,8 +18,8 @@ iterations with exponential forgetting, starting from a prior; c, v0 and b start
 and follow what this request measures.
 
 The deployment's costs (`DeploymentCosts`) start from what `trtspec bench --apply` measured and learn from
-every finished request, so a deployment that was never benchmarked stops over-estimating speculation after its
-first requests, and each request can refine its costs from its first speculative iteration on.
+every finished request at its load, so a deployment that was never benchmarked stops over-estimating speculation
+after its first requests, and each request can refine its costs from its first speculative iteration on.
 """
 
 from __future__ import annotations
@@ -147,34 +147,53 @@ def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:
 
 
 class DeploymentCosts:
-    """The cost model that new requests start from, shared by a deployment's requests (thread-safe): the
+    """The cost models that new requests start from, shared by a deployment's requests (thread-safe): the
     configured one, moved a little toward what each finished adaptive request measured. The draft cost is the
-    draft model's: prompt lookup starts at c = 0 and teaches only the verification costs and the step time."""
+    draft model's: prompt lookup starts at c = 0 and teaches only the verification costs and the step time.
+
+    Costs are kept per load, the requests in flight when a request starts, in powers of two (1, 2, 3-4, 5-8,
+    ...): a verification costs more plain steps the more requests share each pass (their rows add up to a
+    compute-bound pass where a lone request's is bound by its weights' bytes), so costs learned under load would
+    stop a lone request from speculating where it pays, and the other way round."""
 
     def __init__(self, costs: CostModel, weight: float = 0.2):
-        self._costs = dataclasses.replace(costs)
-        self._step_seconds: float | None = None
+        self._initial = dataclasses.replace(costs)
+        self._loads: dict[int, tuple[CostModel, float | None]] = {}   # bucket -> (costs, plain step seconds)
         self._weight = weight
         self._lock = threading.Lock()
 
-    def policy(self, k_max: int, *, model_drafts: bool) -> AdaptiveDraftLength:
-        with self._lock:
-            costs = dataclasses.replace(self._costs, **({} if model_drafts else {"draft_cost_ratio": 0.0}))
-            return AdaptiveDraftLength(k_max, costs=costs, step_seconds=self._step_seconds)
+    @staticmethod
+    def bucket(load: int) -> int:
+        """0 for 1 request in flight, 1 for 2, 2 for 3-4, 3 for 5-8, ..."""
+        return (max(load, 1) - 1).bit_length()
 
-    def learn(self, policy: AdaptiveDraftLength, *, model_drafts: bool) -> None:
+    def _entry(self, load: int) -> tuple[CostModel, float | None]:
+        return self._loads.get(self.bucket(load), (self._initial, None))
+
+    def policy(self, k_max: int, *, model_drafts: bool, load: int = 1) -> AdaptiveDraftLength:
+        with self._lock:
+            costs, step = self._entry(load)
+            costs = dataclasses.replace(costs, **({} if model_drafts else {"draft_cost_ratio": 0.0}))
+            return AdaptiveDraftLength(k_max, costs=costs, step_seconds=step)
+
+    def learn(self, policy: AdaptiveDraftLength, *, model_drafts: bool, load: int = 1) -> None:
         if policy.step_seconds is None:  # the request measured nothing to compare with
             return
         w = self._weight
         with self._lock:
-            self._step_seconds = _ewma(self._step_seconds, policy.step_seconds, w)
-            mine, theirs = self._costs, policy.costs
+            mine, step = self._entry(load)
+            mine, theirs = dataclasses.replace(mine), policy.costs
             mine.verify_cost_fixed = _ewma(mine.verify_cost_fixed, theirs.verify_cost_fixed, w)
             mine.verify_cost_per_token = _ewma(mine.verify_cost_per_token, theirs.verify_cost_per_token, w)
             if model_drafts:
                 mine.draft_cost_ratio = _ewma(mine.draft_cost_ratio, theirs.draft_cost_ratio, w)
+            self._loads[self.bucket(load)] = (mine, _ewma(step, policy.step_seconds, w))
+
+    def costs_at(self, load: int = 1) -> CostModel:
+        with self._lock:
+            return dataclasses.replace(self._entry(load)[0])
 
     @property
     def costs(self) -> CostModel:
-        with self._lock:
-            return dataclasses.replace(self._costs)
+        """The costs a lone request starts from."""
+        return self.costs_at(1)

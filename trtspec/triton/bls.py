@@ -149,24 +149,25 @@ class TritonPythonModel:
     def _run(self, request, sender) -> None:
         with self._active_lock:
             self._active += 1
-            busy = self.max_spec_concurrency and self._active > self.max_spec_concurrency
+            load = self._active
         try:
-            self._generate(_Fields(request), sender, busy)
+            self._generate(_Fields(request), sender, load)
         finally:
             with self._active_lock:
                 self._active -= 1
 
-    def _generate(self, fields: "_Fields", sender, busy: bool) -> None:
+    def _generate(self, fields: "_Fields", sender, load: int) -> None:
+        """Serve one request; `load`: the requests in flight when it started, itself included."""
         plan = self._parse(fields)
         spec = plan.spec
         stats = RequestStats()
-        if spec.num_draft_tokens > 0 and busy:
+        if spec.num_draft_tokens > 0 and self.max_spec_concurrency and load > self.max_spec_concurrency:
             spec.num_draft_tokens = 0
             stats.fallbacks["load"] = 1
         drafter = policy = None
         if spec.num_draft_tokens > 0:
             drafter = self._drafter(plan)
-            policy = (self.costs.policy(spec.num_draft_tokens, model_drafts=plan.method == "draft_model")
+            policy = (self.costs.policy(spec.num_draft_tokens, model_drafts=plan.method == "draft_model", load=load)
                       if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
         detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
         # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
@@ -184,7 +185,7 @@ class TritonPythonModel:
                 text.append(piece)
         rest = detok.flush()
         if isinstance(policy, AdaptiveDraftLength):
-            self.costs.learn(policy, model_drafts=plan.method == "draft_model")
+            self.costs.learn(policy, model_drafts=plan.method == "draft_model", load=load)
         self.metrics.record(stats)
         perf = stats if plan.want_perf else None
         if spec.stream:
