@@ -203,7 +203,10 @@ def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
     line = result.output.strip()
     assert line.startswith(f"TRTLLM_ORCHESTRATOR=1 TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 mpirun --allow-run-as-root -n 1 {binary} "
                            f"--model-repository {repo}")
-    assert line.endswith("--disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_")
+    # launch_triton_server.py's flags for a spawning multi-model server: no memory pools on the engines' GPUs
+    assert line.endswith("--pinned-memory-pool-byte-size=0 --enable-peer-access=false "
+                         + " ".join(f"--cuda-memory-pool-byte-size={g}:0" for g in range(4))
+                         + " --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_")
 
 
 def test_fast_logits_launch_runs_one_server_per_rank(deployed, tmp_path):
@@ -223,6 +226,7 @@ def test_fast_logits_launch_runs_one_server_per_rank(deployed, tmp_path):
     assert (launch.world_size, launch.spawn_processes, launch.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"]) == (6, False, "0")
     cmd = launch.command(["tritonserver", "--model-repository", "R"])
     assert cmd.count(":") == 5 and cmd.count("--model-control-mode=explicit") == 5
+    assert "--pinned-memory-pool-byte-size=0" not in cmd   # NVIDIA's script adds them only when spawning
     assert cmd[-5:] == ["--model-control-mode=explicit", "--load-model=tensorrt_llm", "--load-model=tensorrt_llm_draft",
                         "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix5_"]
 
@@ -275,3 +279,24 @@ def test_a_single_gpu_target_alone_is_served_without_mpi(tmp_path):
     assert repository_launch(repo) is None
     t = params(parse(repo, "tensorrt_llm"))
     assert t["kv_cache_free_gpu_mem_fraction"] == "0.9" and "max_tokens_in_paged_kv_cache" not in t
+
+
+def test_serve_waits_for_models_as_long_as_their_engines_need(deployed, tmp_path):
+    """180 s is not enough to load a 405B pair: the wait grows with the backend and the engines' bytes, and the
+    Kubernetes startup probe waits at least as long."""
+    from trtspec.server import START_BASE_SECONDS, START_READ_BYTES_PER_SECOND, start_timeout_for
+
+    config, engines, repo = deployed
+    with open(engines / "target" / "rank0.engine", "wb") as f:   # sparse: 50 GB of engine without the disk
+        f.truncate(50 * 10**9)
+    write_repository(load_config(config), engines, repo)
+    size = sum(p.stat().st_size for d in ("target", "draft") for p in (engines / d).rglob("*") if p.is_file())
+    wait = start_timeout_for(repo)
+    assert wait == pytest.approx(START_BASE_SECONDS["trtllm"] + size / START_READ_BYTES_PER_SECOND)
+    assert wait > 600 + 199
+    assert start_timeout_for(tmp_path) == START_BASE_SECONDS["torch"]       # not a trtspec repository
+    from trtspec.k8s import manifests
+
+    container = manifests(load_config(config), repo, image="i", pvc="p")["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    probe = container["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= max(wait, 1800)

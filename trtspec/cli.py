@@ -71,7 +71,9 @@ def doctor(as_json: bool) -> None:
 @click.option("--tritonserver", "binary", type=click.Path(dir_okay=False), help="tritonserver binary [default: container, PATH, then the nvidia-pytriton wheel].")
 @click.option("--log-file", type=click.Path(dir_okay=False), help="Where the server log goes [default: a temp file].")
 @click.option("--print-command", is_flag=True, help="Print the command (with its environment) that starts the server, and exit.")
-def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, print_command) -> None:
+@click.option("--start-timeout", type=click.FloatRange(min=1), help="Seconds to wait for every model to load "
+              "[default: 180 for the embedded backend, 600 for TensorRT-LLM, plus the engines' size at 250 MB/s].")
+def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, print_command, start_timeout) -> None:
     """Run tritonserver on a model repository in the foreground (Ctrl-C stops it).
 
     A trtllm repository with a draft, or with a model over several GPUs, runs under mpirun in TensorRT-LLM's
@@ -86,7 +88,7 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
 
         click.echo(server_command_line(server))
         return
-    sys.exit(run_foreground(server, Console()))
+    sys.exit(run_foreground(server, Console(), start_timeout))
 
 
 @cli.command()

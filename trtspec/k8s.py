@@ -3,7 +3,7 @@
 - deployment.yaml: one pod running `trtspec serve` (the image of docker/Dockerfile) on the repository, with the GPUs the
   placement uses, the engine volume (a PersistentVolumeClaim holding the engines and the repository at the paths
   `trtspec deploy` wrote into the configs), /dev/shm for the Python backend, probes on /v2/health/ready (a startup
-  probe gives engine loading up to 30 minutes) and Prometheus scrape annotations for the metrics port 8002.
+  probe gives engine loading at least 30 minutes, more for engines `trtspec serve` waits longer for) and Prometheus scrape annotations for the metrics port 8002.
 - service.yaml: HTTP 8000, gRPC 8001, metrics 8002.
 - hpa.yaml: an example HorizontalPodAutoscaler on Triton's queue gauge `nv_inference_pending_request_count` of the
   BLS model; it needs a metrics adapter (e.g. Prometheus Adapter) that serves that metric as a pods metric.
@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -43,7 +44,8 @@ def volume_root(paths: list[Path]) -> Path:
 
 def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
     from trtspec.launch import Launch
-    from trtspec.repository import MARKER_FILE
+    from trtspec.marker import MARKER_FILE
+    from trtspec.server import start_timeout_for
 
     config = loaded.config
     repo = Path(repo).resolve()
@@ -64,7 +66,8 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
                   {"name": "metrics", "containerPort": METRICS_PORT}],
         "volumeMounts": [{"name": "engines", "mountPath": str(root), "readOnly": True},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
-        "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": 180},
+        # at least as long as `trtspec serve` itself waits for the models (trtspec.server.start_timeout_for)
+        "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": max(180, math.ceil(start_timeout_for(repo) / 10) + 6)},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**probe, "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4},
     }

@@ -151,6 +151,12 @@ class Launch:
             if rank:
                 cmd.append("--model-control-mode=explicit")
                 cmd += [f"--load-model={name}" for name in self.engine_models]
+            if self.spawn_processes:
+                # As launch_triton_server.py --multi-model does for spawned executor workers (Triton > 24.06): the
+                # server process itself runs no engine, so it must not reserve pinned or CUDA pool memory on the
+                # GPUs that the memory plan gives to the engines' workers.
+                cmd += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
+                cmd += [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(max(self.gpus, 1))]
             cmd += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
         return cmd
 
@@ -170,16 +176,10 @@ def launch_for(config, target: EngineInfo, draft: EngineInfo | None) -> Launch:
 
 def repository_launch(repo) -> Launch | None:
     """The launch `trtspec deploy` recorded in a repository's marker file; None: plain tritonserver."""
-    import json
-    from pathlib import Path
+    from trtspec.marker import read_marker
 
-    from trtspec.repository import MARKER_FILE
-
-    try:
-        marker = json.loads((Path(repo) / MARKER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    launch = Launch.from_dict(marker.get("launch")) if isinstance(marker, dict) else None
+    marker = read_marker(repo)
+    launch = Launch.from_dict(marker.get("launch")) if marker is not None else None
     return launch if launch is not None and launch.mpi else None
 
 

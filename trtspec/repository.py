@@ -31,10 +31,10 @@ from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, TensorSpec
 from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
 from trtspec.launch import engine_model_values, launch_for
+from trtspec.marker import MARKER_FILE
 from trtspec.errors import EngineError, Problem, TrtspecError
 
 TEMPLATES_DIR = Path(__file__).parent / "model_repository"
-MARKER_FILE = "trtspec-repository.json"
 CONFIG_FILE = "config.pbtxt"
 VERSION_DIR = "1"
 

@@ -39,6 +39,26 @@ class ServerError(RuntimeError):
     """The Triton server could not be found, prepared, started, or it died."""
 
 
+# How long `trtspec serve` waits for readiness unless told: a base for the backend (TensorRT engines also
+# deserialize and allocate the KV cache) plus the engines' bytes read at a slow network volume's rate. A 405B
+# pair over 8 GPUs (about 406 GB) gets about 33 minutes; the embedded demo pair about 3.
+START_BASE_SECONDS = {"torch": 180.0, "trtllm": 600.0}
+START_READ_BYTES_PER_SECOND = 250e6
+
+
+def start_timeout_for(repo: str | os.PathLike[str]) -> float:
+    """The readiness wait for a repository written by `trtspec deploy`, from its backend and its engines' size
+    (its marker file names both); 180 s for any other repository."""
+    from trtspec.marker import read_marker
+
+    marker = read_marker(repo)
+    if marker is None:
+        return START_BASE_SECONDS["torch"]
+    engines = (marker.get("engines") or {}).values()
+    size = sum(f.stat().st_size for d in engines if Path(d).is_dir() for f in Path(d).rglob("*") if f.is_file())
+    return START_BASE_SECONDS.get(marker.get("backend"), START_BASE_SECONDS["trtllm"]) + size / START_READ_BYTES_PER_SECOND
+
+
 @dataclass(frozen=True)
 class ServerBinary:
     path: Path
@@ -394,8 +414,9 @@ class TritonServer:
             return dict(self.launch.env)
         return {k: os.environ.get(k, v) for k, v in CPU_ENGINE_ENV.items()}  # the user's own setting wins
 
-    def start(self, timeout: float = 180.0) -> "TritonServer":
-        """Launch the server and wait until /v2/health/ready answers 200; ServerError otherwise."""
+    def start(self, timeout: float | None = None) -> "TritonServer":
+        """Launch the server and wait until /v2/health/ready answers 200; ServerError otherwise. `timeout`:
+        seconds to wait for readiness [default: start_timeout_for(the repository)]."""
         if self.is_running():
             return self
         if not self.repo.is_dir():
@@ -424,6 +445,7 @@ class TritonServer:
             atexit.register(self.stop)
             self._atexit_registered = True
 
+        timeout = start_timeout_for(self.repo) if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
@@ -433,7 +455,8 @@ class TritonServer:
             if _FATAL.search(self._log_path.read_text(errors="replace")):
                 self._fail("tritonserver failed during startup")
             if time.monotonic() > deadline:
-                self._fail(f"tritonserver did not become ready within {timeout:.0f} s")
+                self._fail(f"tritonserver did not become ready within {timeout:.0f} s (give `trtspec serve` a longer "
+                           "--start-timeout if the models are still loading: see the log)")
             time.sleep(0.2)
 
     def _fail(self, what: str) -> None:
@@ -517,7 +540,7 @@ def _stub_shm_regions(pgid: int) -> list[str]:
 # --------------------------------------------------------------------------- foreground serving
 
 
-def run_foreground(server: TritonServer, console: Console | None = None) -> int:
+def run_foreground(server: TritonServer, console: Console | None = None, start_timeout: float | None = None) -> int:
     """Start `server`, print its endpoints, block until Ctrl-C or SIGTERM. Returns an exit code."""
     from rich.console import Console
     from rich.markup import escape
@@ -529,8 +552,9 @@ def run_foreground(server: TritonServer, console: Console | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with console.status("starting tritonserver…"):
-            server.start()
+        timeout = start_timeout_for(server.repo) if start_timeout is None else start_timeout
+        with console.status(f"starting tritonserver (waiting up to {timeout:.0f} s for its models)…"):
+            server.start(timeout)
         console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
         for label, value in (("HTTP", server.http_base_url), ("gRPC", server.grpc_url),
                              ("metrics", server.metrics_url), ("log", server.log_path)):

@@ -114,7 +114,7 @@ class TritonPythonModel:
                                                float(parameter(params, "verify_cost_fixed", "0"))))
         # Above this many requests in flight, new requests start without speculation (0: no limit).
         self.max_spec_concurrency = int(parameter(params, "max_speculative_concurrency", "0"))
-        self._active = 0
+        self._peaks: dict[int, int] = {}  # requests in flight: the most requests in flight during each one's life
         self._active_lock = threading.Lock()
         self.max_draft_len = int(parameter(params, "max_draft_len", "0"))
         self.max_input_len = int(parameter(params, "max_input_len"))
@@ -147,17 +147,21 @@ class TritonPythonModel:
             sender.send(error_response(exc, self.name), flags=final)
 
     def _run(self, request, sender) -> None:
+        key = id(sender)
         with self._active_lock:
-            self._active += 1
-            load = self._active
+            self._peaks[key] = 0
+            load = len(self._peaks)
+            for k in self._peaks:
+                self._peaks[k] = max(self._peaks[k], load)
         try:
-            self._generate(_Fields(request), sender, load)
+            self._generate(_Fields(request), sender, load, lambda: self._peaks[key])
         finally:
             with self._active_lock:
-                self._active -= 1
+                del self._peaks[key]
 
-    def _generate(self, fields: "_Fields", sender, load: int) -> None:
-        """Serve one request; `load`: the requests in flight when it started, itself included."""
+    def _generate(self, fields: "_Fields", sender, load: int, peak_load) -> None:
+        """Serve one request; `load`: the requests in flight when it started, itself included; `peak_load()`:
+        the most in flight so far during its life."""
         plan = self._parse(fields)
         spec = plan.spec
         stats = RequestStats()
@@ -185,6 +189,9 @@ class TritonPythonModel:
                 text.append(piece)
         rest = detok.flush()
         if isinstance(policy, AdaptiveDraftLength):
+            # the costs it measured belong to the most requests it ran beside, not to those at its start or end
+            with self._active_lock:
+                load = peak_load()
             self.costs.learn(policy, model_drafts=plan.method == "draft_model", load=load)
         self.metrics.record(stats)
         perf = stats if plan.want_perf else None
