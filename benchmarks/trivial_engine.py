@@ -6,7 +6,7 @@ own, as a target that agrees with its draft would. The same model serves as the 
 is accepted and each speculative iteration yields K + 1 tokens.
 
 Requests go through the same contract code as the embedded engine (trtspec.contract's tensors_to_request and
-result_to_tensors, the perf outputs included), so what a request costs with these engines is the orchestration
+result_to_tensors, the perf outputs when asked for), so what a request costs with these engines is the orchestration
 alone: BLS round trips, tensor packing, detokenization, the loop's bookkeeping and the response path.
 `benchmarks/overhead.py` copies this file into its repository as the engine models' model.py.
 """
@@ -30,7 +30,7 @@ def answer(tensors: dict, token: int) -> dict:
     new = draft + [token] if draft else [token] * request.request_output_len
     ids = new if request.exclude_input_in_output else request.input_ids + new
     result = GenerationResult(ids, new, num_draft_tokens=len(draft), num_accepted_draft_tokens=len(draft))
-    return result_to_tensors(result, with_logits=False, with_perf=True)
+    return result_to_tensors(result, with_logits=False, with_perf=request.return_perf_metrics)
 
 
 class TritonPythonModel:

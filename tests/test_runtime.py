@@ -417,6 +417,7 @@ def test_in_process_client_round_trip(built_fp8, reference):
     ]
     results = []
     for request in requests:
+        request.return_perf_metrics = True   # the counts come back through the perf outputs, as from TensorRT-LLM
         a, b = direct.generate(request), client.generate(request)
         assert b.output_ids == a.output_ids and b.new_tokens == a.new_tokens
         assert (b.num_draft_tokens, b.num_accepted_draft_tokens) == (a.num_draft_tokens, a.num_accepted_draft_tokens)
@@ -436,11 +437,16 @@ def test_in_process_client_round_trip(built_fp8, reference):
 
 def test_serve_outputs_follow_the_name_table(built_fp8):
     engine = Engine.load(built_fp8.target)
-    tensors = request_to_tensors(req(PROMPTS[0], n=5, draft_input_ids=[1, 2, 3], return_generation_logits=True))
+    plain = engine.serve(request_to_tensors(req(PROMPTS[0], n=5, draft_input_ids=[1, 2, 3])))
+    assert set(plain) == {"output_ids", "sequence_length"}   # perf outputs only when asked, as TensorRT-LLM
+    tensors = request_to_tensors(req(PROMPTS[0], n=5, draft_input_ids=[1, 2, 3], return_generation_logits=True,
+                                     return_perf_metrics=True))
     assert tensors_to_request(tensors).draft_input_ids == [1, 2, 3]
     out = engine.serve(tensors)
     specs = {s.name: s for s in ENGINE_OUTPUTS}
-    assert set(out) == set(specs)
+    assert set(out) == set(specs)                                  # then all of them
+    times = [int(out[n][0, 0]) for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")]
+    assert times == sorted(times) and times[0] > 0
     for name, value in out.items():
         assert value.dtype == specs[name].np_dtype, name
         assert value.ndim == len(specs[name].dims) + 1, name  # batch dim first

@@ -120,6 +120,8 @@ def test_draft_logits_gather_generation_logits_on_both_engines(tmp_path):
         if step.kind == "engine":
             assert "--gather_generation_logits" in step.argv
             assert "--gather_context_logits" not in step.argv
+            # the served models declare FP32 logits; ModelOpt's export would leave float16 for a bf16 model
+            assert step.argv[step.argv.index("--logits_dtype") + 1] == "float32"
 
 
 def test_unquantized_models_are_converted_not_calibrated(tmp_path):

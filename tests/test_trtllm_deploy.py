@@ -114,6 +114,15 @@ def test_draft_logits_need_generation_logits_and_equal_vocabs(pair, tmp_path):
     problems = check((t, d), use_draft_logits=True)
     assert [p.field for p in problems] == ["draft pretrained_config.vocab_size"]
     assert check((t, d)) == []     # token matching needs equal ids, not equal vocab sizes
+    # ModelOpt's export of a bf16 model: float16 logits, which the backend would refuse against the declared FP32
+    edit_config(d, lambda c: c["pretrained_config"].update(logits_dtype="float16", vocab_size=c["pretrained_config"]["vocab_size"]))
+    t3 = write_engine(tmp_path / "t3", target_config(gather_generation_logits=True))
+    d3 = write_engine(tmp_path / "d3", draft_config(gather_generation_logits=True))
+    edit_config(d3, lambda c: c["pretrained_config"].update(logits_dtype="float16"))
+    problems = check((t3, d3), use_draft_logits=True)
+    assert [p.field for p in problems] == ["draft pretrained_config.logits_dtype"]
+    assert "--logits_dtype float32" in str(problems[0])
+    assert check((t3, d3)) == []   # without draft logits no logits are served
 
 
 def test_cli_names_every_failed_check(pair):
@@ -181,7 +190,9 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
     for p in (t, d):
         assert p["gpt_model_type"] == "inflight_fused_batching" and p["enable_kv_cache_reuse"] == "true"
         assert p["exclude_input_in_output"] == "false" and p["enable_chunked_context"] == "true"
-        assert p["logits_datatype"] == "TYPE_FP32" and p["encoder_input_features_data_type"] == "TYPE_FP16"
+        # read with no fallback by the backend at load; empty: no guided decoding
+        assert p["tokenizer_dir"] == p["guided_decoding_backend"] == p["xgrammar_tokenizer_info_path"] == ""
+        assert "logits_datatype" not in p and "encoder_input_features_data_type" not in p   # not backend parameters
         assert "participant_ids" not in p
     assert t["gpu_device_ids"] == "0,1,2,3" and d["gpu_device_ids"] == "0"
     # they share GPU 0: the 0.9 is split by KV need and each is capped at what it needs
@@ -300,3 +311,18 @@ def test_serve_waits_for_models_as_long_as_their_engines_need(deployed, tmp_path
     container = manifests(load_config(config), repo, image="i", pvc="p")["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
     probe = container["startupProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] >= max(wait, 1800)
+
+
+def test_validate_repo_finds_what_the_tensorrtllm_backend_would_refuse(deployed):
+    """The parameters the backend reads with no fallback, and the perf outputs it writes undeclared or not."""
+    config, engines, repo = deployed
+    write_repository(load_config(config), engines, repo)
+    path = repo / "tensorrt_llm" / "config.pbtxt"
+    text = path.read_text()
+    broken = "\n".join(line for line in text.splitlines()
+                       if '"tokenizer_dir"' not in line and "first_token_time_ns" not in line)
+    path.write_text(broken.replace('"inflight_fused_batching"', '"batched"'))
+    problems = [str(p) for p in validate_repository(repo)]
+    assert any("parameter tokenizer_dir" in p and "fails without it" in p for p in problems), problems
+    assert any("parameter gpt_model_type" in p and "'batched'" in p for p in problems), problems
+    assert any("first_token_time_ns" in p and "return_perf_metrics" in p for p in problems), problems

@@ -51,14 +51,26 @@ ENGINE_INPUTS = (
     TensorSpec("exclude_input_in_output", "BOOL", (1,)),
     TensorSpec("streaming", "BOOL", (1,)),
 )
+# The outputs TensorRT-LLM's `tensorrtllm` backend writes when (and only when) a request sets return_perf_metrics,
+# all of them, with no check that the config declares them, so a config must declare every one
+# (triton_backend/inflight_batcher_llm/src/model_instance_state.cc, fillTritonResponse, 1.2.0rc8).
+PERF_OUTPUTS = (
+    TensorSpec("kv_cache_alloc_new_blocks", "INT32", (1,)),
+    TensorSpec("kv_cache_reused_blocks", "INT32", (1,)),
+    TensorSpec("kv_cache_alloc_total_blocks", "INT32", (1,)),
+    TensorSpec("arrival_time_ns", "INT64", (1,)),
+    TensorSpec("first_scheduled_time_ns", "INT64", (1,)),
+    TensorSpec("first_token_time_ns", "INT64", (1,)),
+    TensorSpec("last_token_time_ns", "INT64", (1,)),
+    TensorSpec("acceptance_rate", "FP32", (1,)),
+    TensorSpec("total_accepted_draft_tokens", "INT32", (1,)),
+    TensorSpec("total_draft_tokens", "INT32", (1,)),
+)
 ENGINE_OUTPUTS = (
     TensorSpec("output_ids", "INT32", (-1, -1)),
     TensorSpec("sequence_length", "INT32", (-1,)),
     TensorSpec("generation_logits", "FP32", (-1, -1, -1)),
-    TensorSpec("acceptance_rate", "FP32", (1,)),
-    TensorSpec("total_accepted_draft_tokens", "INT32", (1,)),
-    TensorSpec("total_draft_tokens", "INT32", (1,)),
-    TensorSpec("kv_cache_reused_blocks", "INT32", (1,)),
+    *PERF_OUTPUTS,
 )
 ENGINE_OUTPUT_NAMES = tuple(t.name for t in ENGINE_OUTPUTS)
 
@@ -130,6 +142,7 @@ class GenerationRequest:
     draft_logits: np.ndarray | None = None   # [k, V] float32
     return_generation_logits: bool = False
     exclude_input_in_output: bool = False
+    return_perf_metrics: bool = False        # the PERF_OUTPUTS, as TensorRT-LLM writes them only when asked
 
 
 @dataclass
@@ -142,6 +155,8 @@ class GenerationResult:
     reused_tokens: int = 0                # prompt tokens whose KV came from the prefix cache
     computed_tokens: int = 0              # tokens that went through the network
     seconds: float = field(default=0.0, compare=False)
+    times_ns: tuple[int, int, int, int] = field(default=(0, 0, 0, 0), compare=False)  # arrival, first scheduled,
+                                          # first token, last token (steady clock, as TensorRT-LLM's perf outputs)
 
     @property
     def sequence_length(self) -> int:
@@ -166,6 +181,8 @@ def request_to_tensors(r: GenerationRequest) -> dict[str, np.ndarray]:
         "return_generation_logits": np.asarray([[r.return_generation_logits]], dtype=np.bool_),
         "exclude_input_in_output": np.asarray([[r.exclude_input_in_output]], dtype=np.bool_),
     }
+    if r.return_perf_metrics:
+        t["return_perf_metrics"] = np.asarray([[True]], dtype=np.bool_)
     if r.end_id is not None:
         t["end_id"] = np.asarray([[r.end_id]], dtype=np.int32)
     if r.pad_id is not None:
@@ -214,6 +231,7 @@ def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
         draft_logits=draft_logits,
         return_generation_logits=_scalar(t, "return_generation_logits", bool, False),
         exclude_input_in_output=_scalar(t, "exclude_input_in_output", bool, False),
+        return_perf_metrics=_scalar(t, "return_perf_metrics", bool, False),
     )
 
 
@@ -224,11 +242,19 @@ def result_to_tensors(r: GenerationResult, *, with_logits: bool, with_perf: bool
     }
     if with_logits and r.generation_logits is not None:
         t["generation_logits"] = np.asarray(r.generation_logits, dtype=np.float32)[None, None]
-    if with_perf:
-        t["acceptance_rate"] = np.asarray([[r.acceptance_rate]], dtype=np.float32)
-        t["total_accepted_draft_tokens"] = np.asarray([[r.num_accepted_draft_tokens]], dtype=np.int32)
-        t["total_draft_tokens"] = np.asarray([[r.num_draft_tokens]], dtype=np.int32)
-        t["kv_cache_reused_blocks"] = np.asarray([[r.reused_tokens // KV_TOKENS_PER_BLOCK]], dtype=np.int32)
+    if with_perf:  # all of PERF_OUTPUTS, as TensorRT-LLM writes them
+        blocks = -(-(r.reused_tokens + r.computed_tokens) // KV_TOKENS_PER_BLOCK)
+        reused = r.reused_tokens // KV_TOKENS_PER_BLOCK
+        values = {
+            "kv_cache_alloc_new_blocks": blocks - reused, "kv_cache_reused_blocks": reused,
+            "kv_cache_alloc_total_blocks": blocks,
+            "arrival_time_ns": r.times_ns[0], "first_scheduled_time_ns": r.times_ns[1],
+            "first_token_time_ns": r.times_ns[2], "last_token_time_ns": r.times_ns[3],
+            "acceptance_rate": r.acceptance_rate, "total_accepted_draft_tokens": r.num_accepted_draft_tokens,
+            "total_draft_tokens": r.num_draft_tokens,
+        }
+        for spec in PERF_OUTPUTS:
+            t[spec.name] = np.asarray([[values[spec.name]]], dtype=spec.np_dtype)
     return t
 
 

@@ -28,7 +28,7 @@ from typing import Iterable, Mapping
 
 from trtspec import __version__
 from trtspec.config import BuildConfig, LoadedConfig
-from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, TensorSpec
+from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, PERF_OUTPUTS, TensorSpec
 from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
 from trtspec.launch import engine_model_values, launch_for
 from trtspec.marker import MARKER_FILE
@@ -471,6 +471,37 @@ def _check_engine_model(name: str, config) -> list[Problem]:
                                 "an engine model must answer each request with one response", "set decoupled: false"))
     problems += _check_dir_parameter(name, config, ENGINE_DIR_PARAMETER[backend], _is_engine_dir,
                                      "is not an engine dir", "point it at an engine dir built by `trtspec build`")
+    if backend == "tensorrtllm":
+        problems += _check_tensorrtllm_model(name, config)
+    return problems
+
+
+# Parameters TensorRT-LLM's tensorrtllm backend reads at load with no fallback (1.2.0rc8,
+# triton_backend/inflight_batcher_llm/src/model_instance_state.cc: getBatchingTypeFromParams and
+# getGuidedDecodingConfigFromParams; model_state.cc GetParameter throws "Cannot find parameter with name").
+TENSORRTLLM_REQUIRED_PARAMETERS = ("gpt_model_type", "tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path")
+TENSORRTLLM_BATCHING_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")
+
+
+def _check_tensorrtllm_model(name: str, config) -> list[Problem]:
+    problems = []
+    for key in TENSORRTLLM_REQUIRED_PARAMETERS:
+        if key not in config.parameters:
+            problems.append(Problem(f"{name}/{CONFIG_FILE} parameter {key}", None,
+                                    "is missing: the tensorrtllm backend reads it at load and fails without it",
+                                    "add it (an empty string_value where not used), or regenerate with `trtspec deploy`"))
+    kind = _param(config, "gpt_model_type")
+    if "gpt_model_type" in config.parameters and kind not in TENSORRTLLM_BATCHING_TYPES:
+        problems.append(Problem(f"{name}/{CONFIG_FILE} parameter gpt_model_type", kind, "is not a batching type the backend knows",
+                                "set it to inflight_fused_batching"))
+    # the backend writes all the perf outputs when a request sets return_perf_metrics, declared or not, and
+    # Triton refuses a response holding an undeclared output (fillTritonResponse)
+    declared = {t.name for t in config.output}
+    missing = [t.name for t in PERF_OUTPUTS if t.name not in declared]
+    if missing:
+        problems.append(Problem(f"{name}/{CONFIG_FILE} output", missing,
+                                "are not declared: a request with return_perf_metrics would fail, as the backend writes them all",
+                                "declare every one of trtspec.contract.PERF_OUTPUTS"))
     return problems
 
 

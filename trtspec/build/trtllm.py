@@ -186,7 +186,9 @@ def engine_step(config: BuildConfig, role: str, spec: ModelSpec, checkpoint: Pat
         argv += ["--speculative_decoding_mode", "draft_tokens_external",
                  "--max_draft_len", str(config.speculation.max_draft_len)]
     if config.speculation.use_draft_logits and config.draft is not None:
-        argv += ["--gather_generation_logits"]
+        # FP32 logits whatever the checkpoint says: ModelOpt's export writes logits_dtype float16 for bf16 models,
+        # trtllm-build keeps it unless told, and the served models declare FP32 (the backend checks the match)
+        argv += ["--gather_generation_logits", "--logits_dtype", "float32"]
     argv += ["--workers", str(spec.tp_size * spec.pp_size)]
     quant = "FP8" if fp8 else spec.dtype
     spec_text = f", verifies up to {config.speculation.max_draft_len} draft tokens" if role == "target" else ""

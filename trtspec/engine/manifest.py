@@ -43,6 +43,7 @@ class EngineInfo:
     max_draft_len: int
     speculative_decoding_mode: int
     gather_generation_logits: bool
+    logits_dtype: str = "float32"  # pretrained_config.logits_dtype (TensorRT-LLM's PretrainedConfig default)
 
     @property
     def accepts_draft_tokens(self) -> bool:
@@ -104,6 +105,7 @@ def read_engine(path: str | Path) -> EngineInfo:
             max_draft_len=int(get("build_config", "max_draft_len", default=0)),
             speculative_decoding_mode=speculative_mode_value(get("build_config", "speculative_decoding_mode", default=SPEC_MODE_NONE)),
             gather_generation_logits=bool(get("build_config", "gather_generation_logits", default=False)),
+            logits_dtype=str(get("pretrained_config", "logits_dtype", default="float32")),
         )
     except (TypeError, ValueError) as exc:
         raise EngineError(f"{config_path}: {exc}") from exc

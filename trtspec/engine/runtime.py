@@ -160,7 +160,7 @@ class Engine:
 
     @staticmethod
     def result_tensors(request: GenerationRequest, result: GenerationResult) -> dict[str, np.ndarray]:
-        return result_to_tensors(result, with_logits=request.return_generation_logits, with_perf=True)
+        return result_to_tensors(result, with_logits=request.return_generation_logits, with_perf=request.return_perf_metrics)
 
     def _job(self, request: GenerationRequest, done) -> Job:
         self.check(request)

@@ -62,11 +62,13 @@ class Job:
         self.accepted = 0
         self.computed = 0
         self.began = 0.0
+        self.times_ns = [time.monotonic_ns(), 0, 0]   # arrival, first scheduled, first token (steady clock)
 
     def admitted(self, lease: Lease) -> None:
         self.lease = lease
         self.pending, self.start, self.n_logits = self.tokens[lease.cached :], lease.cached, self.first_logits
         self.began = time.perf_counter()
+        self.times_ns[1] = time.monotonic_ns()
 
     def segment(self) -> Segment:
         return Segment(self.pending, self.start, self.lease.kv, self.n_logits)
@@ -74,6 +76,7 @@ class Job:
     def advance(self, logits: torch.Tensor) -> bool:
         """Take this step's logits [n_logits, V]; True when the call is complete."""
         self.computed += len(self.pending)
+        self.times_ns[2] = self.times_ns[2] or time.monotonic_ns()
         if self.draft:
             return self._verified(logits)
         r = self.request
@@ -114,7 +117,7 @@ class Job:
             generation_logits=torch.stack(self.kept_logits).numpy() if self.kept_logits else None,
             num_draft_tokens=len(self.draft), num_accepted_draft_tokens=self.accepted,
             reused_tokens=self.lease.cached if self.lease else 0, computed_tokens=self.computed,
-            seconds=time.perf_counter() - self.began,
+            seconds=time.perf_counter() - self.began, times_ns=(*self.times_ns, time.monotonic_ns()),
         )
 
 

@@ -188,6 +188,14 @@ def _check_pair(t: EngineInfo, d: EngineInfo, use_draft_logits: bool) -> list[Pr
             if not info.gather_generation_logits:
                 problems.append(Problem(f"{role} build_config.gather_generation_logits", False,
                                         "draft logits need generation logits from both engines", "rebuild with --gather_generation_logits"))
+            if info.logits_dtype != "float32":
+                # The tensorrtllm backend compares the engine's logits dtype with the declared generation_logits
+                # dtype on every response (model_instance_state.cc fillTritonResponse: TLLM_CHECK(generationLogitsType
+                # == getLogitsDataType())), and the repository declares FP32; ModelOpt writes float16 for bf16 models.
+                problems.append(Problem(f"{role} pretrained_config.logits_dtype", info.logits_dtype,
+                                        "draft logits are served as FP32 and the tensorrtllm backend fails every response "
+                                        "whose engine logits have another dtype",
+                                        "rebuild with trtllm-build --logits_dtype float32 (as `trtspec build` does)"))
         if t.vocab_size != d.vocab_size:
             problems.append(Problem("draft pretrained_config.vocab_size", d.vocab_size,
                                     f"differs from the target's {t.vocab_size}: draft logits are [K, vocab_size] tensors",

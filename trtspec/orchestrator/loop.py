@@ -81,7 +81,7 @@ def speculate(
 
         new = result.new_tokens[:remaining]
         drafted = len(draft.tokens) if draft else 0
-        accepted = result.num_accepted_draft_tokens if drafted else 0
+        accepted = accepted_prefix(draft.tokens, new) if drafted else 0
         if drafted:
             drafter.observe(accepted, drafted)
         if not first:
@@ -99,6 +99,19 @@ def speculate(
             stats.finish_reason = reason
             stats.fallbacks.update(getattr(policy, "fallbacks", {}))
             return
+
+
+def accepted_prefix(draft: list[int], new: list[int]) -> int:
+    """Draft tokens the target accepted, read off the tokens it returned: its output starts with the accepted
+    draft tokens, then its own token, which differs from the rejected draft token (under rejection sampling the
+    residual distribution has no mass there). Engines report this too, but TensorRT-LLM only with
+    return_perf_metrics, so the loop takes it from the tokens, which every engine returns."""
+    n = 0
+    for d, t in zip(draft, new):
+        if d != t:
+            break
+        n += 1
+    return n
 
 
 def _verify_request(request: SpecRequest, sequence: list[int], draft, plain_tokens: int) -> GenerationRequest:
