@@ -282,7 +282,7 @@ def _mixed_requests(engine) -> list[GenerationRequest]:
         GenerationRequest(input_ids=base[:3], request_output_len=MAX_DRAFT_LEN + 1,
                           draft_input_ids=base[3 : 3 + MAX_DRAFT_LEN], end_id=-1,
                           draft_logits=np.random.default_rng(0).normal(size=(MAX_DRAFT_LEN, 320)).astype(np.float32),
-                          sampling=SamplingParams(temperature=1.0, seed=3)),
+                          sampling=SamplingParams(temperature=1.0, top_p=1.0, seed=3)),
     ]
 
 

@@ -15,7 +15,7 @@ N = 20_000
 # chi-square critical values at p = 0.001 by degrees of freedom (checked against the regularized gamma function)
 CHI2_CRITICAL_0_001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 35: 66.619}
 
-SAMPLE = SamplingParams(temperature=1.0)
+SAMPLE = SamplingParams(temperature=1.0, top_p=1.0)   # top_k 0 and top_p 0 would be greedy, as in TensorRT-LLM
 P_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, 1.5])   # the target's logits at position 0
 Q_LOGITS = torch.tensor([0.0, 1.5, 1.0, 2.0, -1.0, 0.0])   # the draft's: a quite different distribution
 BONUS_LOGITS = torch.tensor([0.0, 0.3, -0.2, 0.9, 0.1, -0.4])
@@ -161,7 +161,7 @@ def test_probabilities_support():
     probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
     logits = probs.log()
     order = [1, 3, 4, 2, 0]  # by probability
-    params = lambda **kw: SamplingParams(temperature=1.0, **kw)  # noqa: E731
+    params = lambda **kw: SamplingParams(**{"temperature": 1.0, "top_p": 1.0, **kw})  # noqa: E731
     torch.testing.assert_close(probabilities(logits, params()), probs)
     for k in range(1, 6):
         got = probabilities(logits, params(top_k=k))
@@ -196,7 +196,8 @@ def test_select_samples_from_the_filtered_distribution():
 
 # ---- greedy ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_k=1)], ids=["t0", "topk1"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_k=1), SamplingParams(temperature=0.7)],
+                         ids=["t0", "topk1", "topk0-topp0"])
 def test_greedy_accepts_iff_the_argmax_matches(params):
     assert params.greedy
     gen = torch.Generator().manual_seed(12)

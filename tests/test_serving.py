@@ -85,10 +85,12 @@ def text_of(responses) -> str:
 
 # ---- tests ---------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def spec_server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["embedded", "tensorrtllm-standin"])
+def spec_server(tmp_path_factory, request):
     """A 3-layer target, a perturbed copy as its draft (about half the draft tokens accepted), max_draft_len 8,
-    deployed and served by the real tritonserver."""
+    deployed and served by the real tritonserver; every test runs twice: on the embedded engine models, and on
+    the strict stand-in of TensorRT-LLM's tensorrtllm backend with the TensorRT deployment's engine configs."""
+    from standin_repo import write_standin_repository
     from tiny import make_checkpoint, make_perturbed_copy, write_config
     from trtspec.build import run_build
     from trtspec.config import load_config
@@ -102,7 +104,9 @@ def spec_server(tmp_path_factory):
                           engine={"max_input_len": 256, "max_seq_len": 512})
     engines = run_build(config, root / "engines")
     # Above 4 requests in flight, new ones start without speculation (the concurrency test checks it).
-    repo = write_repository(load_config(config), engines, root / "repo", overrides={"max_speculative_concurrency": 4})
+    write = write_repository if request.param == "embedded" else write_standin_repository
+    repo = write(load_config(config) if request.param == "embedded" else config, engines, root / "repo",
+                 overrides={"max_speculative_concurrency": 4})
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start(timeout=300)
     yield server

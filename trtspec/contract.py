@@ -116,16 +116,20 @@ KV_TOKENS_PER_BLOCK = 32  # block size the embedded engine reports reuse in (TRT
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """TRT-LLM's runtime sampling fields; greedy unless temperature > 0 (and top_k != 1)."""
+    """TRT-LLM's runtime sampling fields, meaning what TensorRT-LLM means by them: top_k 0 is no top-k filter and
+    top_p 0 (or below) no nucleus filter, but both 0 together is greedy, as is temperature 0 or top_k 1
+    (regularizeTopKTopP in cpp/tensorrt_llm/kernels/samplingTopKKernels.h: "if (topK == 0 && topP == 0.0f)
+    topK = 1"; SamplingConfig::validate turns temperature 0 into top-k 1). So unrestricted sampling at a
+    temperature is top_k 0 with top_p 1.0."""
 
     temperature: float = 0.0
     top_k: int = 0          # 0: no top-k filter
-    top_p: float = 0.0      # 0 or 1: no nucleus filter
+    top_p: float = 0.0      # <= 0 or 1: no nucleus filter
     seed: int | None = None
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
+        return self.temperature <= 0.0 or self.top_k == 1 or (self.top_k == 0 and self.top_p <= 0.0)
 
 
 @dataclass
@@ -222,7 +226,7 @@ def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
         pad_id=_scalar(t, "pad_id", int, None),
         min_tokens=_scalar(t, "min_tokens", int, 0),
         sampling=SamplingParams(
-            temperature=_scalar(t, "temperature", float, 0.0),
+            temperature=_scalar(t, "temperature", float, 1.0),  # TensorRT-LLM's default when absent
             top_k=_scalar(t, "runtime_top_k", int, 0),
             top_p=_scalar(t, "runtime_top_p", float, 0.0),
             seed=seed,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,16 +30,21 @@ from trtspec.triton.common import bool_parameter, error_response, load_tokenizer
 
 
 class BlsEngineClient:
-    """An engine client that calls a `tensorrt_llm`-contract model through BLS."""
+    """An engine client that calls a `tensorrt_llm`-contract model through BLS, on behalf of one request
+    (`request_id`: its calls carry the client's request id, as NVIDIA's BLS passes its own to both engines, so
+    that the tensorrtllm backend can stop them by that id)."""
 
-    def __init__(self, model_name: str):
-        self.model_name = model_name
+    def __init__(self, model_name: str, request_id: str = ""):
+        self.model_name, self.request_id = model_name, request_id
+
+    def for_request(self, request_id: str) -> "BlsEngineClient":
+        return BlsEngineClient(self.model_name, request_id)
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         inputs = [pb_utils.Tensor(name, value) for name, value in request_to_tensors(request).items()]
         wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
         response = pb_utils.InferenceRequest(
-            model_name=self.model_name, inputs=inputs, requested_output_names=wanted,
+            model_name=self.model_name, inputs=inputs, requested_output_names=wanted, request_id=self.request_id,
         ).exec()
         if response.has_error():
             raise EngineError(f"{self.model_name}: {response.error().message()}")
@@ -179,7 +185,8 @@ class TritonPythonModel:
         prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
         ids: list[int] = []
         text = []
-        for chunk in speculate(spec, self.target, drafter, policy=policy, stats=stats, cancelled=sender.is_cancelled):
+        target = self.target.for_request(plan.request_id)
+        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=sender.is_cancelled):
             ids += chunk
             piece = detok.push(chunk)
             if spec.stream:
@@ -205,7 +212,7 @@ class TritonPythonModel:
         if plan.method == "prompt_lookup":
             return make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
         s = plan.spec
-        return make_drafter("draft_model", client=self.draft, sampling=s.sampling, end_id=s.end_id, pad_id=s.pad_id,
+        return make_drafter("draft_model", client=self.draft.for_request(plan.request_id), sampling=s.sampling, end_id=s.end_id, pad_id=s.pad_id,
                             use_logits=plan.use_logits)
 
     def _parse(self, f: "_Fields") -> "_Plan":
@@ -243,6 +250,10 @@ class TritonPythonModel:
             raise RequestError("top_k", f"must be >= 0, got {top_k}")
         if not 0.0 <= top_p <= 1.0:
             raise RequestError("top_p", f"must be within [0, 1], got {top_p}")
+        if temperature > 0 and top_k == 0 and top_p == 0.0:
+            # a temperature alone means sampling from the whole distribution; TensorRT-LLM reads top_k 0 with
+            # top_p 0 as greedy, so say it as it means it (top_p 1: no nucleus filter)
+            top_p = 1.0
         end_id = f.scalar("end_id", int, self.tokenizer.eos_token_id)
         pad_id = f.scalar("pad_id", int, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else end_id)
         vocab = len(self.tokenizer)
@@ -265,6 +276,7 @@ class TritonPythonModel:
             adaptive=f.scalar("adaptive_draft_length", bool, self.adaptive_default),
             want_perf=f.scalar("return_perf_metrics", bool, False),
             exclude_input=f.scalar("exclude_input_in_output", bool, False),
+            request_id=f.request_id,
         )
 
     def _response(self, text: str, ids: list[int], stats: RequestStats | None = None):
@@ -303,6 +315,7 @@ class _Plan:
     adaptive: bool
     want_perf: bool
     exclude_input: bool
+    request_id: str
 
 
 class _Fields:
@@ -310,6 +323,8 @@ class _Fields:
 
     def __init__(self, request):
         self.request = request
+        # the client's id, or a new one as NVIDIA's BLS makes (uuid4): the engine calls of one request share it
+        self.request_id = request.request_id() or str(uuid.uuid4())
 
     def _get(self, name):
         return optional_input(self.request, name)

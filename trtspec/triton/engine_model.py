@@ -68,7 +68,9 @@ class TritonPythonModel:
         return None
 
     def _submit(self, request, sender) -> None:
-        tensors = engine_inputs(request)
+        self._queue(engine_inputs(request), sender)
+
+    def _queue(self, tensors: dict[str, np.ndarray], sender) -> None:
         calls = [tensors_to_request(row) for row in split_rows(tensors)]
         for call in calls:  # every row is checked before any is queued
             self.engine.check(call)

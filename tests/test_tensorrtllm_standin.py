@@ -1,0 +1,120 @@
+"""The rules of TensorRT-LLM's `tensorrtllm` backend that the embedded engine once did not enforce, checked on the
+strict stand-in (tests/tensorrtllm_standin.py) under the engine configs `trtspec deploy` writes for TensorRT
+engines, through the real tritonserver: what would have broken the first run on a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from test_serving import grpc_generate, ids_of
+from trtspec.contract import PERF_OUTPUTS, GenerationRequest, SamplingParams, request_to_tensors
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from trtspec.build import run_build
+
+    root = tmp_path_factory.mktemp("standin")
+    target = make_checkpoint(root / "target", layers=2, seed=0)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
+    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
+                          engine={"max_input_len": 128, "max_seq_len": 256})
+    return root, config, run_build(config, root / "engines")
+
+
+def _serve(pair, name: str, edit=None):
+    from standin_repo import write_standin_repository
+    from trtspec.server import TritonServer, free_port
+
+    root, config, engines = pair
+    repo = write_standin_repository(config, engines, root / name, edit=edit)
+    return TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+
+
+@pytest.fixture(scope="module")
+def server(pair):
+    server = _serve(pair, "repo")
+    server.start(timeout=300)
+    yield server
+    server.stop()
+
+
+def _infer(server, request: GenerationRequest, outputs=None, model="tensorrt_llm"):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        inputs = []
+        for name, value in request_to_tensors(request).items():
+            t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+            t.set_data_from_numpy(value)
+            inputs.append(t)
+        wanted = [grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None
+        result = client.infer(model, inputs, outputs=wanted)
+        return {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
+    finally:
+        client.close()
+
+
+def test_the_engine_model_does_not_load_without_the_parameters_the_backend_requires(pair):
+    from trtspec.server import ServerError
+
+    broken = _serve(pair, "no-tokenizer-dir", edit=lambda text: "\n".join(
+        line for line in text.splitlines() if '"tokenizer_dir"' not in line))
+    with pytest.raises(ServerError, match="Cannot find parameter with name: tokenizer_dir"):
+        broken.start(timeout=300)
+
+
+def test_perf_outputs_come_only_when_asked_and_then_all_of_them(server):
+    prompt = [5, 6, 7, 8]
+    plain = _infer(server, GenerationRequest(prompt, 3, draft_input_ids=[1, 2]))
+    assert set(plain) == {"output_ids", "sequence_length"}
+    perf = _infer(server, GenerationRequest(prompt, 3, draft_input_ids=[1, 2], return_perf_metrics=True))
+    assert set(perf) == {"output_ids", "sequence_length", *(t.name for t in PERF_OUTPUTS)}
+    assert int(perf["total_draft_tokens"].reshape(-1)[0]) == 2
+
+
+def test_output_ids_and_sequence_length_must_be_requested(server):
+    with pytest.raises(InferenceServerException, match="output_ids tensor must be present"):
+        _infer(server, GenerationRequest([5, 6, 7], 2), outputs=["sequence_length"])
+
+
+def test_top_k_0_with_top_p_0_is_greedy_as_in_tensorrt_llm(server):
+    prompt = [5, 6, 7, 8, 9]
+    greedy = _infer(server, GenerationRequest(prompt, 12))["output_ids"].reshape(-1).tolist()
+    for seed in (1, 2, 3):
+        hot = GenerationRequest(prompt, 12, sampling=SamplingParams(temperature=1.5, top_k=0, top_p=0.0, seed=seed))
+        assert _infer(server, hot)["output_ids"].reshape(-1).tolist() == greedy
+
+
+def test_a_temperature_alone_samples_through_the_bls(server):
+    """The BLS must say "no nucleus filter" as TensorRT-LLM reads it (top_p 1), or a temperature means greedy."""
+    greedy = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 12}))
+    sampled = [ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 12, "temperature": 1.5, "seed": s}))
+               for s in (1, 2, 3)]
+    assert any(s != greedy for s in sampled)
+    again = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 12, "temperature": 1.5, "seed": 1}))
+    assert again == sampled[0]                                      # a seed reproduces
+
+
+def test_acceptance_does_not_depend_on_optional_outputs(server):
+    out = grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 24, "num_draft_tokens": 3,
+                                          "adaptive_draft_length": False, "return_perf_metrics": True})
+    drafted, accepted = (int(np.asarray(out[-1][n]).reshape(-1)[0]) for n in ("total_draft_tokens", "total_accepted_draft_tokens"))
+    assert drafted > 0 and 0 < accepted <= drafted
+
+
+def test_logits_of_another_dtype_than_declared_fail_the_response(pair):
+    server = _serve(pair, "fp16-logits", edit=lambda text: text.replace(
+        'name: "generation_logits" data_type: TYPE_FP32', 'name: "generation_logits" data_type: TYPE_FP16'))
+    server.start(timeout=300)
+    try:
+        with pytest.raises(InferenceServerException, match="logits of the engine are float32"):
+            _infer(server, GenerationRequest([5, 6, 7], 2, return_generation_logits=True))
+        assert set(_infer(server, GenerationRequest([5, 6, 7], 2))) == {"output_ids", "sequence_length"}
+    finally:
+        server.stop()
