@@ -396,3 +396,28 @@ def test_real_build_refuses_a_pair_that_does_not_fit(fake_tools, tmp_path, monke
     monkeypatch.setattr(environment, "detect_gpus", lambda: environment.GpuReport(gpus))
     with pytest.raises(trtllm.BuildPlanError, match=r"do not fit the GPUs:\n  - GPU 0 \(NVIDIA L4, 22.5 GiB\) needs"):
         _run(fake_tools, tmp_path / "engines")
+
+
+def test_calibration_set_is_a_hub_name_or_a_local_directory(tmp_path):
+    """quantize.py fetches cnn_dailymail from the Hub; a build host without it needs a local directory, and a single
+    file is refused there with NotImplementedError, so it is refused here first."""
+    from trtspec.config import ConfigError
+
+    config = yaml.safe_load(EXAMPLES["70b"].read_text())
+    data = tmp_path / "calib"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"text": "calibration text"}\n')
+    config["calibration"] = {"dataset": "calib"}               # relative to the config file
+    path = _write_example(tmp_path, config)
+    plan = trtllm.plan(load_config(path, plan_only=True), tmp_path / "out")
+    quantize = next(s for s in plan.steps if s.kind == "checkpoint")
+    assert quantize.argv[quantize.argv.index("--calib_dataset") + 1] == str(data)
+    config["calibration"] = {"dataset": "calib/train.jsonl"}
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match="calibration.dataset.*is a file"):
+        load_config(path, plan_only=True)
+    config["calibration"] = {"dataset": "cnn_dailymail"}
+    path.write_text(yaml.safe_dump(config))
+    console = Console(record=True, width=200)
+    trtllm.print_plan(trtllm.plan(load_config(path, plan_only=True), tmp_path / "out"), console)
+    assert "from the Hugging Face Hub" in console.export_text()

@@ -144,6 +144,7 @@ def load_config(path: str | Path, *, plan_only: bool = False) -> LoadedConfig:
         problems += check_pair(config, checkpoints, plan_only=plan_only)
         if config.backend == "trtllm":
             problems += trtllm_checks(config)
+            problems += calibration_checks(config, source.parent, plan_only=plan_only)
     if problems:
         raise ConfigError(str(source), problems)
     return LoadedConfig(config, source, checkpoints)
@@ -279,6 +280,39 @@ def _planning_info(section: dict, base: Path) -> CheckpointInfo | None:
         if isinstance(config, dict) and config.get("architectures") and "vocab_size" in config:
             return CheckpointInfo(path, config["architectures"][0], int(config["vocab_size"]), config)
     return None
+
+
+# The calibration sets TensorRT-LLM's get_calib_dataloader (tensorrt_llm/quantization/quantize_by_modelopt.py)
+# fetches from the Hugging Face Hub by name; anything else must be a local directory that `datasets.load_dataset`
+# reads with a `train` split and a `text` column (a single file is refused with NotImplementedError).
+HUB_CALIBRATION_SETS = ("cnn_dailymail", "pileval", "scienceqa", "science_qa")
+
+
+def is_hub_calibration_set(name: str) -> bool:
+    return any(hub in name.lower() for hub in HUB_CALIBRATION_SETS) and not Path(name).is_dir()
+
+
+def calibration_checks(config: BuildConfig, base: Path, *, plan_only: bool) -> list[Problem]:
+    """A calibration set TensorRT-LLM's quantize.py can load: a Hub name it knows, or a local directory (a path
+    relative to the config file is made absolute in the config)."""
+    cal = config.calibration
+    if is_hub_calibration_set(cal.dataset):
+        return []
+    path = Path(cal.dataset).expanduser()
+    path = path if path.is_absolute() else (base / path).resolve()
+    if path.is_file():
+        return [Problem("calibration.dataset", cal.dataset, "is a file; TensorRT-LLM's quantize.py loads a Hub name or a "
+                        "directory (a single file raises NotImplementedError there)",
+                        "put it in a directory as train.jsonl with a \"text\" field per line, and name the directory")]
+    if not path.is_dir():
+        if plan_only:
+            return []
+        return [Problem("calibration.dataset", cal.dataset, "is neither a calibration set quantize.py fetches from the "
+                        f"Hugging Face Hub ({', '.join(HUB_CALIBRATION_SETS[:2])}) nor an existing directory",
+                        "name a directory holding train.jsonl with a \"text\" field per line, or use cnn_dailymail "
+                        "on a build host that reaches the Hub")]
+    cal.dataset = str(path)
+    return []
 
 
 def trtllm_checks(config: BuildConfig) -> list[Problem]:

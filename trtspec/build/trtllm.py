@@ -43,7 +43,7 @@ from trtspec.build.memory import (
     GIB, MemoryPlan, ModelShape, calibration_memory, engine_memory, gib, host_memory_bytes,
 )
 from trtspec.checkpoint import CheckpointInfo
-from trtspec.config import BuildConfig, LoadedConfig, ModelSpec
+from trtspec.config import BuildConfig, LoadedConfig, ModelSpec, is_hub_calibration_set
 from trtspec.engine.manifest import CONFIG_FILE, MANIFEST_FILE, read_manifest
 from trtspec.errors import TrtspecError
 
@@ -296,6 +296,10 @@ def memory_table(p: Plan) -> Table:
 def print_plan(p: Plan, console: Console) -> None:
     console.print(plan_table(p))
     console.print(memory_table(p))
+    if p.memory.calibrations and is_hub_calibration_set(p.config.calibration.dataset):
+        console.print(f"[yellow]note:[/] calibration reads '{escape(p.config.calibration.dataset)}' from the Hugging Face Hub "
+                      "(or its cache): the build host needs to reach it, or give calibration.dataset a local directory "
+                      "(train.jsonl with a \"text\" field per line)", highlight=False)
     for c in p.memory.calibrations:
         console.print(f"calibration of the {c.role}: {gib(c.needed)} (BF16 weights + FP8 copy) on GPUs holding "
                       f"{gib(c.gpu_total)}", highlight=False)
