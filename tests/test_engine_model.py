@@ -61,7 +61,7 @@ def text(value: str | list[str]) -> np.ndarray:
 
 def test_engine_models_answer_as_the_in_process_engine(client, engines):
     prompt = [11, 42, 7, 99, 3, 250, 18]
-    draft_req = GenerationRequest(input_ids=prompt, request_output_len=3, end_id=-1)
+    draft_req = GenerationRequest(input_ids=prompt, request_output_len=3, end_id=-1, return_perf_metrics=True)
     drafted = infer(client, "tensorrt_llm_draft", request_to_tensors(draft_req))
     local_draft = engines["tensorrt_llm_draft"].serve(request_to_tensors(draft_req))
     for name in COMPARED:
@@ -70,7 +70,8 @@ def test_engine_models_answer_as_the_in_process_engine(client, engines):
     assert len(draft_tokens) == 3
 
     # verify: prompt + draft through the target, accepted inside the engine
-    verify = request_to_tensors(GenerationRequest(input_ids=prompt, request_output_len=8, draft_input_ids=draft_tokens, end_id=-1))
+    verify = request_to_tensors(GenerationRequest(input_ids=prompt, request_output_len=8, draft_input_ids=draft_tokens, end_id=-1,
+                                                  return_perf_metrics=True))
     served, local = infer(client, "tensorrt_llm", verify), engines["tensorrt_llm"].serve(verify)
     for name in COMPARED:
         np.testing.assert_array_equal(served[name], local[name], err_msg=name)
