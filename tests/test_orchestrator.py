@@ -170,3 +170,30 @@ def test_incremental_detokenizer_streams_valid_utf8(tmp_path):
         pieces.append(detok.flush())
         assert "".join(pieces) == tokenizer.decode(ids)
         assert all("\ufffd" not in p for p in pieces)
+
+
+def test_acceptance_is_read_off_the_tokens_not_the_optional_perf_outputs():
+    """TensorRT-LLM returns acceptance counts only under return_perf_metrics: an engine that accepts every draft
+    token but reports nothing must still count as accepting them, or the adaptive draft length gives up."""
+    from trtspec.contract import GenerationResult
+    from trtspec.orchestrator.adaptive import AdaptiveDraftLength
+    from trtspec.orchestrator.loop import accepted_prefix
+
+    class Agreeable:  # output_ids and sequence_length only: the draft accepted whole, then token 7
+        def generate(self, request):
+            new = list(request.draft_input_ids or []) + [7] if request.draft_input_ids else [7] * request.request_output_len
+            return GenerationResult(request.input_ids + new, new)
+
+    class Repeating:  # drafts 7s: always right
+        def propose(self, context, k):
+            from trtspec.orchestrator.drafters import Draft
+            return Draft([7] * k)
+
+        def observe(self, accepted, drafted):
+            pass
+
+    policy = AdaptiveDraftLength(4)
+    tokens, stats = run(SpecRequest([1, 2, 3], 200, num_draft_tokens=4), Agreeable(), Repeating(), policy=policy)
+    assert len(tokens) == 200 and stats.accepted_tokens == stats.draft_tokens > 150
+    assert not policy.fallbacks
+    assert accepted_prefix([4, 5, 6], [4, 5, 9, 1]) == 2 and accepted_prefix([4], [5]) == 0 and accepted_prefix([], [5]) == 0
