@@ -89,9 +89,8 @@ def kv_cache_split(target_kv: int, draft_kv: int | None, shared: bool) -> dict[s
 
 
 def engine_model_values(config, target: EngineInfo, draft: EngineInfo | None) -> dict[str, dict]:
-    """Per engine model ('target', 'draft'), the tensorrtllm template's placement fields."""
-    from trtspec.repository import Raw
-
+    """Per engine model ('target', 'draft'), the tensorrtllm template's placement fields; `extra_parameters`: the
+    parameters that apply only to some placements (the repository writes them as parameter lines)."""
     place = placement(config, target, draft)
     fractions = kv_cache_split(engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared)
     values = {}
@@ -104,11 +103,10 @@ def engine_model_values(config, target: EngineInfo, draft: EngineInfo | None) ->
         if place.fast_logits:
             extra["participant_ids"] = ",".join(map(str, place.participant_ids(role)))
             extra["speculative_decoding_fast_logits"] = "1"
-        lines = [f'parameters: {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in extra.items()]
         values[role] = {
             "gpu_device_ids": ",".join(map(str, devices)),
             "kv_cache_free_gpu_mem_fraction": str(fractions[role]),
-            "trtllm_extra_parameters": Raw("\n".join(lines)),
+            "extra_parameters": {k: str(v) for k, v in extra.items()},
         }
     return values
 

@@ -195,6 +195,8 @@ def plan_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | Non
     plans = [ModelPlan(PREPROCESSING_MODEL, PREPROCESSING_MODEL, {}), ModelPlan(POSTPROCESSING_MODEL, POSTPROCESSING_MODEL, {})]
     # The trtllm engine models also get their GPUs and KV-cache share (trtspec.launch).
     extra = engine_model_values(config, target, draft) if config.backend == "trtllm" else {}
+    for role, fields in extra.items():
+        fields["trtllm_extra_parameters"] = parameter_lines(fields.pop("extra_parameters"))
     plans.append(ModelPlan(TARGET_MODEL, engine_template,
                            {"model_name": TARGET_MODEL, "engine_dir": str(target.path), **extra.get("target", {})}))
     if draft is not None:
@@ -202,6 +204,12 @@ def plan_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | Non
                                {"model_name": DRAFT_MODEL, "engine_dir": str(draft.path), **extra.get("draft", {})}))
     plans += [ModelPlan(ENSEMBLE_MODEL, ENSEMBLE_MODEL, {}), ModelPlan(BLS_MODEL, BLS_MODEL, {})]
     return plans
+
+
+def parameter_lines(parameters: Mapping[str, str]) -> Raw:
+    """`parameters: { key: ... }` lines of a model config, one per entry."""
+    return Raw("\n".join(f'parameters: {{ key: "{k}" value: {{ string_value: "{_format(k, v)}" }} }}'
+                         for k, v in parameters.items()))
 
 
 def tensor_block(specs: Iterable[TensorSpec], *, inputs: bool, reshape_scalars: bool = False, ragged: Iterable[str] = ()) -> Raw:
