@@ -89,3 +89,13 @@ def test_only_the_triton_adapters_import_pb_utils():
     for name in import_graph():
         if "triton_python_backend_utils" in external_imports(name):
             assert name.startswith("trtspec.triton."), name
+
+
+def test_the_bench_arithmetic_needs_no_server_client_or_framework():
+    import subprocess
+    import sys
+
+    code = ("import sys, trtspec.bench.arithmetic, trtspec.bench.tuning; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'tritonclient', 'torch', 'numpy', 'transformers', 'rich'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -51,3 +51,7 @@ class RequestError(EngineError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+class BenchError(TrtspecError):
+    """A benchmark that cannot run: bad options, unreadable prompts, an unreachable deployment."""

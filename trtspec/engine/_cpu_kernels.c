@@ -84,21 +84,21 @@ TARGET static INLINE void rows_block(const float *x, ptrdiff_t ldx, int rows, in
 
 TARGET static void one_block(const float *x, ptrdiff_t M, int K, const void *wb, int bf16, float *y, ptrdiff_t N,
                              const float *scale, const float *bias) {
-    /* With more rows than one group, the first group also fetches the next block into L2 (a block ahead in
-     * this thread's stream), so that the weights stream from memory while the later groups compute from cache
-     * instead of after them. Past the last block the address is merely not fetched: a prefetch never faults. */
+    /* With more rows than one group, every group also fetches the next block into L2 (a block ahead in this
+     * thread's stream), so that the weights keep streaming from memory while the later groups compute from
+     * cache instead of after them. Past the last block the address is merely not fetched: a prefetch never
+     * faults. */
     const char *ahead = M > MAX_ROWS ? (const char *)wb + (ptrdiff_t)K * BLOCK * (bf16 ? 2 : 4) : NULL;
     for (ptrdiff_t m = 0; m < M; m += MAX_ROWS) {
         const float *xm = x + m * K;
         float *ym = y + m * N;
-        const char *pf = m == 0 ? ahead : NULL;
         switch (M - m >= MAX_ROWS ? MAX_ROWS : (int)(M - m)) {
-        case 6: rows_block(xm, K, 6, K, wb, bf16, ym, N, scale, bias, pf); break;
-        case 5: rows_block(xm, K, 5, K, wb, bf16, ym, N, scale, bias, pf); break;
-        case 4: rows_block(xm, K, 4, K, wb, bf16, ym, N, scale, bias, pf); break;
-        case 3: rows_block(xm, K, 3, K, wb, bf16, ym, N, scale, bias, pf); break;
-        case 2: rows_block(xm, K, 2, K, wb, bf16, ym, N, scale, bias, pf); break;
-        default: rows_block(xm, K, 1, K, wb, bf16, ym, N, scale, bias, pf); break;
+        case 6: rows_block(xm, K, 6, K, wb, bf16, ym, N, scale, bias, ahead); break;
+        case 5: rows_block(xm, K, 5, K, wb, bf16, ym, N, scale, bias, ahead); break;
+        case 4: rows_block(xm, K, 4, K, wb, bf16, ym, N, scale, bias, ahead); break;
+        case 3: rows_block(xm, K, 3, K, wb, bf16, ym, N, scale, bias, ahead); break;
+        case 2: rows_block(xm, K, 2, K, wb, bf16, ym, N, scale, bias, ahead); break;
+        default: rows_block(xm, K, 1, K, wb, bf16, ym, N, scale, bias, ahead); break;
         }
     }
 }
