@@ -58,6 +58,8 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: t
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual {tuple(residual.shape)} does not match {tuple(x.shape)}")
     x, residual = _f32_rows(x), None if residual is None else _f32_rows(residual.contiguous())
+    if _f32_rows(weight).shape != x.shape[1:]:
+        raise ValueError(f"norm weight {tuple(weight.shape)} does not match rows of {x.shape[1]}")
     y = torch.empty_like(x)
     _CPU.rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), x.shape[0], x.shape[1],
                   weight.data_ptr(), eps, y.data_ptr())
