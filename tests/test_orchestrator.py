@@ -197,3 +197,76 @@ def test_acceptance_is_read_off_the_tokens_not_the_optional_perf_outputs():
     assert len(tokens) == 200 and stats.accepted_tokens == stats.draft_tokens > 150
     assert not policy.fallbacks
     assert accepted_prefix([4, 5, 6], [4, 5, 9, 1]) == 2 and accepted_prefix([4], [5]) == 0 and accepted_prefix([], [5]) == 0
+
+
+def test_a_failing_drafter_ends_speculation_not_the_request(engines):
+    """The draft model fails mid-request: the rest is decoded by the target alone, no token lost or repeated."""
+    from trtspec.orchestrator.drafters import DraftFailed
+
+    target, draft = engines
+
+    class Failing:
+        def __init__(self, inner, after):
+            self.inner, self.left, self.calls = inner, after, 0
+
+        def propose(self, context, k):
+            self.calls += 1
+            if self.left == 0:
+                raise DraftFailed("tensorrt_llm_draft: Stub process 'tensorrt_llm_draft_0_0' is not healthy.")
+            self.left -= 1
+            return self.inner.propose(context, k)
+
+        def observe(self, accepted, drafted):
+            pass
+
+    heard = []
+    for after in (0, 2):
+        reference, _ = run(SpecRequest(PROMPTS[0], 30), target)
+        drafter = Failing(drafter_for(draft), after)
+        tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=4), target, drafter, on_draft_failed=heard.append)
+        assert tokens == reference and stats.generated_tokens == 30
+        assert stats.fallbacks == {"draft_error": 1} and drafter.calls == after + 1   # tried once, then never again
+        assert (stats.draft_tokens > 0) == (after > 0)
+    assert len(heard) == 2
+
+
+def test_the_draft_breaker_skips_a_failing_model_and_probes_it_again():
+    from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
+    from trtspec.orchestrator.drafters import Draft, DraftFailed
+
+    now = [0.0]
+    events = []
+    breaker = DraftBreaker(cooldown=2.0, max_cooldown=5.0, clock=lambda: now[0],
+                           on_down=lambda cause: events.append(("down", str(cause))), on_up=lambda: events.append(("up",)))
+
+    class Model:
+        healthy, calls = True, 0
+
+        def propose(self, context, k):
+            Model.calls += 1
+            if not Model.healthy:
+                raise DraftFailed("stub died")
+            return Draft([1] * k)
+
+        def observe(self, accepted, drafted):
+            pass
+
+    guarded = GuardedDrafter(Model(), breaker)
+    assert guarded.propose([0], 2).tokens == [1, 1]
+    Model.healthy = False
+    for _ in range(2):
+        with pytest.raises(DraftFailed):
+            guarded.propose([0], 2)
+    assert Model.calls == 2                       # the second request did not call the broken model
+    now[0] = 2.5                                  # the cool-down is over: one probe, which fails; the next waits 4 s
+    with pytest.raises(DraftFailed):
+        guarded.propose([0], 2)
+    assert Model.calls == 3
+    now[0] = 6.0
+    with pytest.raises(DraftFailed):
+        guarded.propose([0], 2)
+    assert Model.calls == 3
+    now[0] = 7.0
+    Model.healthy = True
+    assert guarded.propose([0], 2).tokens == [1, 1] and not breaker.down
+    assert events == [("down", "stub died"), ("up",)]     # once per outage, not once per request

@@ -405,6 +405,10 @@ class TritonServer:
             cmd += ["--model-control-mode", "explicit"]
             for name in self.explicit_models:
                 cmd += ["--load-model", name]
+        elif self.launch is None:
+            # Every model, under explicit model control: a model can then be reloaded while the server runs (the
+            # BLS reloads a draft model whose process died; `POST /v2/repository/models/NAME/load` does it by hand).
+            cmd += ["--model-control-mode", "explicit", "--load-model", "*"]
         cmd += list(self.extra_args)
         return self.launch.command(cmd) if self.launch is not None else cmd
 

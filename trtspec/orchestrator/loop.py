@@ -4,7 +4,8 @@ The first iteration is the target's own prefill and first token, sent at once, s
 delays the first token. Then each iteration:
   1. choose k with the draft-length policy (fixed K, or adaptive: see adaptive.py), never more than the
      remaining budget minus one (the target always adds a token of its own); k = 0 decodes plainly;
-  2. draft: the drafter proposes up to k tokens for the whole current sequence;
+  2. draft: the drafter proposes up to k tokens for the whole current sequence; a drafter that fails
+     (DraftFailed) ends speculation for the request, which goes on decoding plainly from where it was;
   3. verify: ONE target call with the sequence, `draft_input_ids` (and `draft_logits`), asking for
      len(draft) + 1 tokens; the engine accepts a prefix of the draft and adds its own next token;
   4. stop rules: end_id, max_tokens, stop words, cancellation;
@@ -22,7 +23,7 @@ from typing import Protocol
 
 from trtspec.contract import GenerationRequest, GenerationResult, SamplingParams
 from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
-from trtspec.orchestrator.drafters import Drafter
+from trtspec.orchestrator.drafters import DraftFailed, Drafter
 from trtspec.orchestrator.stats import RequestStats
 
 
@@ -54,14 +55,17 @@ def speculate(
     policy=None,
     stats: RequestStats | None = None,
     cancelled: Callable[[], bool] = lambda: False,
+    on_draft_failed: Callable[[DraftFailed], None] = lambda exc: None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each iteration until a stop rule fires; `stats` is filled as it goes.
-    `policy` chooses each iteration's draft length (default: always `request.num_draft_tokens`)."""
+    `policy` chooses each iteration's draft length (default: always `request.num_draft_tokens`);
+    `on_draft_failed` hears of a drafter's failure (the loop itself goes on without drafts)."""
     stats = stats if stats is not None else RequestStats()
     speculative = drafter is not None and request.num_draft_tokens > 0
     policy = policy if policy is not None else FixedDraftLength(request.num_draft_tokens if speculative else 0)
     sequence = list(request.prompt)
     generated = 0
+    lost = None  # why speculation stopped for the rest of this request
     while True:
         if cancelled():
             stats.finish_reason = "cancelled"
@@ -70,10 +74,18 @@ def speculate(
         first = generated == 0 and speculative
         decision = Decision(0, plain_tokens=1) if first else policy.decide(remaining)
         if not speculative:
-            decision = Decision(0, plain_tokens=decision.plain_tokens)
+            decision = Decision(0, plain_tokens=remaining if lost else decision.plain_tokens, reason=lost)
 
         start = time.perf_counter()
-        draft = drafter.propose(sequence, decision.k) if decision.k > 0 else None
+        draft = None
+        if decision.k > 0:
+            try:
+                draft = drafter.propose(sequence, decision.k)
+            except DraftFailed as exc:
+                speculative, lost = False, "draft_error"
+                stats.fallbacks[lost] = stats.fallbacks.get(lost, 0) + 1
+                decision = Decision(0, plain_tokens=remaining, reason=lost)
+                on_draft_failed(exc)
         drafted_at = time.perf_counter()
         plain = 1 if request.stream else max(1, min(decision.plain_tokens, remaining))
         result = target.generate(_verify_request(request, sequence, draft, plain))

@@ -22,6 +22,7 @@ from trtspec.contract import (
 )
 from trtspec.errors import EngineError, RequestError
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
+from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.loop import Cancelled, SpecRequest, speculate
@@ -72,7 +73,7 @@ class Metrics:
         self._drafted_by_position = family("trtspec_draft_tokens_by_position_total", "Draft tokens proposed by draft position (0 = first)")
         requests = family("trtspec_requests_total", "Finished requests by decoding mode")
         self._requests = {m: requests.Metric(labels=self.labels | {"mode": m}) for m in ("speculative", "plain")}
-        self._fallbacks = family("trtspec_fallbacks_total", "Times speculation was switched off for a request, by reason (low_acceptance, load)")
+        self._fallbacks = family("trtspec_fallbacks_total", "Times speculation was switched off for a request, by reason (low_acceptance, load, draft_error)")
         self._position_metrics: dict[tuple[str, int], object] = {}
         self._fallback_metrics: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -108,6 +109,7 @@ class TritonPythonModel:
         self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"))
         draft_name = parameter(params, "tensorrt_llm_draft_model_name", "")
         self.draft = BlsEngineClient(draft_name) if draft_name else None
+        self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
         # Requests that name neither num_draft_tokens nor speculation get default_num_draft_tokens (0 decodes
         # plainly, as NVIDIA's BLS does); naming only `speculation` drafts up to speculation_num_draft_tokens.
         self.default_k = int(parameter(params, "default_num_draft_tokens", "0"))
@@ -212,8 +214,28 @@ class TritonPythonModel:
         if plan.method == "prompt_lookup":
             return make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
         s = plan.spec
-        return make_drafter("draft_model", client=self.draft.for_request(plan.request_id), sampling=s.sampling, end_id=s.end_id, pad_id=s.pad_id,
-                            use_logits=plan.use_logits)
+        drafter = make_drafter("draft_model", client=self.draft.for_request(plan.request_id), sampling=s.sampling,
+                               end_id=s.end_id, pad_id=s.pad_id, use_logits=plan.use_logits)
+        return GuardedDrafter(drafter, self.draft_breaker)
+
+    # ---- the draft model's health ----------------------------------------------------------------------------
+    def _draft_down(self, cause: Exception) -> None:
+        """The first failure of an outage: say so once, and reload the model if its process died (Triton does not
+        restart a Python model's stub by itself; explicit model control, as `trtspec serve` runs it, allows it)."""
+        pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
+                                 "and it is tried again after a cool-down")
+        if "not healthy" in str(cause):
+            threading.Thread(target=self._reload_draft, name="reload-draft", daemon=True).start()
+
+    def _reload_draft(self) -> None:
+        try:
+            pb_utils.load_model(model_name=self.draft.model_name)
+            pb_utils.Logger.log_info(f"{self.name}: reloaded {self.draft.model_name}")
+        except Exception as exc:  # e.g. a server not in explicit model control mode: the breaker's probes go on
+            pb_utils.Logger.log_warn(f"{self.name}: could not reload {self.draft.model_name}: {exc}")
+
+    def _draft_up(self) -> None:
+        pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")
 
     def _parse(self, f: "_Fields") -> "_Plan":
         text = f.text("text_input")

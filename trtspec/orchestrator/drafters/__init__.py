@@ -11,6 +11,10 @@ from typing import Protocol
 import numpy as np
 
 
+class DraftFailed(Exception):
+    """A drafter could not propose (its model failed or is known to be down): the request goes on without drafts."""
+
+
 @dataclass
 class Draft:
     tokens: list[int]

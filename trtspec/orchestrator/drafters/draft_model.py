@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trtspec.contract import GenerationRequest, SamplingParams
-from trtspec.orchestrator.drafters import Draft
+from trtspec.errors import EngineError
+from trtspec.orchestrator.drafters import Draft, DraftFailed
 
 # The draft engine seeds its sampler from the request the same way the target does; an offset keeps the
 # draft's draws independent of the target's acceptance draws at the same position.
@@ -21,10 +22,13 @@ class DraftModelDrafter:
 
     def propose(self, context: list[int], k: int) -> Draft:
         # min_tokens = k forces k tokens even past an end token, so the target always gets a full draft.
-        result = self.client.generate(GenerationRequest(
-            input_ids=context, request_output_len=k, min_tokens=k, end_id=self.end_id, pad_id=self.pad_id,
-            sampling=self.sampling, return_generation_logits=self.use_logits,
-        ))
+        try:
+            result = self.client.generate(GenerationRequest(
+                input_ids=context, request_output_len=k, min_tokens=k, end_id=self.end_id, pad_id=self.pad_id,
+                sampling=self.sampling, return_generation_logits=self.use_logits,
+            ))
+        except EngineError as exc:  # the draft model failed: speculation is lost, the answer is not
+            raise DraftFailed(str(exc)) from exc
         logits = result.generation_logits[:k] if self.use_logits and result.generation_logits is not None else None
         return Draft(result.new_tokens[:k], logits)
 

@@ -1,0 +1,101 @@
+"""Losing the draft model costs speed, never an answer: its process killed under a real tritonserver, requests
+go on decoding with the target alone, equal to target-only output, the fallback is counted, and speculation comes
+back by itself once the model is reloaded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from test_serving import grpc_generate, ids_of
+
+PROMPT = "The quick brown fox"
+SPECULATIVE = {"text_input": PROMPT, "max_tokens": 24, "num_draft_tokens": 4, "adaptive_draft_length": False,
+               "return_perf_metrics": True}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from trtspec.build import run_build
+    from trtspec.config import load_config
+    from trtspec.repository import write_repository
+    from trtspec.server import TritonServer, free_port
+
+    root = tmp_path_factory.mktemp("reliability")
+    target = make_checkpoint(root / "target", layers=2, seed=0)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
+    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
+                          engine={"max_input_len": 128, "max_seq_len": 256})
+    repo = write_repository(load_config(config), run_build(config, root / "engines"), root / "repo")
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server.start(timeout=300)
+    yield server
+    server.stop()
+
+
+def _stub_pids(server, model: str) -> list[int]:
+    """The Python backend stub processes of one model, in the server's process group."""
+    pgid = os.getpgid(server.pid)
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            same_group = os.getpgid(int(entry)) == pgid
+        except (OSError, ProcessLookupError):
+            continue
+        if same_group and any(part == f"{model}_0_0".encode() for part in cmdline):
+            pids.append(int(entry))
+    return pids
+
+
+def _fallbacks(responses) -> list[str]:
+    reasons = np.asarray(responses[-1]["fallback_reasons"]).reshape(-1)
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in reasons]
+
+
+def _metric(server, reason: str) -> float:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith("trtspec_fallbacks_total") and f'reason="{reason}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_killed_draft_model_costs_speed_not_answers(server):
+    reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 24}))
+    before = grpc_generate(server.grpc_url, SPECULATIVE)
+    assert ids_of(before) == reference and int(before[-1]["total_draft_tokens"].reshape(-1)[0]) > 0
+    metric_before = _metric(server, "draft_error")
+
+    stubs = _stub_pids(server, "tensorrt_llm_draft")
+    assert stubs, "the draft model's stub process was not found"
+    for pid in stubs:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(1.0)
+
+    after = grpc_generate(server.grpc_url, SPECULATIVE)        # the draft call fails: the target alone answers
+    assert ids_of(after) == reference
+    assert "draft_error:1" in _fallbacks(after)
+    assert _metric(server, "draft_error") > metric_before
+    again = grpc_generate(server.grpc_url, SPECULATIVE)        # later requests skip the broken draft, same answer
+    assert ids_of(again) == reference
+
+    # the BLS reloads the model whose process died (explicit model control), and speculation comes back
+    deadline = time.monotonic() + 120
+    while True:
+        out = grpc_generate(server.grpc_url, SPECULATIVE)
+        assert ids_of(out) == reference
+        if int(out[-1]["total_draft_tokens"].reshape(-1)[0]) > 0 and "draft_error:1" not in _fallbacks(out):
+            break
+        assert time.monotonic() < deadline, "speculation did not come back after the draft model was reloaded"
+        time.sleep(1.0)
+    ready = urllib.request.urlopen(f"{server.http_base_url}/v2/models/tensorrt_llm_draft/ready", timeout=10)
+    assert ready.status == 200
