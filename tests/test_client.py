@@ -328,7 +328,7 @@ class _FakeSpecClient:
         self.logit_requests = []
 
     def generate(self, prompt, *, max_tokens, num_draft_tokens, adaptive_draft_length=None, **_):
-        assert num_draft_tokens == 0 or adaptive_draft_length is False  # K drafted every iteration
+        assert num_draft_tokens == 0 or adaptive_draft_length is False  # K drafted every iteration (fixed_k)
         from trtspec.client import Completion
 
         ids = [10, 11, 12, 13][:max_tokens]

@@ -1,6 +1,7 @@
 """Losing the draft model costs speed, never an answer: its process killed under a real tritonserver, requests
 go on decoding with the target alone, equal to target-only output, the fallback is counted, and speculation comes
-back by itself once the model is reloaded."""
+back by itself once the model is reloaded. Bounded waiting and deadlines: beyond them a request gets a clear
+error, and the server goes on serving."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def server(tmp_path_factory):
     draft = make_perturbed_copy(target, root / "draft", noise=0.01)
     config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
                           engine={"max_input_len": 128, "max_seq_len": 256})
-    repo = write_repository(load_config(config), run_build(config, root / "engines"), root / "repo")
+    # two requests served at once and one more allowed to wait: the queue test below fills both
+    repo = write_repository(load_config(config), run_build(config, root / "engines"), root / "repo",
+                            overrides={"max_concurrent_requests": 2, "max_queued_requests": 1})
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     server.start(timeout=300)
     yield server
@@ -99,3 +102,36 @@ def test_a_killed_draft_model_costs_speed_not_answers(server):
         time.sleep(1.0)
     ready = urllib.request.urlopen(f"{server.http_base_url}/v2/models/tensorrt_llm_draft/ready", timeout=10)
     assert ready.status == 200
+
+
+def test_requests_beyond_the_queue_are_refused_at_once_and_the_rest_are_served(server):
+    import concurrent.futures as cf
+
+    from tritonclient.utils import InferenceServerException
+
+    reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 160}))
+
+    def one(_):
+        try:
+            return ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 160}))
+        except InferenceServerException as exc:
+            return str(exc)
+
+    with cf.ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(one, range(6)))
+    refused = [o for o in outcomes if isinstance(o, str)]
+    assert refused and all("max_queued_requests" in o for o in refused), outcomes
+    assert [o for o in outcomes if not isinstance(o, str)] == [reference] * (6 - len(refused))
+    assert len(refused) <= 3                                        # 2 served + 1 waiting always get through
+    assert ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8})) == reference[:8]
+
+
+def test_a_request_past_its_deadline_ends_with_an_error_naming_the_field(server):
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="timeout_ms"):
+        grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 200, "timeout_ms": 30, "stream": True})
+    with pytest.raises(InferenceServerException, match="timeout_ms"):
+        grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 4, "timeout_ms": -1})
+    reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8}))
+    assert ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8, "timeout_ms": 60000})) == reference

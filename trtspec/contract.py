@@ -95,6 +95,7 @@ BLS_INPUTS = (
     TensorSpec("exclude_input_in_output", "BOOL", (1,)),
     TensorSpec("speculation", "STRING", (1,)),        # "draft_model" | "prompt_lookup" | "none"
     TensorSpec("adaptive_draft_length", "BOOL", (1,)),  # false: draft exactly num_draft_tokens every iteration
+    TensorSpec("timeout_ms", "INT32", (1,)),            # the request ends with an error past this many ms
 )
 BLS_OUTPUTS = (
     TensorSpec("text_output", "STRING", (-1,)),

@@ -55,7 +55,8 @@ def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft
                 console.print()
             console.rule("target-only vs speculative, greedy, side by side")
             with console.status("comparing…") as status:
-                report = run_validation(client, prompts, [k], max_tokens=max_tokens,
+                # the deployment's default draft length (adaptive), as a request gets it
+                report = run_validation(client, prompts, [k], max_tokens=max_tokens, fixed_k=False,
                                         tokens=Tokens(client, engines / "target"), progress=status.update)
     finally:
         server.stop()

@@ -166,6 +166,9 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         # Above this many requests in flight new requests decode plainly (0: no limit); `bench --apply` measures it,
         # and the cost model (relative to one target step) that the adaptive draft length starts from.
         "max_speculative_concurrency": 0,
+        "max_concurrent_requests": 64,
+        "max_queued_requests": 256,
+        "request_timeout_ms": 0,
         "draft_cost_ratio": "0.3",
         "verify_cost_per_token": "0.1",
         "verify_cost_fixed": "0",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -134,27 +135,46 @@ class TritonPythonModel:
         self.metrics = Metrics(self.name)
         workers = int(parameter(params, "max_concurrent_requests", "64"))
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
+        # beyond the requests being served and those allowed to wait, new ones are refused at once
+        self.max_queued = int(parameter(params, "max_queued_requests", "256"))
+        self.max_admitted = workers + self.max_queued
+        self.default_timeout_ms = int(parameter(params, "request_timeout_ms", "0"))
+        self._admitted = 0  # requests being served or waiting for a thread
 
     def execute(self, requests):
         for request in requests:
-            self.pool.submit(self._serve, request, request.get_response_sender())
+            sender = request.get_response_sender()
+            with self._active_lock:
+                refuse = self._admitted >= self.max_admitted
+                self._admitted += not refuse
+            if refuse:
+                error = pb_utils.TritonError(
+                    f"{self.name}: the server is busy ({self.max_queued} requests are already waiting, "
+                    "max_queued_requests); retry later", getattr(pb_utils.TritonError, "UNAVAILABLE", pb_utils.TritonError.INTERNAL))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            self.pool.submit(self._serve, request, sender, time.monotonic())
         return None
 
     def finalize(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # ---- one request ----------------------------------------------------------------------------------------
-    def _serve(self, request, sender) -> None:
+    def _serve(self, request, sender, arrived: float) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            self._run(request, sender)
+            self._run(request, sender, arrived)
         except Cancelled:
             error = pb_utils.TritonError("request cancelled", pb_utils.TritonError.CANCELLED)
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
         except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
             sender.send(error_response(exc, self.name), flags=final)
+        finally:
+            with self._active_lock:
+                self._admitted -= 1
 
-    def _run(self, request, sender) -> None:
+    def _run(self, request, sender, arrived: float) -> None:
         key = id(sender)
         with self._active_lock:
             self._peaks[key] = 0
@@ -162,14 +182,25 @@ class TritonPythonModel:
             for k in self._peaks:
                 self._peaks[k] = max(self._peaks[k], load)
         try:
-            self._generate(_Fields(request), sender, load, lambda: self._peaks[key])
+            self._generate(_Fields(request), sender, load, lambda: self._peaks[key], arrived)
         finally:
             with self._active_lock:
                 del self._peaks[key]
 
-    def _generate(self, fields: "_Fields", sender, load: int, peak_load) -> None:
+    def _generate(self, fields: "_Fields", sender, load: int, peak_load, arrived: float) -> None:
         """Serve one request; `load`: the requests in flight when it started, itself included; `peak_load()`:
-        the most in flight so far during its life."""
+        the most in flight so far during its life; `arrived`: when Triton handed it over (its deadline counts
+        from there, queueing included)."""
+        timeout_ms = fields.scalar("timeout_ms", int, self.default_timeout_ms)
+        if timeout_ms < 0:
+            raise RequestError("timeout_ms", f"must be >= 0 (0: no limit), got {timeout_ms}")
+
+        def stop() -> bool:  # checked between iterations: cancelled by the client, or past the deadline
+            if timeout_ms and (time.monotonic() - arrived) * 1000 > timeout_ms:
+                raise RequestError("timeout_ms", f"the request ran past its {timeout_ms} ms; give it a longer "
+                                   "timeout_ms, or fewer max_tokens")
+            return sender.is_cancelled()
+
         plan = self._parse(fields)
         spec = plan.spec
         stats = RequestStats()
@@ -188,7 +219,7 @@ class TritonPythonModel:
         ids: list[int] = []
         text = []
         target = self.target.for_request(plan.request_id)
-        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=sender.is_cancelled):
+        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop):
             ids += chunk
             piece = detok.push(chunk)
             if spec.stream:
