@@ -135,3 +135,23 @@ def test_a_request_past_its_deadline_ends_with_an_error_naming_the_field(server)
         grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 4, "timeout_ms": -1})
     reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8}))
     assert ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8, "timeout_ms": 60000})) == reference
+
+
+def test_a_killed_target_gives_a_clear_error_and_is_brought_back(server):
+    from tritonclient.utils import InferenceServerException
+
+    reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8}))
+    for pid in _stub_pids(server, "tensorrt_llm"):
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(1.0)
+    with pytest.raises(InferenceServerException, match="tensorrt_llm: .*not healthy"):
+        grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8})
+    deadline = time.monotonic() + 120
+    while True:  # the BLS reloads the target whose process died
+        try:
+            assert ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8})) == reference
+            break
+        except InferenceServerException:
+            assert time.monotonic() < deadline, "the target was not brought back"
+            time.sleep(1.0)
+    assert ids_of(grpc_generate(server.grpc_url, dict(SPECULATIVE, max_tokens=8))) == reference

@@ -140,6 +140,7 @@ class TritonPythonModel:
         self.max_admitted = workers + self.max_queued
         self.default_timeout_ms = int(parameter(params, "request_timeout_ms", "0"))
         self._admitted = 0  # requests being served or waiting for a thread
+        self._reloading: set[str] = set()  # models being reloaded after their process died
 
     def execute(self, requests):
         for request in requests:
@@ -170,6 +171,8 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
         except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
             sender.send(error_response(exc, self.name), flags=final)
+            if isinstance(exc, EngineError) and str(exc).startswith(f"{self.target.model_name}:"):
+                self._reload_if_dead(self.target.model_name, exc)  # the target is brought back as the draft is
         finally:
             with self._active_lock:
                 self._admitted -= 1
@@ -255,15 +258,27 @@ class TritonPythonModel:
         restart a Python model's stub by itself; explicit model control, as `trtspec serve` runs it, allows it)."""
         pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
                                  "and it is tried again after a cool-down")
-        if "not healthy" in str(cause):
-            threading.Thread(target=self._reload_draft, name="reload-draft", daemon=True).start()
+        self._reload_if_dead(self.draft.model_name, cause)
 
-    def _reload_draft(self) -> None:
+    def _reload_if_dead(self, model: str, cause: Exception) -> None:
+        """Reload `model` in the background when its stub process died ("... is not healthy"), once at a time."""
+        if "not healthy" not in str(cause):
+            return
+        with self._active_lock:
+            if model in self._reloading:
+                return
+            self._reloading.add(model)
+        threading.Thread(target=self._reload, args=(model,), name=f"reload-{model}", daemon=True).start()
+
+    def _reload(self, model: str) -> None:
         try:
-            pb_utils.load_model(model_name=self.draft.model_name)
-            pb_utils.Logger.log_info(f"{self.name}: reloaded {self.draft.model_name}")
-        except Exception as exc:  # e.g. a server not in explicit model control mode: the breaker's probes go on
-            pb_utils.Logger.log_warn(f"{self.name}: could not reload {self.draft.model_name}: {exc}")
+            pb_utils.load_model(model_name=model)
+            pb_utils.Logger.log_info(f"{self.name}: reloaded {model}, whose process had died")
+        except Exception as exc:  # e.g. a server not in explicit model control mode: requests keep reporting it
+            pb_utils.Logger.log_warn(f"{self.name}: could not reload {model}: {exc}")
+        finally:
+            with self._active_lock:
+                self._reloading.discard(model)
 
     def _draft_up(self) -> None:
         pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")
