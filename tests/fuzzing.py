@@ -52,16 +52,29 @@ VALUES = {
     "timeout_ms": st.one_of(st.just(60000), _ints(0, 10**6), _ints(-5, -1), _wrong),
 }
 assert set(VALUES) == set(SPECS), "every BLS input is fuzzed"
+# values a request may carry and still get an answer (so that answers, and their equality with target-only
+# output, are fuzzed as much as the errors)
+VALID = {
+    "text_input": st.sampled_from(PROMPTS), "max_tokens": _ints(1, 8), "num_draft_tokens": _ints(0, 4),
+    "use_draft_logits": st.booleans(), "stream": st.booleans(), "temperature": st.sampled_from([0.0, 0.7, 1.3]),
+    "top_k": _ints(0, 40), "top_p": st.sampled_from([0.0, 0.5, 0.9, 1.0]), "seed": _ints(0, 2**32),
+    "end_id": _ints(-1, 200), "pad_id": _ints(0, 200), "min_tokens": _ints(0, 4),
+    "stop_words": st.lists(st.sampled_from(["fox", ".", "\n"]), max_size=2), "bad_words": st.just([]),
+    "return_perf_metrics": st.booleans(), "exclude_input_in_output": st.booleans(),
+    "speculation": st.sampled_from(["draft_model", "prompt_lookup", "none"]), "adaptive_draft_length": st.booleans(),
+    "timeout_ms": st.just(60000),
+}
 
 
 @st.composite
 def bls_requests(draw):
     """(transport, fields): the two required fields most of the time, any others, sometimes an unknown one."""
     fields = {}
+    values = VALID if draw(st.booleans()) else VALUES
     for name in SPECS:
         required = name in ("text_input", "max_tokens")
-        if draw(st.floats(0, 1)) < (0.93 if required else 0.25):
-            fields[name] = draw(VALUES[name])
+        if draw(st.floats(0, 1)) < (0.93 if required else 0.2):
+            fields[name] = draw(values[name])
     if draw(st.floats(0, 1)) < 0.05:
         fields[draw(st.sampled_from(["max_new_tokens", "prompt", "n"]))] = draw(_ints(0, 3))
     return draw(st.sampled_from(TRANSPORTS)), fields
