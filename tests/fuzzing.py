@@ -110,6 +110,10 @@ def wrong_json_type(fields: dict) -> bool:
         values = value if isinstance(value, list) and spec.dims == (-1,) else [value]
         if any(not isinstance(v, kinds) or (spec.dtype != "BOOL" and isinstance(v, bool)) for v in values):
             return True
+        if spec.dtype in ("INT32", "INT64", "UINT64"):  # an integer out of the type's range is refused the same way
+            info = np.iinfo(spec.np_dtype)
+            if any(not info.min <= v <= info.max for v in values):
+                return True
     return False
 
 
