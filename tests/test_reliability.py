@@ -22,21 +22,11 @@ SPECULATIVE = {"text_input": PROMPT, "max_tokens": 24, "num_draft_tokens": 4, "a
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tiny import make_checkpoint, make_perturbed_copy, write_config
-    from trtspec.build import run_build
-    from trtspec.config import load_config
-    from trtspec.repository import write_repository
-    from trtspec.server import TritonServer, free_port
+    from tiny import served_pair
 
-    root = tmp_path_factory.mktemp("reliability")
-    target = make_checkpoint(root / "target", layers=2, seed=0)
-    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
-    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
-                          engine={"max_input_len": 128, "max_seq_len": 256})
     # two requests served at once and one more allowed to wait: the queue test below fills both
-    repo = write_repository(load_config(config), run_build(config, root / "engines"), root / "repo",
-                            overrides={"max_concurrent_requests": 2, "max_queued_requests": 1})
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server = served_pair(tmp_path_factory.mktemp("reliability"),
+                         overrides={"max_concurrent_requests": 2, "max_queued_requests": 1})
     server.start(timeout=300)
     yield server
     server.stop()

@@ -15,31 +15,24 @@ from trtspec.contract import PERF_OUTPUTS, GenerationRequest, SamplingParams, re
 PROMPT = "The quick brown fox"
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    from tiny import make_checkpoint, make_perturbed_copy, write_config
-    from trtspec.build import run_build
-
-    root = tmp_path_factory.mktemp("standin")
-    target = make_checkpoint(root / "target", layers=2, seed=0)
-    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
-    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
-                          engine={"max_input_len": 128, "max_seq_len": 256})
-    return root, config, run_build(config, root / "engines")
-
-
-def _serve(pair, name: str, edit=None):
+def _serve(root, name: str, edit=None):
     from standin_repo import write_standin_repository
-    from trtspec.server import TritonServer, free_port
+    from tiny import served_pair
 
-    root, config, engines = pair
-    repo = write_standin_repository(config, engines, root / name, edit=edit)
-    return TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    def write(config, engines, repo, overrides):
+        return write_standin_repository(config, engines, repo, edit=edit, overrides=overrides)
+
+    return served_pair(root / name, write=write)
 
 
 @pytest.fixture(scope="module")
-def server(pair):
-    server = _serve(pair, "repo")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("standin")
+
+
+@pytest.fixture(scope="module")
+def server(root):
+    server = _serve(root, "repo")
     server.start(timeout=300)
     yield server
     server.stop()
@@ -60,10 +53,10 @@ def _infer(server, request: GenerationRequest, outputs=None, model="tensorrt_llm
         client.close()
 
 
-def test_the_engine_model_does_not_load_without_the_parameters_the_backend_requires(pair):
+def test_the_engine_model_does_not_load_without_the_parameters_the_backend_requires(root):
     from trtspec.server import ServerError
 
-    broken = _serve(pair, "no-tokenizer-dir", edit=lambda text: "\n".join(
+    broken = _serve(root, "no-tokenizer-dir", edit=lambda text: "\n".join(
         line for line in text.splitlines() if '"tokenizer_dir"' not in line))
     with pytest.raises(ServerError, match="Cannot find parameter with name: tokenizer_dir"):
         broken.start(timeout=300)
@@ -108,8 +101,8 @@ def test_acceptance_does_not_depend_on_optional_outputs(server):
     assert drafted > 0 and 0 < accepted <= drafted
 
 
-def test_logits_of_another_dtype_than_declared_fail_the_response(pair):
-    server = _serve(pair, "fp16-logits", edit=lambda text: text.replace(
+def test_logits_of_another_dtype_than_declared_fail_the_response(root):
+    server = _serve(root, "fp16-logits", edit=lambda text: text.replace(
         'name: "generation_logits" data_type: TYPE_FP32', 'name: "generation_logits" data_type: TYPE_FP16'))
     server.start(timeout=300)
     try:

@@ -93,3 +93,24 @@ def make_perturbed_copy(source: Path, path: Path, *, noise: float, seed: int = 0
             state[name] = tensor + noise * tensor.std() * torch.randn(tensor.shape, generator=gen)
     save_file(state, str(weights), metadata={"format": "pt"})
     return path
+
+
+def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None = None, write=None):
+    """A 2-layer target and a perturbed copy as its draft (max_draft_len 4), built and deployed under `root`,
+    as a TritonServer not yet started. `write(config_path, engines, repo, overrides=...)` writes the repository
+    (default: `trtspec deploy`'s write_repository)."""
+    from trtspec.build import run_build
+    from trtspec.config import load_config
+    from trtspec.repository import write_repository
+    from trtspec.server import TritonServer, free_port
+
+    target = make_checkpoint(root / "target", layers=2, seed=0)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
+    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
+                          engine={"max_input_len": max_input_len, "max_seq_len": 2 * max_input_len})
+    engines = run_build(config, root / "engines")
+    if write is None:
+        repo = write_repository(load_config(config), engines, root / "repo", overrides=overrides or {})
+    else:
+        repo = write(config, engines, root / "repo", overrides=overrides or {})
+    return TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
