@@ -270,3 +270,31 @@ def test_the_draft_breaker_skips_a_failing_model_and_probes_it_again():
     Model.healthy = True
     assert guarded.propose([0], 2).tokens == [1, 1] and not breaker.down
     assert events == [("down", "stub died"), ("up",)]     # once per outage, not once per request
+
+
+def test_calls_from_before_an_outage_do_not_stretch_its_cool_down():
+    """Requests that were drafting when the model died fail one after another (some only at their deadline): the
+    outage is counted once, only the probe doubles the cool-down, and only the probe's success ends it."""
+    from trtspec.orchestrator.breaker import CALL, PROBE, DraftBreaker
+
+    now = [0.0]
+    failures = []
+    breaker = DraftBreaker(cooldown=2.0, max_cooldown=60.0, clock=lambda: now[0], on_failure=failures.append)
+    admitted = [breaker.admit() for _ in range(8)]          # eight requests drafting at once
+    assert admitted == [CALL] * 8
+    for a in admitted:
+        breaker.failed(RuntimeError("not healthy"), a)
+    assert breaker.failures == 1 and len(failures) == 1
+    now[0] = 2.1
+    probe = breaker.admit()
+    assert probe == PROBE and breaker.admit() is None        # one probe at a time
+    breaker.succeeded(CALL)                                  # a late answer from before the outage
+    assert breaker.down
+    breaker.failed(RuntimeError("still loading"), probe)
+    assert breaker.failures == 2 and len(failures) == 2
+    now[0] = 2.1 + 3.9
+    assert breaker.admit() is None                           # the second cool-down is 4 s, not 2 ** 8
+    now[0] = 6.2
+    probe = breaker.admit()
+    breaker.succeeded(probe)
+    assert not breaker.down and breaker.admit() == CALL

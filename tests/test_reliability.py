@@ -5,8 +5,10 @@ error, and the server goes on serving."""
 
 from __future__ import annotations
 
+import compileall
 import os
 import signal
+import threading
 import time
 import urllib.request
 
@@ -26,27 +28,13 @@ def server(tmp_path_factory):
 
     # two requests served at once and one more allowed to wait: the queue test below fills both
     server = served_pair(tmp_path_factory.mktemp("reliability"),
-                         overrides={"max_concurrent_requests": 2, "max_queued_requests": 1})
+                         overrides={"max_concurrent_requests": 2, "max_queued_requests": 1, "draft_timeout_ms": 3000})
+    # As a repository served before: its model.py files compiled, so loading writes nothing into it and Triton
+    # sees its files unchanged, which is when loading a model again does nothing and only a reload brings it back.
+    compileall.compile_dir(server.repo, quiet=1)
     server.start(timeout=300)
     yield server
     server.stop()
-
-
-def _stub_pids(server, model: str) -> list[int]:
-    """The Python backend stub processes of one model, in the server's process group."""
-    pgid = os.getpgid(server.pid)
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-            same_group = os.getpgid(int(entry)) == pgid
-        except (OSError, ProcessLookupError):
-            continue
-        if same_group and any(part == f"{model}_0_0".encode() for part in cmdline):
-            pids.append(int(entry))
-    return pids
 
 
 def _fallbacks(responses) -> list[str]:
@@ -68,7 +56,7 @@ def test_a_killed_draft_model_costs_speed_not_answers(server):
     assert ids_of(before) == reference and int(before[-1]["total_draft_tokens"].reshape(-1)[0]) > 0
     metric_before = _metric(server, "draft_error")
 
-    stubs = _stub_pids(server, "tensorrt_llm_draft")
+    stubs = server.stub_pids("tensorrt_llm_draft")
     assert stubs, "the draft model's stub process was not found"
     for pid in stubs:
         os.kill(pid, signal.SIGKILL)
@@ -92,6 +80,51 @@ def test_a_killed_draft_model_costs_speed_not_answers(server):
         time.sleep(1.0)
     ready = urllib.request.urlopen(f"{server.http_base_url}/v2/models/tensorrt_llm_draft/ready", timeout=10)
     assert ready.status == 200
+
+
+def test_a_draft_model_killed_while_requests_draft(server):
+    """Killed while two requests are drafting: both end equal to target-only, each falls back once, the outage is
+    logged once, and speculation comes back by itself."""
+    from trtspec.client import SpecClient
+
+    with SpecClient(server.grpc_url, "grpc", timeout=120) as client:
+        reference = client.generate(PROMPT, max_tokens=240, speculation="none").token_ids
+    streaming = threading.Barrier(3)
+    results = {}
+
+    def one(i):
+        first = []
+
+        def on_chunk(chunk):
+            if not first:
+                first.append(chunk)
+                streaming.wait(timeout=60)
+
+        with SpecClient(server.grpc_url, "grpc", timeout=120) as client:
+            results[i] = client.generate(PROMPT, max_tokens=240, num_draft_tokens=4, adaptive_draft_length=False,
+                                         stream=True, on_chunk=on_chunk)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    streaming.wait(timeout=60)                                  # both are past their first token
+    for pid in server.stub_pids("tensorrt_llm_draft"):
+        os.kill(pid, signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=120)
+    assert [results[i].token_ids for i in range(2)] == [reference] * 2
+    assert all(results[i].fallbacks.get("draft_error") == 1 for i in range(2)), [results[i].fallbacks for i in range(2)]
+
+    deadline = time.monotonic() + 120
+    while True:
+        out = grpc_generate(server.grpc_url, SPECULATIVE)
+        if int(out[-1]["total_draft_tokens"].reshape(-1)[0]) > 0 and "draft_error:1" not in _fallbacks(out):
+            break
+        assert time.monotonic() < deadline, "speculation did not come back after the draft model was killed mid-request"
+        time.sleep(1.0)
+    log = server.log_path.read_text(errors="replace")
+    assert log.count("requests decode without it") == 2             # once for this outage, once for the first test's
+    assert log.count("answers again; speculation with it resumes") == 2
 
 
 def test_requests_beyond_the_queue_are_refused_at_once_and_the_rest_are_served(server):
@@ -131,7 +164,7 @@ def test_a_killed_target_gives_a_clear_error_and_is_brought_back(server):
     from tritonclient.utils import InferenceServerException
 
     reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8}))
-    for pid in _stub_pids(server, "tensorrt_llm"):
+    for pid in server.stub_pids("tensorrt_llm"):
         os.kill(pid, signal.SIGKILL)
     time.sleep(1.0)
     with pytest.raises(InferenceServerException, match="tensorrt_llm: .*not healthy"):

@@ -169,6 +169,8 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "max_concurrent_requests": 64,
         "max_queued_requests": 256,
         "request_timeout_ms": 0,
+        # a draft call unanswered past this is a draft failure (fallback to the target alone; 0: no limit)
+        "draft_timeout_ms": 5000,
         "draft_cost_ratio": "0.3",
         "verify_cost_per_token": "0.1",
         "verify_cost_fixed": "0",

@@ -360,6 +360,19 @@ class TritonServer:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def stub_pids(self, model: str) -> list[int]:
+        """The Python backend stub processes serving `model` (instance `<model>_0_0`, as the stub is named)."""
+        if not self.is_running():
+            return []
+        name = f"{model}_0_0".encode()
+        return [pid for pid, args in _group_processes(os.getpgid(self.pid)) if name in args]
+
+    def memory_bytes(self) -> int:
+        """Resident memory of tritonserver and its stub processes together (0 when it is not running)."""
+        if not self.is_running():
+            return 0
+        return sum(_rss_bytes(pid) for pid, _ in _group_processes(os.getpgid(self.pid)))
+
     def is_ready(self, timeout: float = 1.0) -> bool:
         # The metrics service starts a moment after the HTTP one reports ready: wait for both.
         return self._answers(f"{self.http_base_url}/v2/health/ready", timeout) and self._answers(self.metrics_url, timeout)
@@ -523,9 +536,8 @@ def _wait_group_gone(pgid: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def _stub_shm_regions(pgid: int) -> list[str]:
-    """Shared-memory regions named on the command lines of Python backend stubs in group `pgid`."""
-    regions: list[str] = []
+def _group_processes(pgid: int):
+    """(pid, command-line arguments) of every live process in group `pgid`: tritonserver and its stubs."""
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
         if not entry.name.isdigit():
             continue
@@ -534,11 +546,25 @@ def _stub_shm_regions(pgid: int) -> list[str]:
             # Fields after the parenthesised command: state, ppid, pgrp, ...
             if int(stat[stat.rindex(")") + 2:].split()[2]) != pgid:
                 continue
-            args = (entry / "cmdline").read_bytes().split(b"\0")
+            yield int(entry.name), (entry / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
             continue
-        regions += [a.decode() for a in args if a.startswith(b"triton_python_backend_shm_region_")]
-    return regions
+
+
+def _stub_shm_regions(pgid: int) -> list[str]:
+    """Shared-memory regions named on the command lines of Python backend stubs in group `pgid`."""
+    return [a.decode() for _, args in _group_processes(pgid) for a in args
+            if a.startswith(b"triton_python_backend_shm_region_")]
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 # --------------------------------------------------------------------------- foreground serving

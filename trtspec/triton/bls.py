@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -34,24 +35,49 @@ from trtspec.triton.common import bool_parameter, error_response, load_tokenizer
 class BlsEngineClient:
     """An engine client that calls a `tensorrt_llm`-contract model through BLS, on behalf of one request
     (`request_id`: its calls carry the client's request id, as NVIDIA's BLS passes its own to both engines, so
-    that the tensorrtllm backend can stop them by that id)."""
+    that the tensorrtllm backend can stop them by that id).
 
-    def __init__(self, model_name: str, request_id: str = ""):
+    A call may be bounded: by `call_timeout_ms` (the deployment's `draft_timeout_ms`) and by `deadline` (a
+    `time.monotonic()` instant: the request's `timeout_ms`). A bounded call runs on `calls`, and past its bound
+    the request stops waiting and gets an EngineError naming the bound. That is also what frees a request whose
+    call went to a model whose process died while it ran: such a call never returns."""
+
+    def __init__(self, model_name: str, request_id: str = "", *, calls: ThreadPoolExecutor | None = None,
+                 call_timeout_ms: int = 0, deadline: float | None = None):
         self.model_name, self.request_id = model_name, request_id
+        self.calls, self.call_timeout_ms, self.deadline = calls, call_timeout_ms, deadline
 
-    def for_request(self, request_id: str) -> "BlsEngineClient":
-        return BlsEngineClient(self.model_name, request_id)
+    def for_request(self, request_id: str, deadline: float | None = None) -> "BlsEngineClient":
+        return BlsEngineClient(self.model_name, request_id, calls=self.calls, call_timeout_ms=self.call_timeout_ms,
+                               deadline=deadline)
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         inputs = [pb_utils.Tensor(name, value) for name, value in request_to_tensors(request).items()]
         wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
-        response = pb_utils.InferenceRequest(
+        call = pb_utils.InferenceRequest(
             model_name=self.model_name, inputs=inputs, requested_output_names=wanted, request_id=self.request_id,
-        ).exec()
+        )
+        response = self._bounded(call.exec)
         if response.has_error():
             raise EngineError(f"{self.model_name}: {response.error().message()}")
         tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
         return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
+
+    def _bounded(self, run):
+        bounds = []
+        if self.call_timeout_ms:
+            bounds.append((self.call_timeout_ms / 1000, f"{self.call_timeout_ms} ms (draft_timeout_ms)"))
+        if self.deadline is not None:
+            bounds.append((self.deadline - time.monotonic(), "the request's timeout_ms"))
+        if not bounds or self.calls is None:
+            return run()
+        wait, bound = min(bounds)
+        future = self.calls.submit(run)
+        try:
+            return future.result(timeout=max(wait, 0.0))
+        except FutureTimeout:
+            raise EngineError(f"{self.model_name}: no answer within {bound}; the request goes on without "
+                              "waiting for it") from None
 
 
 class Metrics:
@@ -107,10 +133,18 @@ class TritonPythonModel:
         self.name = args["model_name"]
         self.batched = int(json.loads(args["model_config"]).get("max_batch_size", 0)) > 0
         params = model_parameters(args)
-        self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"))
+        workers = int(parameter(params, "max_concurrent_requests", "64"))
+        # bounded engine calls wait here; one whose model died never returns and keeps its thread, hence the room
+        self.calls = ThreadPoolExecutor(max_workers=2 * workers + 8, thread_name_prefix="engine-call")
+        self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"), calls=self.calls)
         draft_name = parameter(params, "tensorrt_llm_draft_model_name", "")
-        self.draft = BlsEngineClient(draft_name) if draft_name else None
-        self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
+        draft_timeout_ms = int(parameter(params, "draft_timeout_ms", "5000"))
+        if draft_timeout_ms < 0:
+            raise ValueError(f"the parameter draft_timeout_ms must be >= 0 (0: no limit), got {draft_timeout_ms}")
+        self.draft = (BlsEngineClient(draft_name, calls=self.calls, call_timeout_ms=draft_timeout_ms)
+                      if draft_name else None)
+        self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up,
+                                          on_failure=lambda cause: self._reload_if_dead(draft_name, cause))
         # Requests that name neither num_draft_tokens nor speculation get default_num_draft_tokens (0 decodes
         # plainly, as NVIDIA's BLS does); naming only `speculation` drafts up to speculation_num_draft_tokens.
         self.default_k = int(parameter(params, "default_num_draft_tokens", "0"))
@@ -133,7 +167,6 @@ class TritonPythonModel:
         self.skip_special_tokens = bool_parameter(params, "skip_special_tokens", True)
         self.tokenizer = load_tokenizer(parameter(params, "tokenizer_dir"))
         self.metrics = Metrics(self.name)
-        workers = int(parameter(params, "max_concurrent_requests", "64"))
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
         self.max_queued = int(parameter(params, "max_queued_requests", "256"))
@@ -160,6 +193,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.calls.shutdown(wait=False, cancel_futures=True)  # a call to a dead model must not hold up the unload
 
     # ---- one request ----------------------------------------------------------------------------------------
     def _serve(self, request, sender, arrived: float) -> None:
@@ -204,6 +238,7 @@ class TritonPythonModel:
                                    "timeout_ms, or fewer max_tokens")
             return sender.is_cancelled()
 
+        deadline = arrived + timeout_ms / 1000 if timeout_ms else None
         plan = self._parse(fields)
         spec = plan.spec
         stats = RequestStats()
@@ -212,7 +247,7 @@ class TritonPythonModel:
             stats.fallbacks["load"] = 1
         drafter = policy = None
         if spec.num_draft_tokens > 0:
-            drafter = self._drafter(plan)
+            drafter = self._drafter(plan, deadline)
             policy = (self.costs.policy(spec.num_draft_tokens, model_drafts=plan.method == "draft_model", load=load)
                       if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
         detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
@@ -221,7 +256,7 @@ class TritonPythonModel:
         prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
         ids: list[int] = []
         text = []
-        target = self.target.for_request(plan.request_id)
+        target = self.target.for_request(plan.request_id, deadline)
         for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop):
             ids += chunk
             piece = detok.push(chunk)
@@ -244,21 +279,21 @@ class TritonPythonModel:
             sender.send(self._response(prompt_text + "".join(text) + rest, ids, perf),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _drafter(self, plan: "_Plan"):
+    def _drafter(self, plan: "_Plan", deadline: float | None):
         if plan.method == "prompt_lookup":
             return make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
         s = plan.spec
-        drafter = make_drafter("draft_model", client=self.draft.for_request(plan.request_id), sampling=s.sampling,
+        drafter = make_drafter("draft_model", client=self.draft.for_request(plan.request_id, deadline), sampling=s.sampling,
                                end_id=s.end_id, pad_id=s.pad_id, use_logits=plan.use_logits)
         return GuardedDrafter(drafter, self.draft_breaker)
 
     # ---- the draft model's health ----------------------------------------------------------------------------
     def _draft_down(self, cause: Exception) -> None:
-        """The first failure of an outage: say so once, and reload the model if its process died (Triton does not
-        restart a Python model's stub by itself; explicit model control, as `trtspec serve` runs it, allows it)."""
+        """The first failure of an outage: say so once. (The breaker's on_failure reloads the model if its process
+        died: Triton does not restart a Python model's stub by itself; explicit model control, as `trtspec serve`
+        runs it, allows it.)"""
         pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
                                  "and it is tried again after a cool-down")
-        self._reload_if_dead(self.draft.model_name, cause)
 
     def _reload_if_dead(self, model: str, cause: Exception) -> None:
         """Reload `model` in the background when its stub process died ("... is not healthy"), once at a time."""
@@ -271,7 +306,10 @@ class TritonPythonModel:
         threading.Thread(target=self._reload, args=(model,), name=f"reload-{model}", daemon=True).start()
 
     def _reload(self, model: str) -> None:
+        # Loading a model that Triton still counts as loaded does nothing unless its files changed, and a dead
+        # stub is not a change: unload it first, then load it afresh (a new stub process).
         try:
+            pb_utils.unload_model(model_name=model)
             pb_utils.load_model(model_name=model)
             pb_utils.Logger.log_info(f"{self.name}: reloaded {model}, whose process had died")
         except Exception as exc:  # e.g. a server not in explicit model control mode: requests keep reporting it
