@@ -278,7 +278,8 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
             for text in texts:
                 references.append(list(c.generate(text, max_tokens=MAX_TOKENS, speculation="none").token_ids))
                 progress.advance(task)
-    memory_before = server.memory_bytes()
+    by_process_before = server.memory_by_process()
+    memory_before = sum(by_process_before.values())
     fallbacks_before = draft_error_fallbacks(server.metrics_url)
 
     results: list[Result] = []
@@ -312,7 +313,8 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
     seconds = time.perf_counter() - started
     idle_s = wait_idle(server.metrics_url)
     sampler.stop()
-    memory_after = server.memory_bytes()
+    by_process_after = server.memory_by_process()
+    memory_after = sum(by_process_after.values())
     fallbacks_after = draft_error_fallbacks(server.metrics_url)
 
     counts = collections.Counter(r.outcome for r in results)
@@ -339,6 +341,8 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
                        "first_drafting_request_after_kill_s": drafting_after_kill[0] if drafting_after_kill else None},
         "idle_after_last_response_s": idle_s,
         "memory_bytes": {"after_warmup": memory_before, "peak": sampler.peak, "after": memory_after},
+        "memory_by_process": {name: [by_process_before.get(name), by_process_after.get(name)]
+                              for name in sorted(set(by_process_before) | set(by_process_after))},
         "server_log": log_mentions(server),
         "ready_after": ready(server), "draft_ready_after": ready(server, "tensorrt_llm_draft"),
         "problems": problems,
@@ -371,6 +375,12 @@ def show(report: dict, console: Console) -> None:
     table.add_row("server ready / draft model ready at the end",
                   f"{report['ready_after']} / {report['draft_ready_after']}")
     console.print(table)
+    processes = Table(title="resident memory by process")
+    for col in ("process", "after warm-up", "after"):
+        processes.add_column(col, justify="left" if col == "process" else "right")
+    for name, (before, after) in report["memory_by_process"].items():
+        processes.add_row(name, "-" if before is None else mib(before), "-" if after is None else mib(after))
+    console.print(processes)
     for problem in report["problems"][:20]:
         console.print(problem, markup=False)
 

@@ -369,9 +369,19 @@ class TritonServer:
 
     def memory_bytes(self) -> int:
         """Resident memory of tritonserver and its stub processes together (0 when it is not running)."""
+        return sum(self.memory_by_process().values())
+
+    def memory_by_process(self) -> dict[str, int]:
+        """Resident memory of tritonserver and of each stub (named by its model instance, e.g.
+        `tensorrt_llm_0_0`); empty when it is not running."""
         if not self.is_running():
-            return 0
-        return sum(_rss_bytes(pid) for pid, _ in _group_processes(os.getpgid(self.pid)))
+            return {}
+        out: dict[str, int] = {}
+        for pid, args in _group_processes(os.getpgid(self.pid)):
+            name = "tritonserver" if pid == self.pid else next(
+                (a.decode() for a in args if _INSTANCE_NAME.search(a)), f"pid {pid}")
+            out[name] = out.get(name, 0) + _rss_bytes(pid)
+        return out
 
     def is_ready(self, timeout: float = 1.0) -> bool:
         # The metrics service starts a moment after the HTTP one reports ready: wait for both.
@@ -555,6 +565,9 @@ def _stub_shm_regions(pgid: int) -> list[str]:
     """Shared-memory regions named on the command lines of Python backend stubs in group `pgid`."""
     return [a.decode() for _, args in _group_processes(pgid) for a in args
             if a.startswith(b"triton_python_backend_shm_region_")]
+
+
+_INSTANCE_NAME = re.compile(rb"^\w+_\d+_\d+$")  # a stub's model instance: <model>_<group>_<index>
 
 
 def _rss_bytes(pid: int) -> int:
