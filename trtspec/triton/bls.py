@@ -37,10 +37,12 @@ class BlsEngineClient:
     (`request_id`: its calls carry the client's request id, as NVIDIA's BLS passes its own to both engines, so
     that the tensorrtllm backend can stop them by that id).
 
-    A call may be bounded: by `call_timeout_ms` (the deployment's `draft_timeout_ms`) and by `deadline` (a
-    `time.monotonic()` instant: the request's `timeout_ms`). A bounded call runs on `calls`, and past its bound
-    the request stops waiting and gets an EngineError naming the bound. That is also what frees a request whose
-    call went to a model whose process died while it ran: such a call never returns."""
+    A call may be bounded: by `call_timeout_ms` (the deployment's `draft_timeout_ms`, for the draft model) and by
+    `deadline` (a `time.monotonic()` instant: the request's `timeout_ms`, for the target; a draft call past the
+    request's deadline is not the draft model's failure, and the target call after it ends the request). A
+    bounded call runs on `calls`, and past its bound the request stops waiting and gets an EngineError naming the
+    bound. That is also what frees a request whose call went to a model whose process died while it ran: such a
+    call never returns."""
 
     def __init__(self, model_name: str, request_id: str = "", *, calls: ThreadPoolExecutor | None = None,
                  call_timeout_ms: int = 0, deadline: float | None = None):
@@ -76,8 +78,7 @@ class BlsEngineClient:
         try:
             return future.result(timeout=max(wait, 0.0))
         except FutureTimeout:
-            raise EngineError(f"{self.model_name}: no answer within {bound}; the request goes on without "
-                              "waiting for it") from None
+            raise EngineError(f"{self.model_name}: no answer within {bound}; stopped waiting for it") from None
 
 
 class Metrics:
@@ -247,7 +248,7 @@ class TritonPythonModel:
             stats.fallbacks["load"] = 1
         drafter = policy = None
         if spec.num_draft_tokens > 0:
-            drafter = self._drafter(plan, deadline)
+            drafter = self._drafter(plan)
             policy = (self.costs.policy(spec.num_draft_tokens, model_drafts=plan.method == "draft_model", load=load)
                       if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
         detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
@@ -279,11 +280,11 @@ class TritonPythonModel:
             sender.send(self._response(prompt_text + "".join(text) + rest, ids, perf),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _drafter(self, plan: "_Plan", deadline: float | None):
+    def _drafter(self, plan: "_Plan"):
         if plan.method == "prompt_lookup":
             return make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
         s = plan.spec
-        drafter = make_drafter("draft_model", client=self.draft.for_request(plan.request_id, deadline), sampling=s.sampling,
+        drafter = make_drafter("draft_model", client=self.draft.for_request(plan.request_id), sampling=s.sampling,
                                end_id=s.end_id, pad_id=s.pad_id, use_logits=plan.use_logits)
         return GuardedDrafter(drafter, self.draft_breaker)
 
