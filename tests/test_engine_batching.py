@@ -382,23 +382,14 @@ def test_the_forward_choice(built_fp8):
 # ---- through the real server --------------------------------------------------------------------------------
 
 def test_concurrent_calls_through_triton_equal_the_same_calls_one_at_a_time(triton_server, built_fp8):
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
+    from trtspec.client import SpecClient
 
     requests = _mixed_requests(Engine.load(built_fp8.target, check_invariance=False))
 
     def infer(request: GenerationRequest) -> dict[str, np.ndarray]:
-        client = grpcclient.InferenceServerClient(triton_server.grpc_url)
-        try:
-            inputs = []
-            for name, value in request_to_tensors(request).items():
-                t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-                t.set_data_from_numpy(value)
-                inputs.append(t)
-            result = client.infer("tensorrt_llm", inputs)
-            return {n: result.as_numpy(n) for n in ("output_ids", "sequence_length", "generation_logits", "total_accepted_draft_tokens")}
-        finally:
-            client.close()
+        with SpecClient(triton_server.grpc_url, "grpc") as client:
+            result = client.infer("tensorrt_llm", request_to_tensors(request))
+        return {n: result.get(n) for n in ("output_ids", "sequence_length", "generation_logits", "total_accepted_draft_tokens")}
 
     one_by_one = [infer(r) for r in requests]
     with cf.ThreadPoolExecutor(len(requests) * 2) as pool:

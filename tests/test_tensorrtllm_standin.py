@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from test_serving import grpc_generate, ids_of
+from trtspec.client import ClientError, SpecClient
 from trtspec.contract import PERF_OUTPUTS, GenerationRequest, SamplingParams, request_to_tensors
 
 PROMPT = "The quick brown fox"
@@ -39,18 +38,8 @@ def server(root):
 
 
 def _infer(server, request: GenerationRequest, outputs=None, model="tensorrt_llm"):
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        inputs = []
-        for name, value in request_to_tensors(request).items():
-            t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-            t.set_data_from_numpy(value)
-            inputs.append(t)
-        wanted = [grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None
-        result = client.infer(model, inputs, outputs=wanted)
-        return {o.name: result.as_numpy(o.name) for o in result.get_response().outputs}
-    finally:
-        client.close()
+    with SpecClient(server.grpc_url, "grpc") as client:
+        return client.infer(model, request_to_tensors(request), outputs)
 
 
 def test_the_engine_model_does_not_load_without_the_parameters_the_backend_requires(root):
@@ -72,7 +61,7 @@ def test_perf_outputs_come_only_when_asked_and_then_all_of_them(server):
 
 
 def test_output_ids_and_sequence_length_must_be_requested(server):
-    with pytest.raises(InferenceServerException, match="output_ids tensor must be present"):
+    with pytest.raises(ClientError, match="output_ids tensor must be present"):
         _infer(server, GenerationRequest([5, 6, 7], 2), outputs=["sequence_length"])
 
 
@@ -106,7 +95,7 @@ def test_logits_of_another_dtype_than_declared_fail_the_response(root):
         'name: "generation_logits" data_type: TYPE_FP32', 'name: "generation_logits" data_type: TYPE_FP16'))
     server.start(timeout=300)
     try:
-        with pytest.raises(InferenceServerException, match="logits of the engine are float32"):
+        with pytest.raises(ClientError, match="logits of the engine are float32"):
             _infer(server, GenerationRequest([5, 6, 7], 2, return_generation_logits=True))
         assert set(_infer(server, GenerationRequest([5, 6, 7], 2))) == {"output_ids", "sequence_length"}
     finally:

@@ -453,8 +453,10 @@ class SpecClient:
             conn.close()
 
     # plain (non-decoupled) models
-    def infer(self, model: str, tensors: dict[str, np.ndarray], outputs: Iterable[str]) -> dict[str, np.ndarray]:
-        """Plain `infer` on a non-decoupled model; tensors go as given (shapes included)."""
+    def infer(self, model: str, tensors: dict[str, np.ndarray],
+              outputs: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Plain `infer` on a non-decoupled model; tensors go as given (shapes included). `outputs`: the outputs to
+        ask for; None asks for none by name and returns every output the model sent."""
         client = self._triton()
         tc = self._tc
         inputs = []
@@ -463,8 +465,7 @@ class SpecClient:
             inp = tc.InferInput(name, list(arr.shape), _triton_dtype(arr))
             inp.set_data_from_numpy(arr)
             inputs.append(inp)
-        outputs = list(outputs)
-        wanted = [tc.InferRequestedOutput(n) for n in outputs]
+        wanted = None if outputs is None else [tc.InferRequestedOutput(n) for n in outputs]
         try:
             if self.protocol == "grpc":
                 result = client.infer(model, inputs, outputs=wanted, client_timeout=self.timeout)
@@ -472,7 +473,9 @@ class SpecClient:
                 result = client.infer(model, inputs, outputs=wanted)
         except Exception as exc:
             raise self._error(exc, model) from exc
-        return {name: result.as_numpy(name) for name in outputs}
+        names = [o.name for o in result.get_response().outputs] if self.protocol == "grpc" else \
+            [o["name"] for o in result.get_response().get("outputs", [])]
+        return {name: result.as_numpy(name) for name in names}
 
     def engine_logits(self, sequence_ids: list[int], model: str = "tensorrt_llm") -> np.ndarray:
         """The engine's logits [V] for the token after `sequence_ids` (one greedy step, generation logits on).
