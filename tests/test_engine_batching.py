@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import MAX_DRAFT_LEN
-from tiny import make_checkpoint, write_config
+from tiny import write_config
 from trtspec.contract import GenerationRequest, SamplingParams, request_to_tensors
 from trtspec.engine import kernels
 from trtspec.engine.model import CompactModel, HFModel, Segment
