@@ -15,64 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.errors import RequestError
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str             # Triton's TYPE_* name without the prefix
-    dims: tuple[int, ...]  # without the batch dim
-    optional: bool = True
-
-    @property
-    def np_dtype(self):
-        return NP_DTYPES[self.dtype]
-
-
-NP_DTYPES = {"INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "STRING": np.object_}
-
-# The subset of `tensorrt_llm`'s inputs and outputs (reference: tensorrtllm_backend config.pbtxt) that
-# speculative decoding uses. Names, dtypes and dims follow it exactly so the same BLS talks to TRT-LLM.
-ENGINE_INPUTS = (
-    TensorSpec("input_ids", "INT32", (-1,)),
-    TensorSpec("input_lengths", "INT32", (1,), optional=False),
-    TensorSpec("request_output_len", "INT32", (1,), optional=False),
-    TensorSpec("draft_input_ids", "INT32", (-1,)),
-    TensorSpec("draft_logits", "FP32", (-1, -1)),
-    TensorSpec("end_id", "INT32", (1,)),
-    TensorSpec("pad_id", "INT32", (1,)),
-    TensorSpec("min_tokens", "INT32", (1,)),
-    TensorSpec("temperature", "FP32", (1,)),
-    TensorSpec("runtime_top_k", "INT32", (1,)),
-    TensorSpec("runtime_top_p", "FP32", (1,)),
-    TensorSpec("seed", "UINT64", (1,)),
-    TensorSpec("return_generation_logits", "BOOL", (1,)),
-    TensorSpec("return_perf_metrics", "BOOL", (1,)),
-    TensorSpec("exclude_input_in_output", "BOOL", (1,)),
-    TensorSpec("streaming", "BOOL", (1,)),
+from trtspec.interfaces import (  # noqa: F401  (the engine tables are part of the contract)
+    ENGINE_INPUTS, ENGINE_OUTPUT_NAMES, ENGINE_OUTPUTS, IGNORED, NEUTRAL_EMPTY, NP_DTYPES, PERF_OUTPUTS, USED, TensorSpec,
 )
-# The outputs TensorRT-LLM's `tensorrtllm` backend writes when (and only when) a request sets return_perf_metrics,
-# all of them, with no check that the config declares them, so a config must declare every one
-# (triton_backend/inflight_batcher_llm/src/model_instance_state.cc, fillTritonResponse, 1.2.0rc8).
-PERF_OUTPUTS = (
-    TensorSpec("kv_cache_alloc_new_blocks", "INT32", (1,)),
-    TensorSpec("kv_cache_reused_blocks", "INT32", (1,)),
-    TensorSpec("kv_cache_alloc_total_blocks", "INT32", (1,)),
-    TensorSpec("arrival_time_ns", "INT64", (1,)),
-    TensorSpec("first_scheduled_time_ns", "INT64", (1,)),
-    TensorSpec("first_token_time_ns", "INT64", (1,)),
-    TensorSpec("last_token_time_ns", "INT64", (1,)),
-    TensorSpec("acceptance_rate", "FP32", (1,)),
-    TensorSpec("total_accepted_draft_tokens", "INT32", (1,)),
-    TensorSpec("total_draft_tokens", "INT32", (1,)),
-)
-ENGINE_OUTPUTS = (
-    TensorSpec("output_ids", "INT32", (-1, -1)),
-    TensorSpec("sequence_length", "INT32", (-1,)),
-    TensorSpec("generation_logits", "FP32", (-1, -1, -1)),
-    *PERF_OUTPUTS,
-)
-ENGINE_OUTPUT_NAMES = tuple(t.name for t in ENGINE_OUTPUTS)
 
 # The client-facing `tensorrt_llm_bls` model (reference §2.3): the stock names and types, and trtspec's
 # additions (acceptance statistics, timings, finish_reason) as new optional outputs. Dims without the batch dim.
@@ -133,6 +78,21 @@ class SamplingParams:
         return self.temperature <= 0.0 or self.top_k == 1 or (self.top_k == 0 and self.top_p <= 0.0)
 
 
+@dataclass(frozen=True)
+class Penalties:
+    """TensorRT-LLM's repetition, presence and frequency penalties. They count every token of the sequence, the
+    prompt's too (penaltyKernels.cu: the context phase counts the input), and apply after the temperature:
+    logit/T, then x rp (negative) or / rp (positive), minus presence once, minus frequency x count."""
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+
+
 @dataclass
 class GenerationRequest:
     """One request to an engine (the `tensorrt_llm` inputs, without the batch dim)."""
@@ -148,6 +108,13 @@ class GenerationRequest:
     return_generation_logits: bool = False
     exclude_input_in_output: bool = False
     return_perf_metrics: bool = False        # the PERF_OUTPUTS, as TensorRT-LLM writes them only when asked
+    penalties: Penalties = Penalties()
+    stop_words: list[list[int]] = field(default_factory=list)  # generation ends after any of these
+    bad_words: list[list[int]] = field(default_factory=list)   # never generated
+    return_log_probs: bool = False           # cum_log_probs and output_log_probs
+    return_context_logits: bool = False      # context_logits: the logits at every prompt position
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
 
 
 @dataclass
@@ -162,6 +129,8 @@ class GenerationResult:
     seconds: float = field(default=0.0, compare=False)
     times_ns: tuple[int, int, int, int] = field(default=(0, 0, 0, 0), compare=False)  # arrival, first scheduled,
                                           # first token, last token (steady clock, as TensorRT-LLM's perf outputs)
+    log_probs: list[float] | None = None  # per new token, from the distribution it was drawn from (when asked for)
+    context_logits: np.ndarray | None = None     # [len(input_ids), V] float32, when asked for
 
     @property
     def sequence_length(self) -> int:
@@ -198,7 +167,66 @@ def request_to_tensors(r: GenerationRequest) -> dict[str, np.ndarray]:
         t["draft_input_ids"] = np.asarray([r.draft_input_ids], dtype=np.int32)
         if r.draft_logits is not None:
             t["draft_logits"] = np.asarray(r.draft_logits, dtype=np.float32)[None]
+    pen = r.penalties
+    for name, value, neutral in (("repetition_penalty", pen.repetition, 1.0), ("presence_penalty", pen.presence, 0.0),
+                                 ("frequency_penalty", pen.frequency, 0.0)):
+        if value != neutral:
+            t[name] = np.asarray([[value]], dtype=np.float32)
+    for name, words in (("stop_words_list", r.stop_words), ("bad_words_list", r.bad_words)):
+        if words:
+            t[name] = word_list_tensor(words)
+    for name in ("return_log_probs", "return_context_logits", "return_num_input_tokens", "return_num_output_tokens"):
+        if getattr(r, name):
+            t[name] = np.asarray([[True]], dtype=np.bool_)
     return t
+
+
+def word_list_tensor(words: list[list[int]]) -> np.ndarray:
+    """Token-id words -> TensorRT-LLM's word-list layout, [1, 2, n]: the ids of every word one after another,
+    and under them each word's end offset, padded with -1."""
+    flat = [t for w in words for t in w]
+    ends = np.cumsum([len(w) for w in words]).tolist()
+    width = max(len(flat), len(ends))
+    out = np.full((1, 2, width), -1, dtype=np.int32)
+    out[0, 0, : len(flat)] = flat
+    out[0, 1, : len(ends)] = ends
+    return out
+
+
+def word_lists(t: dict, name: str) -> list[list[int]]:
+    """The words of a [1, 2, n] (or [2, n]) word-list tensor; raises RequestError naming it when malformed."""
+    arr = np.asarray(t[name])
+    if arr.ndim == 3 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 2 or arr.shape[0] != 2:
+        raise RequestError(name, f"expected shape [1, 2, n] (ids, then end offsets padded with -1), got {list(np.asarray(t[name]).shape)}")
+    ids, ends = arr[0].astype(int).tolist(), arr[1].astype(int).tolist()
+    words, start = [], 0
+    for end in ends:
+        if end < 0:
+            break
+        if not start < end <= len(ids):
+            raise RequestError(name, f"end offsets must increase within the {len(ids)} ids, got {ends}")
+        words.append(ids[start:end])
+        start = end
+    return words
+
+
+def check_neutral(t: dict[str, np.ndarray], specs=ENGINE_INPUTS, model: str = "tensorrt_llm") -> None:
+    """Refuse, naming the input, any input this deployment takes only at its neutral value and got another."""
+    for spec in specs:
+        if spec.name not in t or spec.support in (USED, IGNORED):
+            continue
+        arr = np.asarray(t[spec.name])
+        if arr.size == 0:
+            continue
+        if spec.support == NEUTRAL_EMPTY:
+            if spec.dtype == "STRING" and all(not (v.decode() if isinstance(v, bytes) else str(v)) for v in arr.reshape(-1)):
+                continue
+            raise RequestError(spec.name, f"is not supported by this deployment's {model} model; leave it out (or send it empty)")
+        if not np.all(arr == spec.support):
+            raise RequestError(spec.name, f"only {spec.support} is supported by this deployment's {model} model, got "
+                                          f"{arr.reshape(-1).tolist()}; leave it out or send {spec.support}")
 
 
 def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
@@ -220,6 +248,7 @@ def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
         draft_logits = np.asarray(t["draft_logits"], dtype=np.float32)
         draft_logits = draft_logits.reshape(draft_logits.shape[-2:]) if draft_logits.ndim == 3 else draft_logits
     seed = _scalar(t, "seed", int, None)
+    check_neutral(t)
     return GenerationRequest(
         input_ids=ids,
         request_output_len=_scalar(t, "request_output_len", int),
@@ -237,16 +266,39 @@ def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
         return_generation_logits=_scalar(t, "return_generation_logits", bool, False),
         exclude_input_in_output=_scalar(t, "exclude_input_in_output", bool, False),
         return_perf_metrics=_scalar(t, "return_perf_metrics", bool, False),
+        penalties=Penalties(
+            repetition=_scalar(t, "repetition_penalty", float, 1.0),
+            presence=_scalar(t, "presence_penalty", float, 0.0),
+            frequency=_scalar(t, "frequency_penalty", float, 0.0),
+        ),
+        stop_words=word_lists(t, "stop_words_list") if "stop_words_list" in t else [],
+        bad_words=word_lists(t, "bad_words_list") if "bad_words_list" in t else [],
+        return_log_probs=_scalar(t, "return_log_probs", bool, False),
+        return_context_logits=_scalar(t, "return_context_logits", bool, False),
+        return_num_input_tokens=_scalar(t, "return_num_input_tokens", bool, False),
+        return_num_output_tokens=_scalar(t, "return_num_output_tokens", bool, False),
     )
 
 
-def result_to_tensors(r: GenerationResult, *, with_logits: bool, with_perf: bool) -> dict[str, np.ndarray]:
+def result_to_tensors(r: GenerationResult, *, with_logits: bool, with_perf: bool, input_tokens: int | None = None,
+                      output_tokens: bool = False) -> dict[str, np.ndarray]:
+    """`input_tokens`: the prompt's length, for num_input_tokens (return_num_input_tokens); `output_tokens`: write
+    num_output_tokens (return_num_output_tokens). Log probs and context logits go out when the result has them."""
     t = {
         "output_ids": np.asarray([[r.output_ids]], dtype=np.int32),  # [batch, beam, len]
         "sequence_length": np.asarray([[r.sequence_length]], dtype=np.int32),
     }
     if with_logits and r.generation_logits is not None:
         t["generation_logits"] = np.asarray(r.generation_logits, dtype=np.float32)[None, None]
+    if r.log_probs is not None:
+        t["output_log_probs"] = np.asarray([[r.log_probs]], dtype=np.float32)      # [batch, beam, new tokens]
+        t["cum_log_probs"] = np.asarray([[sum(r.log_probs)]], dtype=np.float32)    # [batch, beam]
+    if r.context_logits is not None:
+        t["context_logits"] = np.asarray(r.context_logits, dtype=np.float32)[None]  # [batch, prompt, vocab]
+    if input_tokens is not None:
+        t["num_input_tokens"] = np.asarray([[input_tokens]], dtype=np.int32)
+    if output_tokens:
+        t["num_output_tokens"] = np.asarray([[len(r.new_tokens)]], dtype=np.int32)
     if with_perf:  # all of PERF_OUTPUTS, as TensorRT-LLM writes them
         blocks = -(-(r.reused_tokens + r.computed_tokens) // KV_TOKENS_PER_BLOCK)
         reused = r.reused_tokens // KV_TOKENS_PER_BLOCK
@@ -275,7 +327,11 @@ def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: boo
     drafted = int(np.asarray(t["total_draft_tokens"]).reshape(-1)[0]) if "total_draft_tokens" in t else 0
     accepted = int(np.asarray(t["total_accepted_draft_tokens"]).reshape(-1)[0]) if "total_accepted_draft_tokens" in t else 0
     reused = int(np.asarray(t["kv_cache_reused_blocks"]).reshape(-1)[0]) * KV_TOKENS_PER_BLOCK if "kv_cache_reused_blocks" in t else 0
-    return GenerationResult(ids, new, logits, drafted, accepted, reused)
+    log_probs = np.asarray(t["output_log_probs"], dtype=np.float32).reshape(-1)[: len(new)].tolist() if "output_log_probs" in t else None
+    context = t.get("context_logits")
+    if context is not None:
+        context = np.asarray(context, dtype=np.float32).reshape(-1, np.asarray(context).shape[-1])
+    return GenerationResult(ids, new, logits, drafted, accepted, reused, log_probs=log_probs, context_logits=context)
 
 
 def _row(t: dict, name: str) -> list[int]:

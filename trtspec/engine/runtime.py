@@ -160,7 +160,9 @@ class Engine:
 
     @staticmethod
     def result_tensors(request: GenerationRequest, result: GenerationResult) -> dict[str, np.ndarray]:
-        return result_to_tensors(result, with_logits=request.return_generation_logits, with_perf=request.return_perf_metrics)
+        return result_to_tensors(result, with_logits=request.return_generation_logits, with_perf=request.return_perf_metrics,
+                                 input_tokens=len(request.input_ids) if request.return_num_input_tokens else None,
+                                 output_tokens=request.return_num_output_tokens)
 
     def _job(self, request: GenerationRequest, done) -> Job:
         self.check(request)
@@ -224,6 +226,14 @@ class Engine:
                     raise RequestError("draft_logits", f"shape {shape} does not match [{k} draft tokens, vocab {vocab}]")
         elif r.draft_logits is not None:
             raise RequestError("draft_logits", "given without draft_input_ids")
+        if r.min_tokens < 0:
+            raise RequestError("min_tokens", f"must be >= 0, got {r.min_tokens}")
+        if not r.penalties.repetition > 0:  # SamplingConfig::validate: repetitionPenalty > 0
+            raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {r.penalties.repetition}")
+        for name, words in (("stop_words_list", r.stop_words), ("bad_words_list", r.bad_words)):
+            bad = next((t for w in words for t in w if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise RequestError(name, f"token id {bad} is outside the vocabulary [0, {vocab})")
         self.cache.check(len(r.input_ids) + max(r.request_output_len, len(r.draft_input_ids or ()) + 1), "request_output_len")
 
     def _end_id(self, r: GenerationRequest) -> int | None:

@@ -11,9 +11,64 @@ draft earns a bonus token from p_k, so every verify step emits between 1 and k+1
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from trtspec.contract import SamplingParams
+from trtspec.contract import Penalties, SamplingParams
+
+
+@dataclasses.dataclass
+class Rules:
+    """What a request asks of each step besides its sampling settings: penalties, bad words, an end token held
+    back (min_tokens). `active` is false for a plain request, whose logits then go to the sampler untouched."""
+
+    penalties: Penalties = Penalties()
+    bad_words: list[list[int]] = dataclasses.field(default_factory=list)
+    log_probs: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.penalties.active or bool(self.bad_words) or self.log_probs
+
+
+def prepare(logits: torch.Tensor, params: SamplingParams, rules: Rules, history: list[int],
+            blocked: int | None = None) -> tuple[torch.Tensor, SamplingParams]:
+    """One position's logits [V] -> (the logits the sampler draws from, the settings to draw with), in
+    TensorRT-LLM's order (penaltyKernels.cu, then banBadWords): temperature, repetition / presence / frequency
+    penalties over `history`, the end token `blocked` (min_tokens), bad words completed by one more token.
+    The temperature is applied here, so the settings returned carry temperature 1 (0 stays 0: greedy).
+    Without rules or a blocked token the logits come back as they were."""
+    if not rules.active and blocked is None:
+        return logits, params
+    out = logits.float().clone()
+    if params.temperature > 0:
+        out /= params.temperature
+        params = dataclasses.replace(params, temperature=1.0)
+    pen = rules.penalties
+    if pen.active and history:
+        ids = torch.as_tensor(history, dtype=torch.long)
+        counts = torch.bincount(ids[ids < out.shape[-1]], minlength=out.shape[-1])[: out.shape[-1]]
+        seen = counts > 0
+        values = out[seen]
+        values = torch.where(values < 0, values * pen.repetition, values / pen.repetition)
+        out[seen] = values - pen.presence - pen.frequency * counts[seen].float()
+    if blocked is not None:
+        out[blocked] = float("-inf")
+    for word in rules.bad_words:
+        if len(word) == 1 or history[-(len(word) - 1):] == word[:-1]:
+            out[word[-1]] = float("-inf")
+    return out, params
+
+
+def log_prob(logits: torch.Tensor, token: int) -> float:
+    """log p(token) under the full softmax of prepared logits (before top-k / top-p, as TensorRT-LLM reports it)."""
+    return float(torch.log_softmax(logits.float(), dim=-1)[token])
+
+
+def completes_word(sequence: list[int], words: list[list[int]]) -> bool:
+    """Whether `sequence` ends with one of `words`."""
+    return any(w and sequence[-len(w):] == w for w in words)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -47,6 +102,7 @@ def accept_draft(
     params: SamplingParams,
     draft_logits: torch.Tensor | None = None,  # [k, V]: the draft's logits for its tokens, or None
     generator: torch.Generator | None = None,
+    draft_params: SamplingParams | None = None,  # the draft's settings when `params` are those of prepared logits
 ) -> tuple[int, list[int]]:
     """Return (number of draft tokens accepted, tokens to emit: the accepted ones + one of the target's)."""
     k = len(draft_tokens)
@@ -60,7 +116,7 @@ def accept_draft(
         return k, emitted + [select(target_logits[k], params, generator)]
 
     p = probabilities(target_logits, params)          # [k+1, V]
-    q = probabilities(draft_logits.to(p.dtype), params)  # [k, V]
+    q = probabilities(draft_logits.to(p.dtype), draft_params or params)  # [k, V]
     for i, token in enumerate(draft_tokens):
         p_i, q_i = p[i, token], q[i, token]
         u = torch.rand((), generator=generator)

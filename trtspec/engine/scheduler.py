@@ -24,7 +24,7 @@ import torch
 from trtspec.contract import GenerationRequest, GenerationResult
 from trtspec.engine.kv import KVPool, Lease
 from trtspec.engine.model import Segment
-from trtspec.engine.sampling import accept_draft, select
+from trtspec.engine.sampling import Rules, accept_draft, completes_word, log_prob, prepare, select
 from trtspec.errors import EngineError
 
 
@@ -50,7 +50,12 @@ class Job:
         if request.draft_logits is not None and self.draft:
             self.draft_logits = torch.as_tensor(request.draft_logits)[: len(self.draft), :vocab_size].float()
         self.tokens = self.seq + self.draft                  # what the first step must have in the cache
-        self.first_logits = len(self.draft) + 1
+        self.rules = Rules(request.penalties, request.bad_words, request.return_log_probs)
+        self.step_rows = len(self.draft) + 1                 # logits rows that choose tokens in the first step
+        # context logits need every prompt position through the network, so nothing cached is reused
+        self.first_logits = len(self.tokens) if request.return_context_logits else self.step_rows
+        self.context_logits = None
+        self.log_probs: list[float] = []
         # room for every position this call may write: the sequence, then up to request_output_len tokens
         self.capacity = len(self.seq) + max(request.request_output_len, len(self.draft) + 1)
         self.lease: Lease | None = None
@@ -77,32 +82,58 @@ class Job:
         """Take this step's logits [n_logits, V]; True when the call is complete."""
         self.computed += len(self.pending)
         self.times_ns[2] = self.times_ns[2] or time.monotonic_ns()
+        if self.request.return_context_logits and self.context_logits is None:
+            self.context_logits = logits[: len(self.seq)]
+            logits = logits[len(logits) - self.step_rows:]
         if self.draft:
             return self._verified(logits)
         r = self.request
-        step = logits[-1]
-        if self.end_id is not None and len(self.new) < r.min_tokens:
-            step = step.clone()
-            step[self.end_id] = float("-inf")
-        token = select(step, r.sampling, self.generator)
+        token = self._choose(logits[-1], len(self.new))
         self.new.append(token)
         if r.return_generation_logits:
             self.kept_logits.append(logits[-1])
-        if token == self.end_id or len(self.new) >= r.request_output_len:
+        if (token == self.end_id or len(self.new) >= r.request_output_len
+                or (r.stop_words and completes_word(self.seq + self.new, r.stop_words))):
             return True
         self.pending, self.start, self.n_logits = [token], len(self.seq) + len(self.new) - 1, 1
         return False
 
+    def _blocked(self, generated: int) -> int | None:
+        """The end token while fewer than min_tokens have been generated."""
+        return self.end_id if self.end_id is not None and generated < self.request.min_tokens else None
+
+    def _choose(self, logits: torch.Tensor, generated: int) -> int:
+        """The token at one position of a plain generation (`generated` tokens before it in this call)."""
+        r = self.request
+        history = self.seq + self.new if self.rules.active else []
+        row, params = prepare(logits, r.sampling, self.rules, history, self._blocked(generated))
+        token = select(row, params, self.generator)
+        if r.return_log_probs:
+            self.log_probs.append(log_prob(row, token))
+        return token
+
     def _verified(self, logits: torch.Tensor) -> bool:
         r = self.request
-        accepted, emitted = accept_draft(logits, self.draft, params=r.sampling, draft_logits=self.draft_logits,
-                                         generator=self.generator)
+        raw, params, draft_params = logits, r.sampling, None
+        if self.rules.active or (self.end_id is not None and r.min_tokens > 0):
+            # each position is prepared with the draft tokens before it as its history, as if they had been
+            # generated one by one: accepted tokens are then exactly what plain decoding would choose
+            rows = [prepare(logits[i], r.sampling, self.rules, self.seq + self.draft[:i], self._blocked(i))
+                    for i in range(len(logits))]
+            logits, params, draft_params = torch.stack([row for row, _ in rows]), rows[0][1], r.sampling
+        accepted, emitted = accept_draft(logits, self.draft, params=params, draft_logits=self.draft_logits,
+                                         generator=self.generator, draft_params=draft_params)
         if self.end_id is not None and self.end_id in emitted:  # nothing follows an end token, even an accepted one
             emitted = emitted[: emitted.index(self.end_id) + 1]
-            accepted = min(accepted, len(emitted))
+        if r.stop_words:  # nor a completed stop word
+            end = next((i + 1 for i in range(len(emitted)) if completes_word(self.seq + emitted[: i + 1], r.stop_words)), None)
+            emitted = emitted[:end] if end else emitted
+        accepted = min(accepted, len(emitted))
         self.new, self.accepted = emitted, accepted
         if r.return_generation_logits:
-            self.kept_logits = list(logits[: len(emitted)])
+            self.kept_logits = list(raw[: len(emitted)])
+        if r.return_log_probs:
+            self.log_probs = [log_prob(logits[i], t) for i, t in enumerate(emitted)]
         return True
 
     @property
@@ -115,6 +146,8 @@ class Job:
         return GenerationResult(
             output_ids=self.seq + self.new, new_tokens=list(self.new),
             generation_logits=torch.stack(self.kept_logits).numpy() if self.kept_logits else None,
+            log_probs=list(self.log_probs) if self.request.return_log_probs else None,
+            context_logits=self.context_logits.float().numpy() if self.context_logits is not None else None,
             num_draft_tokens=len(self.draft), num_accepted_draft_tokens=self.accepted,
             reused_tokens=self.lease.cached if self.lease else 0, computed_tokens=self.computed,
             seconds=time.perf_counter() - self.began, times_ns=(*self.times_ns, time.monotonic_ns()),
