@@ -15,6 +15,7 @@ from trtspec import repository
 from trtspec.cli import cli
 from trtspec.config import load_config
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS
+from trtspec.interfaces import MODEL_TENSORS
 from trtspec.engine.manifest import read_engine
 from trtspec.repository import (
     MARKER_FILE, MODELS, RepositoryError, render, validate_repository, write_repository,
@@ -73,24 +74,38 @@ def test_deploy_writes_every_model_filled_and_valid(model_repository, built_fp8)
     assert params(parse(model_repository, "preprocessing"))["tokenizer_dir"] == str(built_fp8.target.resolve())
 
 
-def test_engine_and_bls_tensors_are_generated_from_the_contract(model_repository):
-    config = parse(model_repository, "tensorrt_llm")
-    assert [t.name for t in config.input] == [s.name for s in ENGINE_INPUTS]
-    assert [t.name for t in config.output] == [s.name for s in ENGINE_OUTPUTS]
-    for t, spec in zip(config.input, ENGINE_INPUTS):
-        assert (model_config_pb2.DataType.Name(t.data_type), tuple(t.dims), t.optional) == (f"TYPE_{spec.dtype}", spec.dims, spec.optional)
-        assert t.HasField("reshape") == (spec.dims == (1,)), t.name  # scalars reshaped to [], as the reference
-        assert list(t.reshape.shape) == []
-        assert t.allow_ragged_batch == (t.name in {"input_ids", "draft_input_ids", "draft_logits"})
-    assert not config.model_transaction_policy.decoupled
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_declares_nvidias_tensors(model_repository, model):
+    """Names, dtypes, dims, optional flags, reshapes and ragged batching as trtspec.interfaces has them from NVIDIA."""
+    config = parse(model_repository, model)
+    inputs, outputs = MODEL_TENSORS[model]
 
-    bls = parse(model_repository, "tensorrt_llm_bls")
-    assert [(t.name, model_config_pb2.DataType.Name(t.data_type), tuple(t.dims), t.optional) for t in bls.input] == [
-        (s.name, f"TYPE_{s.dtype}", s.dims, s.optional) for s in BLS_INPUTS]
-    assert [(t.name, model_config_pb2.DataType.Name(t.data_type), tuple(t.dims)) for t in bls.output] == [
-        (s.name, f"TYPE_{s.dtype}", s.dims) for s in BLS_OUTPUTS]
-    assert bls.model_transaction_policy.decoupled
-    assert bls.max_batch_size > 0  # like the stock BLS: clients send [1, 1]-shaped tensors; /generate works too
+    def reshape(t):
+        return tuple(t.reshape.shape) if t.HasField("reshape") else None
+
+    assert [(t.name, model_config_pb2.DataType.Name(t.data_type), tuple(t.dims), t.optional, reshape(t), t.allow_ragged_batch)
+            for t in config.input] == [(s.name, f"TYPE_{s.dtype}", s.dims, s.optional, s.reshape, s.ragged) for s in inputs]
+    assert [(t.name, model_config_pb2.DataType.Name(t.data_type), tuple(t.dims)) for t in config.output] == [
+        (s.name, f"TYPE_{s.dtype}", s.dims) for s in outputs]
+    assert config.max_batch_size > 0  # like NVIDIA's: clients send [1, ...]-shaped tensors
+    # decoupled as NVIDIA's decoupled_mode (false by default) for the engine models; the BLS always streams
+    assert config.model_transaction_policy.decoupled == (model == "tensorrt_llm_bls")
+
+
+def test_nvidia_interface_facts():
+    """Spot checks typed from NVIDIA's configs, independent of how the tables were written."""
+    engine = {s.name: s for s in ENGINE_INPUTS}
+    assert len(ENGINE_INPUTS) == 62 and len(ENGINE_OUTPUTS) == 21
+    assert (engine["stop_words_list"].dims, engine["stop_words_list"].ragged) == ((2, -1), True)
+    assert (engine["seed"].dtype, engine["seed"].reshape) == ("UINT64", ())
+    assert (engine["lora_task_id"].dtype, engine["prompt_table_extra_ids"].dtype) == ("UINT64", "UINT64")
+    assert not engine["input_lengths"].optional and engine["input_ids"].optional
+    assert engine["mrope_position_deltas"].reshape is None and engine["lookahead_window_size"].reshape is None
+    bls = {s.name: s for s in BLS_INPUTS if not s.extension}
+    assert len(bls) == 43 and len([s for s in BLS_OUTPUTS if not s.extension]) == 19
+    assert bls["return_log_probs"].reshape == () and bls["beam_width"].reshape is None
+    assert [s.name for s in MODEL_TENSORS["ensemble"][0]][:3] == ["text_input", "decoder_text_input", "max_tokens"]
+    assert len(MODEL_TENSORS["ensemble"][0]) == 36 and len(MODEL_TENSORS["preprocessing"][1]) == 20
 
 
 def test_draft_and_target_come_from_one_template(model_repository):
@@ -226,6 +241,7 @@ def test_validate_finds_wiring_and_policy_problems(broken):
         "tensorrt_llm/config.pbtxt model_transaction_policy.decoupled = True",
         "ensemble/config.pbtxt step 2 (tensorrt_llm) input_map 'runtime_top_k' = 'top_k': is TYPE_FP32 but tensorrt_llm input 'runtime_top_k' is TYPE_INT32",
         "ensemble/config.pbtxt step 3 (postprocessing) input_map 'SEQUENCE_LENGTH' = '_SEQUENCE_LENGTHS': is neither",
+        "ensemble/config.pbtxt input 'top_k' data_type = 'TYPE_FP32': differs from NVIDIA's ensemble model",
         "postprocessing/1/model.py",
     ]
     for text in expected:

@@ -16,47 +16,10 @@ import numpy as np
 
 from trtspec.errors import RequestError
 from trtspec.interfaces import (  # noqa: F401  (the engine tables are part of the contract)
-    ENGINE_INPUTS, ENGINE_OUTPUT_NAMES, ENGINE_OUTPUTS, IGNORED, NEUTRAL_EMPTY, NP_DTYPES, PERF_OUTPUTS, USED, TensorSpec,
+    BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUT_NAMES, ENGINE_OUTPUTS, NP_DTYPES, PERF_OUTPUTS, TensorSpec,
+    neutral_problem,
 )
 
-# The client-facing `tensorrt_llm_bls` model (reference §2.3): the stock names and types, and trtspec's
-# additions (acceptance statistics, timings, finish_reason) as new optional outputs. Dims without the batch dim.
-BLS_INPUTS = (
-    TensorSpec("text_input", "STRING", (1,), optional=False),
-    TensorSpec("max_tokens", "INT32", (1,), optional=False),
-    TensorSpec("num_draft_tokens", "INT32", (1,)),
-    TensorSpec("use_draft_logits", "BOOL", (1,)),
-    TensorSpec("stream", "BOOL", (1,)),
-    TensorSpec("temperature", "FP32", (1,)),
-    TensorSpec("top_k", "INT32", (1,)),
-    TensorSpec("top_p", "FP32", (1,)),
-    TensorSpec("seed", "UINT64", (1,)),
-    TensorSpec("end_id", "INT32", (1,)),
-    TensorSpec("pad_id", "INT32", (1,)),
-    TensorSpec("min_tokens", "INT32", (1,)),
-    TensorSpec("stop_words", "STRING", (-1,)),
-    TensorSpec("bad_words", "STRING", (-1,)),
-    TensorSpec("return_perf_metrics", "BOOL", (1,)),
-    TensorSpec("exclude_input_in_output", "BOOL", (1,)),
-    TensorSpec("speculation", "STRING", (1,)),        # "draft_model" | "prompt_lookup" | "none"
-    TensorSpec("adaptive_draft_length", "BOOL", (1,)),  # false: draft exactly num_draft_tokens every iteration
-    TensorSpec("timeout_ms", "INT32", (1,)),            # the request ends with an error past this many ms
-)
-BLS_OUTPUTS = (
-    TensorSpec("text_output", "STRING", (-1,)),
-    TensorSpec("output_ids", "INT32", (-1,)),          # the token ids of this response
-    TensorSpec("acceptance_rate", "FP32", (1,)),
-    TensorSpec("total_accepted_draft_tokens", "INT32", (1,)),
-    TensorSpec("total_draft_tokens", "INT32", (1,)),
-    TensorSpec("num_iterations", "INT32", (1,)),
-    TensorSpec("draft_time_ms", "FP32", (1,)),
-    TensorSpec("verify_time_ms", "FP32", (1,)),
-    TensorSpec("accepted_per_position", "INT32", (-1,)),
-    TensorSpec("drafted_per_position", "INT32", (-1,)),
-    TensorSpec("finish_reason", "STRING", (1,)),
-    TensorSpec("fallbacks", "INT32", (1,)),             # times speculation was switched off for this request
-    TensorSpec("fallback_reasons", "STRING", (-1,)),    # "reason:count" for each reason
-)
 KV_TOKENS_PER_BLOCK = 32  # block size the embedded engine reports reuse in (TRT-LLM's default tokens_per_block)
 
 
@@ -131,6 +94,7 @@ class GenerationResult:
                                           # first token, last token (steady clock, as TensorRT-LLM's perf outputs)
     log_probs: list[float] | None = None  # per new token, from the distribution it was drawn from (when asked for)
     context_logits: np.ndarray | None = None     # [len(input_ids), V] float32, when asked for
+    kv_blocks: tuple[int, int, int] | None = None  # new, reused, total KV blocks (with return_perf_metrics)
 
     @property
     def sequence_length(self) -> int:
@@ -212,21 +176,13 @@ def word_lists(t: dict, name: str) -> list[list[int]]:
     return words
 
 
-def check_neutral(t: dict[str, np.ndarray], specs=ENGINE_INPUTS, model: str = "tensorrt_llm") -> None:
+def check_neutral(t: dict[str, np.ndarray], specs=ENGINE_INPUTS) -> None:
     """Refuse, naming the input, any input this deployment takes only at its neutral value and got another."""
     for spec in specs:
-        if spec.name not in t or spec.support in (USED, IGNORED):
-            continue
-        arr = np.asarray(t[spec.name])
-        if arr.size == 0:
-            continue
-        if spec.support == NEUTRAL_EMPTY:
-            if spec.dtype == "STRING" and all(not (v.decode() if isinstance(v, bytes) else str(v)) for v in arr.reshape(-1)):
-                continue
-            raise RequestError(spec.name, f"is not supported by this deployment's {model} model; leave it out (or send it empty)")
-        if not np.all(arr == spec.support):
-            raise RequestError(spec.name, f"only {spec.support} is supported by this deployment's {model} model, got "
-                                          f"{arr.reshape(-1).tolist()}; leave it out or send {spec.support}")
+        if spec.name in t:
+            problem = neutral_problem(spec, t[spec.name])
+            if problem:
+                raise RequestError(spec.name, problem)
 
 
 def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
@@ -331,7 +287,12 @@ def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: boo
     context = t.get("context_logits")
     if context is not None:
         context = np.asarray(context, dtype=np.float32).reshape(-1, np.asarray(context).shape[-1])
-    return GenerationResult(ids, new, logits, drafted, accepted, reused, log_probs=log_probs, context_logits=context)
+    kv = None
+    if "kv_cache_alloc_total_blocks" in t:
+        kv = tuple(int(np.asarray(t[n]).reshape(-1)[0]) for n in
+                   ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"))
+    return GenerationResult(ids, new, logits, drafted, accepted, reused, log_probs=log_probs, context_logits=context,
+                            kv_blocks=kv)
 
 
 def _row(t: dict, name: str) -> list[int]:

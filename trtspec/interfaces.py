@@ -10,7 +10,8 @@ What an input means to trtspec is its `support`:
 - USED: it does what TensorRT-LLM does with it;
 - IGNORED: accepted with any value, because it changes nothing at beam width 1 (beam-search knobs) or only
   which KV blocks a cache keeps (retention hints);
-- a neutral value (NEUTRAL_EMPTY: absent or no elements; or a number): accepted at that value, refused with an
+- a neutral value (NEUTRAL_EMPTY: absent, no elements or empty strings; NEUTRAL_ZERO: also all zeros; or a
+  number): accepted at that value, refused with an
   error naming the input otherwise (beam search, LoRA, prompt tables, guided decoding, embedding bias, encoder
   and multimodal inputs, lookahead decoding).
 """
@@ -24,6 +25,7 @@ import numpy as np
 USED = "used"
 IGNORED = "ignored"
 NEUTRAL_EMPTY = "empty"
+NEUTRAL_ZERO = "zero"   # empty, or every element 0 (a bias that adds nothing)
 
 
 @dataclass(frozen=True)
@@ -65,14 +67,14 @@ ENGINE_INPUTS = (
     _scalar("num_return_sequences", "INT32", 1),
     _ragged("draft_input_ids", "INT32", (-1,)),
     _ragged("decoder_input_ids", "INT32", (-1,), NEUTRAL_EMPTY),
-    _scalar("decoder_input_lengths", "INT32", NEUTRAL_EMPTY),
+    _scalar("decoder_input_lengths", "INT32", NEUTRAL_ZERO),
     _ragged("draft_logits", "FP32", (-1, -1)),
     _scalar("draft_acceptance_threshold", "FP32", NEUTRAL_EMPTY),
     _scalar("end_id", "INT32"),
     _scalar("pad_id", "INT32"),
     _ragged("stop_words_list", "INT32", (2, -1)),
     _ragged("bad_words_list", "INT32", (2, -1)),
-    _ragged("embedding_bias", "FP32", (-1,), NEUTRAL_EMPTY),
+    _ragged("embedding_bias", "FP32", (-1,), NEUTRAL_ZERO),
     _scalar("beam_width", "INT32", 1),
     _scalar("temperature", "FP32"),
     _scalar("runtime_top_k", "INT32"),
@@ -99,7 +101,7 @@ ENGINE_INPUTS = (
     _scalar("streaming", "BOOL"),
     _ragged("prompt_embedding_table", "FP16", (-1, -1), NEUTRAL_EMPTY),
     _ragged("prompt_table_extra_ids", "UINT64", (-1,), NEUTRAL_EMPTY),
-    _scalar("prompt_vocab_size", "INT32", NEUTRAL_EMPTY),
+    _scalar("prompt_vocab_size", "INT32", NEUTRAL_ZERO),
     _ragged("cross_attention_mask", "BOOL", (-1, -1), NEUTRAL_EMPTY),
     TensorSpec("mrope_rotary_cos_sin", "FP32", (-1,), support=NEUTRAL_EMPTY),
     TensorSpec("mrope_position_deltas", "INT64", (1,), support=NEUTRAL_EMPTY),
@@ -151,3 +153,208 @@ ENGINE_OUTPUTS = (
     TensorSpec("num_output_tokens", "INT32", (1,)),
 )
 ENGINE_OUTPUT_NAMES = tuple(t.name for t in ENGINE_OUTPUTS)
+
+
+def _opt(name: str, dtype: str, dims: tuple[int, ...] = (1,), support: object = USED, **kw) -> TensorSpec:
+    return TensorSpec(name, dtype, dims, support=support, **kw)
+
+
+def _out(name: str, dtype: str, dims: tuple[int, ...], extension: bool = False) -> TensorSpec:
+    return TensorSpec(name, dtype, dims, extension=extension)
+
+
+# The outputs NVIDIA's ensemble and tensorrt_llm_bls return besides text_output: the tensorrt_llm outputs a client
+# asks for with return_* flags.
+RESULT_OUTPUTS = (
+    _out("cum_log_probs", "FP32", (-1,)),
+    _out("output_log_probs", "FP32", (-1, -1)),
+    _out("context_logits", "FP32", (-1, -1)),
+    _out("generation_logits", "FP32", (-1, -1, -1)),
+    _out("batch_index", "INT32", (1,)),
+    _out("sequence_index", "INT32", (1,)),
+    *PERF_OUTPUTS,
+    _out("num_input_tokens", "INT32", (1,)),
+    _out("num_output_tokens", "INT32", (1,)),
+)
+
+# ---- tensorrt_llm_bls (commit bff88ea886779f832686acb3f165e2b919c95b77) ---------------------------------------------
+BLS_INPUTS = (
+    _opt("text_input", "STRING", optional=False),
+    _opt("decoder_text_input", "STRING", support=NEUTRAL_EMPTY),
+    _opt("image_input", "FP16", (-1, 3, -1, -1), NEUTRAL_EMPTY),
+    _opt("image_bytes_input", "UINT8", (-1, -1, -1, -1), NEUTRAL_EMPTY),
+    _opt("image_url_input", "STRING", support=NEUTRAL_EMPTY),
+    _opt("image_sizes_input", "INT64", (-1, 2), NEUTRAL_EMPTY),
+    _opt("video_bytes_input", "UINT8", (-1, -1, -1, -1), NEUTRAL_EMPTY),
+    _opt("max_tokens", "INT32", optional=False),
+    _opt("bad_words", "STRING", (-1,)),
+    _opt("stop_words", "STRING", (-1,)),
+    _opt("exclude_input_in_output", "BOOL"),
+    _opt("end_id", "INT32"),
+    _opt("pad_id", "INT32"),
+    _opt("top_k", "INT32"),
+    _opt("top_p", "FP32"),
+    _opt("temperature", "FP32"),
+    _opt("length_penalty", "FP32", support=IGNORED),
+    _opt("repetition_penalty", "FP32"),
+    _opt("min_tokens", "INT32"),
+    _opt("presence_penalty", "FP32"),
+    _opt("frequency_penalty", "FP32"),
+    _opt("seed", "UINT64"),
+    _opt("return_log_probs", "BOOL", reshape=()),
+    _opt("return_context_logits", "BOOL", reshape=()),
+    _opt("return_generation_logits", "BOOL", reshape=()),
+    _opt("num_return_sequences", "INT32", support=1, reshape=()),
+    _opt("beam_width", "INT32", support=1),
+    _opt("stream", "BOOL"),
+    _opt("prompt_embedding_table", "FP16", (-1, -1), NEUTRAL_EMPTY),
+    _opt("prompt_vocab_size", "INT32", support=NEUTRAL_ZERO),
+    _opt("prompt_table_extra_id", "UINT64", support=NEUTRAL_EMPTY),
+    _opt("embedding_bias_words", "STRING", (-1,), NEUTRAL_EMPTY),
+    _opt("embedding_bias_weights", "FP32", (-1,), NEUTRAL_ZERO),
+    _opt("num_draft_tokens", "INT32"),
+    _opt("use_draft_logits", "BOOL", reshape=()),
+    _opt("lora_task_id", "UINT64", support=NEUTRAL_EMPTY, reshape=()),
+    _opt("lora_weights", "FP16", (-1, -1), NEUTRAL_EMPTY, ragged=True),
+    _opt("lora_config", "INT32", (-1, 3), NEUTRAL_EMPTY, ragged=True),
+    _opt("return_perf_metrics", "BOOL", reshape=()),
+    _opt("return_num_input_tokens", "BOOL", reshape=()),
+    _opt("return_num_output_tokens", "BOOL", reshape=()),
+    _opt("guided_decoding_guide_type", "STRING", support=NEUTRAL_EMPTY),
+    _opt("guided_decoding_guide", "STRING", support=NEUTRAL_EMPTY),
+    # trtspec's own
+    _opt("speculation", "STRING", extension=True),            # "draft_model" | "prompt_lookup" | "none"
+    _opt("adaptive_draft_length", "BOOL", extension=True),    # false: draft exactly num_draft_tokens every iteration
+    _opt("timeout_ms", "INT32", extension=True),              # the request ends with an error past this many ms
+)
+BLS_OUTPUTS = (
+    _out("text_output", "STRING", (-1,)),
+    *RESULT_OUTPUTS,
+    # trtspec's own: the tokens and how speculation went
+    _out("output_ids", "INT32", (-1,), True),           # the token ids of this response
+    _out("num_iterations", "INT32", (1,), True),
+    _out("draft_time_ms", "FP32", (1,), True),
+    _out("verify_time_ms", "FP32", (1,), True),
+    _out("accepted_per_position", "INT32", (-1,), True),
+    _out("drafted_per_position", "INT32", (-1,), True),
+    _out("finish_reason", "STRING", (1,), True),
+    _out("fallbacks", "INT32", (1,), True),              # times speculation was switched off for this request
+    _out("fallback_reasons", "STRING", (-1,), True),     # "reason:count" for each reason
+)
+
+# ---- ensemble (commit 2a9abd9536aa62ad3e4b9314be9286b1b1be523b; NVIDIA declares kv_cache_alloc_total_blocks twice,
+# once here) ------------------------------------------------------------------------------------------------------
+ENSEMBLE_INPUTS = (
+    _opt("text_input", "STRING", optional=False),
+    _opt("decoder_text_input", "STRING", support=NEUTRAL_EMPTY),
+    _opt("max_tokens", "INT32", optional=False),
+    _opt("num_return_sequences", "INT32", support=1),
+    _opt("bad_words", "STRING", (-1,)),
+    _opt("stop_words", "STRING", (-1,)),
+    _opt("exclude_input_in_output", "BOOL"),
+    _opt("end_id", "INT32"),
+    _opt("pad_id", "INT32"),
+    _opt("top_k", "INT32"),
+    _opt("top_p", "FP32"),
+    _opt("temperature", "FP32"),
+    _opt("length_penalty", "FP32", support=IGNORED),
+    _opt("repetition_penalty", "FP32"),
+    _opt("min_tokens", "INT32"),
+    _opt("presence_penalty", "FP32"),
+    _opt("frequency_penalty", "FP32"),
+    _opt("seed", "UINT64"),
+    _opt("return_log_probs", "BOOL"),
+    _opt("return_context_logits", "BOOL"),
+    _opt("return_generation_logits", "BOOL"),
+    _opt("return_perf_metrics", "BOOL"),
+    _opt("return_num_input_tokens", "BOOL"),
+    _opt("return_num_output_tokens", "BOOL"),
+    _opt("beam_width", "INT32", support=1),
+    _opt("stream", "BOOL"),
+    _opt("prompt_embedding_table", "FP16", (-1, -1), NEUTRAL_EMPTY),
+    _opt("prompt_table_extra_id", "UINT64", support=NEUTRAL_EMPTY),
+    _opt("prompt_vocab_size", "INT32", support=NEUTRAL_ZERO),
+    _opt("embedding_bias_words", "STRING", (-1,), NEUTRAL_EMPTY),
+    _opt("embedding_bias_weights", "FP32", (-1,), NEUTRAL_ZERO),
+    _opt("lora_task_id", "UINT64", support=NEUTRAL_EMPTY),
+    _opt("lora_weights", "FP16", (-1, -1), NEUTRAL_EMPTY, ragged=True),
+    _opt("lora_config", "INT32", (-1, 3), NEUTRAL_EMPTY, ragged=True),
+    _opt("guided_decoding_guide_type", "STRING", support=NEUTRAL_EMPTY, ragged=True),
+    _opt("guided_decoding_guide", "STRING", support=NEUTRAL_EMPTY, ragged=True),
+)
+ENSEMBLE_OUTPUTS = (_out("text_output", "STRING", (-1,)), *RESULT_OUTPUTS)
+
+# ---- preprocessing (commit 808059da341493bbf8deb9380aef745e4f546909) and postprocessing (89fd9b74ab7a) -------------
+PREPROCESSING_INPUTS = (
+    _opt("QUERY", "STRING", optional=False),
+    _opt("DECODER_QUERY", "STRING", support=NEUTRAL_EMPTY),
+    _opt("IMAGE_BYTES", "UINT8", (-1, -1, -1, -1), NEUTRAL_EMPTY),
+    _opt("IMAGE_URL", "STRING", (-1,), NEUTRAL_EMPTY),
+    _opt("IMAGE_SIZES", "INT64", (-1, 2), NEUTRAL_EMPTY),
+    _opt("VIDEO_BYTES", "UINT8", (-1, -1, -1, -1), NEUTRAL_EMPTY),
+    _opt("REQUEST_OUTPUT_LEN", "INT32", optional=False),
+    _opt("BAD_WORDS_DICT", "STRING", (-1,)),
+    _opt("STOP_WORDS_DICT", "STRING", (-1,)),
+    _opt("EMBEDDING_BIAS_WORDS", "STRING", (-1,), NEUTRAL_EMPTY),
+    _opt("EMBEDDING_BIAS_WEIGHTS", "FP32", (-1,), NEUTRAL_ZERO),
+    _opt("END_ID", "INT32"),
+    _opt("PAD_ID", "INT32"),
+    _opt("PROMPT_TABLE_EXTRA_ID", "UINT64", support=NEUTRAL_EMPTY),
+)
+PREPROCESSING_OUTPUTS = (
+    _out("INPUT_ID", "INT32", (-1,)),
+    _out("REQUEST_INPUT_LEN", "INT32", (1,)),
+    _out("DECODER_INPUT_ID", "INT32", (-1,)),
+    _out("REQUEST_DECODER_INPUT_LEN", "INT32", (1,)),
+    _out("BAD_WORDS_IDS", "INT32", (2, -1)),
+    _out("STOP_WORDS_IDS", "INT32", (2, -1)),
+    _out("EMBEDDING_BIAS", "FP32", (-1,)),
+    _out("REQUEST_OUTPUT_LEN", "INT32", (-1,)),
+    _out("OUT_END_ID", "INT32", (1,)),
+    _out("OUT_PAD_ID", "INT32", (1,)),
+    _out("OUT_PROMPT_TABLE_EXTRA_IDS", "UINT64", (-1,)),
+    _out("PIXEL_VALUES", "FP16", (-1, -1, -1, -1)),
+    _out("ASPECT_RATIO_IDS", "INT64", (-1,)),
+    _out("ASPECT_RATIO_MASK", "INT64", (-1, -1)),
+    _out("CROSS_ATTENTION_MASK", "INT64", (-1, -1, -1)),
+    _out("IMAGE_SIZES", "INT64", (-1, 2)),
+    _out("IS_VIDEO_INPUT", "BOOL", (1,)),
+    _out("ATTENTION_MASK", "INT64", (-1,)),
+    _out("IMAGE_GRID_THW", "INT64", (3,)),
+    _out("VISION_INPUT_ID", "INT32", (-1,)),
+)
+POSTPROCESSING_INPUTS = (
+    _opt("TOKENS_BATCH", "INT32", (-1, -1), optional=False),
+    _opt("SEQUENCE_LENGTH", "INT32", (-1,), optional=False),
+)
+POSTPROCESSING_OUTPUTS = (_out("OUTPUT", "STRING", (-1,)),)
+
+# model name -> (inputs, outputs), for the configs and their checks
+MODEL_TENSORS = {
+    "preprocessing": (PREPROCESSING_INPUTS, PREPROCESSING_OUTPUTS),
+    "postprocessing": (POSTPROCESSING_INPUTS, POSTPROCESSING_OUTPUTS),
+    "tensorrt_llm": (ENGINE_INPUTS, ENGINE_OUTPUTS),
+    "tensorrt_llm_draft": (ENGINE_INPUTS, ENGINE_OUTPUTS),
+    "tensorrt_llm_bls": (BLS_INPUTS, BLS_OUTPUTS),
+    "ensemble": (ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS),
+}
+
+
+def neutral_problem(spec: TensorSpec, value) -> str | None:
+    """Why `value` of input `spec` cannot be served, or None when it can (see `support`)."""
+    if spec.support in (USED, IGNORED):
+        return None
+    arr = np.asarray(value)
+    if arr.size == 0:
+        return None
+    if arr.dtype == object or arr.dtype.kind in "SU":
+        if all(not (v.decode() if isinstance(v, bytes) else str(v)) for v in arr.reshape(-1)):
+            return None
+        return "is not supported by this deployment; leave it out (or send it empty)"
+    if spec.support == NEUTRAL_ZERO and not np.any(arr):
+        return None
+    if spec.support in (NEUTRAL_EMPTY, NEUTRAL_ZERO):
+        return "is not supported by this deployment; leave it out (or send it empty)"
+    if np.all(arr == spec.support):
+        return None
+    return f"only {spec.support} is supported by this deployment, got {arr.reshape(-1).tolist()}; leave it out or send {spec.support}"

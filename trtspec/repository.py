@@ -29,6 +29,7 @@ from typing import Iterable, Mapping
 from trtspec import __version__
 from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, PERF_OUTPUTS, TensorSpec
+from trtspec.interfaces import MODEL_TENSORS
 from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
 from trtspec.launch import engine_model_values, launch_for
 from trtspec.marker import MARKER_FILE
@@ -52,8 +53,6 @@ MODELS = (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, TARGET_MODEL, DRAFT_MODEL, 
 ENGINE_TEMPLATES = {"torch": "tensorrt_llm_torch", "trtllm": "tensorrt_llm_trtllm"}
 # Triton backend -> the parameter naming the engine dir (TRT-LLM's C++ backend calls it gpt_model_path).
 ENGINE_DIR_PARAMETER = {"python": "engine_dir", "tensorrtllm": "gpt_model_path"}
-# Inputs that arrive with a different length per request (the reference marks them allow_ragged_batch).
-RAGGED_ENGINE_INPUTS = frozenset({"input_ids", "draft_input_ids", "draft_logits"})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 DEVICES = re.compile(r"^(cpu|cuda(:\d+)?)$")
 _FIELD = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -152,8 +151,11 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "engine_instance_count": 1,
         "device": device,
         "enable_kv_cache_reuse": True,
-        "engine_inputs": tensor_block(ENGINE_INPUTS, inputs=True, reshape_scalars=True, ragged=RAGGED_ENGINE_INPUTS),
+        "engine_inputs": tensor_block(ENGINE_INPUTS, inputs=True),
         "engine_outputs": tensor_block(ENGINE_OUTPUTS, inputs=False),
+        # NVIDIA's decoupled_mode: a decoupled engine model streams (one response per token with streaming
+        # true) and is served over gRPC streams only; a plain one answers unary calls, as the BLS needs by default
+        "decoupled_mode": False,
         "tensorrt_llm_model_name": TARGET_MODEL,
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if draft is not None else "",
         # A request without num_draft_tokens or speculation decodes plainly, as with NVIDIA's BLS;
@@ -180,6 +182,8 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "use_draft_logits_default": config.speculation.use_draft_logits,
         "bls_inputs": tensor_block(BLS_INPUTS, inputs=True),
         "bls_outputs": tensor_block(BLS_OUTPUTS, inputs=False),
+        **{f"{model}_{kind}": tensor_block(MODEL_TENSORS[model][i], inputs=i == 0)
+           for model in (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL) for i, kind in enumerate(("inputs", "outputs"))},
     }
 
 
@@ -217,17 +221,16 @@ def parameter_lines(parameters: Mapping[str, str]) -> Raw:
                          for k, v in parameters.items()))
 
 
-def tensor_block(specs: Iterable[TensorSpec], *, inputs: bool, reshape_scalars: bool = False, ragged: Iterable[str] = ()) -> Raw:
+def tensor_block(specs: Iterable[TensorSpec], *, inputs: bool) -> Raw:
     """`input [...]` (`inputs`) or `output [...]` entries for a tensor table, one per line, as protobuf text."""
-    ragged = set(ragged)
     lines = []
     for spec in specs:
         parts = [f'name: "{spec.name}"', f"data_type: TYPE_{spec.dtype}", f"dims: [ {', '.join(map(str, spec.dims))} ]"]
         if inputs and spec.optional:
             parts.append("optional: true")
-        if reshape_scalars and spec.dims == (1,):
-            parts.append("reshape: { shape: [ ] }")
-        if spec.name in ragged:
+        if inputs and spec.reshape is not None:
+            parts.append(f"reshape: {{ shape: [ {', '.join(map(str, spec.reshape))} ] }}")
+        if inputs and spec.ragged:
             parts.append("allow_ragged_batch: true")
         lines.append("  { " + " ".join(parts) + " }")
     return Raw(",\n".join(lines))
@@ -365,9 +368,9 @@ _REGENERATE = "regenerate the repository with `trtspec deploy --force`"
 def validate_repository(path: str | os.PathLike) -> list[Problem]:
     """Every problem of a model repository, or [] when it is ready to serve.
 
-    Checks: every model present with a config that parses; no `${field}` left; the engine models' tensors equal
-    the contract (ENGINE_INPUTS / ENGINE_OUTPUTS) and are not decoupled; the BLS's tensors equal BLS_INPUTS /
-    BLS_OUTPUTS, it is decoupled and its model-name parameters name models that exist; the ensemble's steps map
+    Checks: every model present with a config that parses; no `${field}` left; every model's tensors equal those
+    of NVIDIA's model of the same name (trtspec.interfaces); the BLS is decoupled, calls the engine models as they
+    are (decoupled or not) and its model-name parameters name models that exist; the ensemble's steps map
     tensors that exist, with matching dtypes; the engine and tokenizer dirs the configs name exist.
     """
     root = Path(path)
@@ -396,6 +399,13 @@ def validate_repository(path: str | os.PathLike) -> list[Problem]:
         problems += _check_engine_model(name, configs[name])
     if bls is not None:
         problems += _check_bls(bls, set(present))
+        problems += _check_engine_streaming(bls, {n: configs[n] for n in engine_names & set(configs)})
+    for name in (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL):
+        if name in configs:
+            inputs, outputs = MODEL_TENSORS[name]
+            table = f"NVIDIA's {name} model (trtspec.interfaces)"
+            problems += _check_tensors(name, "input", configs[name].input, inputs, exact=True, table=table)
+            problems += _check_tensors(name, "output", configs[name].output, outputs, exact=True, table=table)
     if ENSEMBLE_MODEL in configs:
         problems += _check_ensemble(configs[ENSEMBLE_MODEL], configs)
     for name in (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, BLS_MODEL):
@@ -479,9 +489,6 @@ def _check_engine_model(name: str, config) -> list[Problem]:
     exact = backend == "python"
     problems += _check_tensors(name, "input", config.input, ENGINE_INPUTS, exact=exact, table="trtspec.contract.ENGINE_INPUTS")
     problems += _check_tensors(name, "output", config.output, ENGINE_OUTPUTS, exact=exact, table="trtspec.contract.ENGINE_OUTPUTS")
-    if _is_decoupled(config):
-        problems.append(Problem(f"{name}/{CONFIG_FILE} model_transaction_policy.decoupled", True,
-                                "an engine model must answer each request with one response", "set decoupled: false"))
     problems += _check_dir_parameter(name, config, ENGINE_DIR_PARAMETER[backend], _is_engine_dir,
                                      "is not an engine dir", "point it at an engine dir built by `trtspec build`")
     if backend == "tensorrtllm":
@@ -516,6 +523,16 @@ def _check_tensorrtllm_model(name: str, config) -> list[Problem]:
                                 "are not declared: a request with return_perf_metrics would fail, as the backend writes them all",
                                 "declare every one of trtspec.contract.PERF_OUTPUTS"))
     return problems
+
+
+def _check_engine_streaming(bls, engines: dict) -> list[Problem]:
+    """The BLS calls the engine models as they are: decoupled ones through response streams. It is told which
+    by its engine_decoupled_mode parameter, which must say what the engine models' configs say."""
+    said = (_param(bls, "engine_decoupled_mode") or "false").strip().lower() in ("true", "1", "yes", "on")
+    return [Problem(f"{name}/{CONFIG_FILE} model_transaction_policy.decoupled", _is_decoupled(config),
+                    f"differs from {BLS_MODEL}'s parameter engine_decoupled_mode ({str(said).lower()})",
+                    "make them agree, or regenerate with `trtspec deploy` (--decoupled-mode for both)")
+            for name, config in sorted(engines.items()) if _is_decoupled(config) != said]
 
 
 def _check_bls(config, present: set[str]) -> list[Problem]:

@@ -143,9 +143,12 @@ class Engine:
             self.scheduler.run(jobs)
         return [self._finished(r, out) for r, out in zip(requests, outcomes)]
 
-    def submit(self, request: GenerationRequest, done) -> None:
-        """Queue a call for the background worker; `done(result or exception)` is called from the worker."""
-        self.scheduler.submit(self._job(request, lambda out: done(self._finished(request, out))))
+    def submit(self, request: GenerationRequest, done, on_token=None) -> None:
+        """Queue a call for the background worker; `done(result or exception)` is called from the worker, and
+        `on_token(token, log_prob)` (streaming) with each token of a plain generation as it is chosen, but the last."""
+        job = self._job(request, lambda out: done(self._finished(request, out)))
+        job.on_token = on_token
+        self.scheduler.submit(job)
 
     def start(self) -> None:
         self.scheduler.start()

@@ -56,6 +56,8 @@ class Job:
         self.first_logits = len(self.tokens) if request.return_context_logits else self.step_rows
         self.context_logits = None
         self.log_probs: list[float] = []
+        self.on_token: Callable[[int, float | None], None] | None = None  # streaming: each token but the last,
+                                                                          # with its log prob when asked for
         # room for every position this call may write: the sequence, then up to request_output_len tokens
         self.capacity = len(self.seq) + max(request.request_output_len, len(self.draft) + 1)
         self.lease: Lease | None = None
@@ -95,6 +97,8 @@ class Job:
         if (token == self.end_id or len(self.new) >= r.request_output_len
                 or (r.stop_words and completes_word(self.seq + self.new, r.stop_words))):
             return True
+        if self.on_token is not None:
+            self.on_token(token, self.log_probs[-1] if r.return_log_probs else None)
         self.pending, self.start, self.n_logits = [token], len(self.seq) + len(self.new) - 1, 1
         return False
 

@@ -21,7 +21,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from trtspec.contract import GenerationRequest, GenerationResult, SamplingParams
+import numpy as np
+
+from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
 from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import DraftFailed, Drafter
 from trtspec.orchestrator.stats import RequestStats
@@ -41,6 +43,25 @@ class SpecRequest:
     pad_id: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
     stream: bool = False
+    # what the target applies at every position (the drafts are only proposals: the target's rules decide)
+    min_tokens: int = 0
+    penalties: Penalties = Penalties()
+    bad_words: list[list[int]] = field(default_factory=list)
+    return_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    return_perf_metrics: bool = False
+
+
+@dataclass
+class Trace:
+    """The target's per-token outputs of a request, as the loop emits its tokens: log probs and generation
+    logits of every emitted token, and the prompt's context logits (from the first target call)."""
+
+    log_probs: list[float] = field(default_factory=list)
+    generation_logits: list[np.ndarray] = field(default_factory=list)
+    context_logits: np.ndarray | None = None
+    kv_blocks: list[int] = field(default_factory=lambda: [0, 0, 0])  # new, reused, total, over the target calls
 
 
 class Cancelled(Exception):
@@ -56,8 +77,10 @@ def speculate(
     stats: RequestStats | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     on_draft_failed: Callable[[DraftFailed], None] = lambda exc: None,
+    trace: Trace | None = None,
 ) -> Iterator[list[int]]:
-    """Yield the new tokens of each iteration until a stop rule fires; `stats` is filled as it goes.
+    """Yield the new tokens of each iteration until a stop rule fires; `stats` (and `trace`, with the target's
+    log probs and logits when the request asks for them) are filled as it goes.
     `policy` chooses each iteration's draft length (default: always `request.num_draft_tokens`);
     `on_draft_failed` hears of a drafter's failure (the loop itself goes on without drafts)."""
     stats = stats if stats is not None else RequestStats()
@@ -88,7 +111,7 @@ def speculate(
                 on_draft_failed(exc)
         drafted_at = time.perf_counter()
         plain = 1 if request.stream else max(1, min(decision.plain_tokens, remaining))
-        result = target.generate(_verify_request(request, sequence, draft, plain))
+        result = target.generate(_verify_request(request, sequence, draft, plain, generated))
         verified_at = time.perf_counter()
 
         new = result.new_tokens[:remaining]
@@ -103,6 +126,8 @@ def speculate(
         stats.record(drafted=drafted, accepted=min(accepted, len(new)), emitted=len(new),
                      draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at,
                      fallback=decision.reason if not drafted else None)
+        if trace is not None:
+            _record(trace, result, len(new))
         sequence += new
         generated += len(new)
         if new:
@@ -126,14 +151,30 @@ def accepted_prefix(draft: list[int], new: list[int]) -> int:
     return n
 
 
-def _verify_request(request: SpecRequest, sequence: list[int], draft, plain_tokens: int) -> GenerationRequest:
+def _verify_request(request: SpecRequest, sequence: list[int], draft, plain_tokens: int, generated: int) -> GenerationRequest:
     has_draft = draft is not None and bool(draft.tokens)
     return GenerationRequest(
         input_ids=sequence, request_output_len=len(draft.tokens) + 1 if has_draft else plain_tokens,
         end_id=request.end_id, pad_id=request.pad_id, sampling=request.sampling,
         draft_input_ids=draft.tokens if has_draft else None,
         draft_logits=draft.logits if has_draft else None,
+        min_tokens=max(0, request.min_tokens - generated), penalties=request.penalties,
+        bad_words=request.bad_words, stop_words=request.stop_words,
+        return_log_probs=request.return_log_probs, return_generation_logits=request.return_generation_logits,
+        return_context_logits=request.return_context_logits and generated == 0,
+        return_perf_metrics=request.return_perf_metrics,
     )
+
+
+def _record(trace: Trace, result: GenerationResult, kept: int) -> None:
+    if result.log_probs is not None:
+        trace.log_probs += result.log_probs[:kept]
+    if result.generation_logits is not None:
+        trace.generation_logits += list(result.generation_logits[:kept])
+    if result.context_logits is not None and trace.context_logits is None:
+        trace.context_logits = result.context_logits
+    if result.kv_blocks is not None:
+        trace.kv_blocks = [a + b for a, b in zip(trace.kv_blocks, result.kv_blocks)]
 
 
 def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int], at_budget: bool):

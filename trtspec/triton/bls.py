@@ -20,16 +20,19 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.contract import (
-    ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, SamplingParams, request_to_tensors, tensors_to_result,
+    BLS_INPUTS, ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, Penalties, SamplingParams, request_to_tensors,
+    tensors_to_result,
 )
 from trtspec.errors import EngineError, RequestError
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
-from trtspec.orchestrator.loop import Cancelled, SpecRequest, speculate
+from trtspec.orchestrator.loop import Cancelled, SpecRequest, Trace, speculate
 from trtspec.orchestrator.stats import RequestStats
-from trtspec.triton.common import bool_parameter, error_response, load_tokenizer, model_parameters, optional_input, parameter
+from trtspec.triton.common import (
+    bool_parameter, check_neutral_inputs, error_response, load_tokenizer, model_parameters, optional_input, parameter,
+)
 
 
 class BlsEngineClient:
@@ -45,13 +48,14 @@ class BlsEngineClient:
     call never returns."""
 
     def __init__(self, model_name: str, request_id: str = "", *, calls: ThreadPoolExecutor | None = None,
-                 call_timeout_ms: int = 0, deadline: float | None = None):
+                 call_timeout_ms: int = 0, deadline: float | None = None, decoupled: bool = False):
         self.model_name, self.request_id = model_name, request_id
         self.calls, self.call_timeout_ms, self.deadline = calls, call_timeout_ms, deadline
+        self.decoupled = decoupled  # the model streams its responses (NVIDIA's decoupled_mode)
 
     def for_request(self, request_id: str, deadline: float | None = None) -> "BlsEngineClient":
         return BlsEngineClient(self.model_name, request_id, calls=self.calls, call_timeout_ms=self.call_timeout_ms,
-                               deadline=deadline)
+                               deadline=deadline, decoupled=self.decoupled)
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         inputs = [pb_utils.Tensor(name, value) for name, value in request_to_tensors(request).items()]
@@ -59,11 +63,21 @@ class BlsEngineClient:
         call = pb_utils.InferenceRequest(
             model_name=self.model_name, inputs=inputs, requested_output_names=wanted, request_id=self.request_id,
         )
-        response = self._bounded(call.exec)
-        if response.has_error():
-            raise EngineError(f"{self.model_name}: {response.error().message()}")
-        tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        tensors = self._bounded(lambda: self._exec(call))
         return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
+
+    def _exec(self, call) -> dict[str, np.ndarray]:
+        """The call's output tensors. A decoupled model answers a request without `streaming` with one response
+        and a final flag, which may come on an empty response of its own."""
+        responses = call.exec(decoupled=True) if self.decoupled else [call.exec()]
+        tensors: dict[str, np.ndarray] = {}
+        for response in responses:
+            if response.has_error():
+                raise EngineError(f"{self.model_name}: {response.error().message()}")
+            tensors.update({t.name(): t.as_numpy() for t in response.output_tensors()})
+        if "output_ids" not in tensors:
+            raise EngineError(f"{self.model_name}: answered without output_ids")
+        return tensors
 
     def _bounded(self, run):
         bounds = []
@@ -137,12 +151,14 @@ class TritonPythonModel:
         workers = int(parameter(params, "max_concurrent_requests", "64"))
         # bounded engine calls wait here; one whose model died never returns and keeps its thread, hence the room
         self.calls = ThreadPoolExecutor(max_workers=2 * workers + 8, thread_name_prefix="engine-call")
-        self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"), calls=self.calls)
+        decoupled = bool_parameter(params, "engine_decoupled_mode", False)
+        self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"), calls=self.calls,
+                                      decoupled=decoupled)
         draft_name = parameter(params, "tensorrt_llm_draft_model_name", "")
         draft_timeout_ms = int(parameter(params, "draft_timeout_ms", "5000"))
         if draft_timeout_ms < 0:
             raise ValueError(f"the parameter draft_timeout_ms must be >= 0 (0: no limit), got {draft_timeout_ms}")
-        self.draft = (BlsEngineClient(draft_name, calls=self.calls, call_timeout_ms=draft_timeout_ms)
+        self.draft = (BlsEngineClient(draft_name, calls=self.calls, call_timeout_ms=draft_timeout_ms, decoupled=decoupled)
                       if draft_name else None)
         self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up,
                                           on_failure=lambda cause: self._reload_if_dead(draft_name, cause))
@@ -257,15 +273,20 @@ class TritonPythonModel:
         prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
         ids: list[int] = []
         text = []
+        trace = Trace()
+        sent = _Sent()
         target = self.target.for_request(plan.request_id, deadline)
-        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop):
+        times = [int(arrived * 1e9), time.monotonic_ns(), 0, 0]  # as the engine's perf outputs: steady clock
+        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=trace):
+            times[2] = times[2] or time.monotonic_ns()
             ids += chunk
             piece = detok.push(chunk)
             if spec.stream:
                 if piece or chunk:
-                    sender.send(self._response(piece, chunk))
+                    sender.send(self._response(piece, chunk, plan, trace, sent))
             else:
                 text.append(piece)
+        times[3] = time.monotonic_ns()
         rest = detok.flush()
         if isinstance(policy, AdaptiveDraftLength):
             # the costs it measured belong to the most requests it ran beside, not to those at its start or end
@@ -273,12 +294,12 @@ class TritonPythonModel:
                 load = peak_load()
             self.costs.learn(policy, model_drafts=plan.method == "draft_model", load=load)
         self.metrics.record(stats)
-        perf = stats if plan.want_perf else None
+        final = _Final(stats if plan.want_perf else None, trace.kv_blocks, times, len(spec.prompt), len(ids))
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if spec.stream:
-            sender.send(self._response(rest, [], perf), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(self._response(rest, [], plan, trace, sent, final), flags=flags)
         else:
-            sender.send(self._response(prompt_text + "".join(text) + rest, ids, perf),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(self._response(prompt_text + "".join(text) + rest, ids, plan, trace, sent, final), flags=flags)
 
     def _drafter(self, plan: "_Plan"):
         if plan.method == "prompt_lookup":
@@ -323,6 +344,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")
 
     def _parse(self, f: "_Fields") -> "_Plan":
+        check_neutral_inputs(f.request, BLS_INPUTS)
         text = f.text("text_input")
         if not text:
             raise RequestError("text_input", "is required and must not be empty")
@@ -367,15 +389,26 @@ class TritonPythonModel:
         for name, value in (("end_id", end_id), ("pad_id", pad_id)):
             if value is not None and not -1 <= value < vocab:
                 raise RequestError(name, f"{value} is outside the vocabulary [0, {vocab}) (-1 disables it)")
-        if f.has("bad_words") and any(f.strings("bad_words")):
-            raise RequestError("bad_words", "is not supported by this deployment's engines yet; leave it out")
-        stop_words = [self.tokenizer(w, add_special_tokens=False)["input_ids"] for w in f.strings("stop_words") if w]
+        # each string one word, tokenized without special tokens (NVIDIA's preprocessing does the same)
+        stop_words, bad_words = ([ids for w in f.strings(name) if w and (ids := self.tokenizer(w, add_special_tokens=False)["input_ids"])]
+                                 for name in ("stop_words", "bad_words"))
         seed = f.scalar("seed", int, None)
+        min_tokens = f.scalar("min_tokens", int, 0)
+        if min_tokens < 0:
+            raise RequestError("min_tokens", f"must be >= 0, got {min_tokens}")
+        penalties = Penalties(f.scalar("repetition_penalty", float, 1.0), f.scalar("presence_penalty", float, 0.0),
+                              f.scalar("frequency_penalty", float, 0.0))
+        if not penalties.repetition > 0:
+            raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {penalties.repetition}")
         spec = SpecRequest(
             prompt=prompt, max_tokens=max_tokens, num_draft_tokens=k,
             sampling=SamplingParams(temperature, top_k, top_p, seed),
-            end_id=None if end_id == -1 else end_id, pad_id=pad_id, stop_words=[w for w in stop_words if w],
-            stream=f.scalar("stream", bool, False),
+            end_id=None if end_id == -1 else end_id, pad_id=pad_id, stop_words=stop_words,
+            stream=f.scalar("stream", bool, False), min_tokens=min_tokens, penalties=penalties, bad_words=bad_words,
+            return_log_probs=f.scalar("return_log_probs", bool, False),
+            return_context_logits=f.scalar("return_context_logits", bool, False),
+            return_generation_logits=f.scalar("return_generation_logits", bool, False),
+            return_perf_metrics=f.scalar("return_perf_metrics", bool, False),
         )
         return _Plan(
             spec=spec, method=method,
@@ -384,16 +417,48 @@ class TritonPythonModel:
             want_perf=f.scalar("return_perf_metrics", bool, False),
             exclude_input=f.scalar("exclude_input_in_output", bool, False),
             request_id=f.request_id,
+            input_tokens=f.scalar("return_num_input_tokens", bool, False),
+            output_tokens=f.scalar("return_num_output_tokens", bool, False),
         )
 
-    def _response(self, text: str, ids: list[int], stats: RequestStats | None = None):
-        def out(name, value, dtype):
+    def _response(self, text: str, ids: list[int], plan: "_Plan", trace: Trace, sent: "_Sent",
+                  final: "_Final | None" = None):
+        """One response: the text and ids of this chunk (or of the whole answer), the log probs and generation
+        logits of its tokens when asked for (cum_log_probs: of every token so far), and with `final` the figures
+        of the whole request. text_output is flat, one string per request, as NVIDIA's BLS sends it (its clients
+        read text_output[0] as the text)."""
+        def out(name, value, dtype, batch=True):
             arr = np.asarray(value, dtype=dtype)
-            return pb_utils.Tensor(name, arr[None] if self.batched else arr)
+            return pb_utils.Tensor(name, arr[None] if self.batched and batch else arr)
 
-        tensors = [out("text_output", [text.encode()], np.object_), out("output_ids", ids, np.int32)]
+        spec = plan.spec
+        tensors = [out("text_output", [text.encode()], np.object_, batch=False), out("output_ids", ids, np.int32)]
+        if spec.return_log_probs:
+            tensors += [out("output_log_probs", [trace.log_probs[sent.tokens:]], np.float32),
+                        out("cum_log_probs", [sum(trace.log_probs)], np.float32)]
+        if spec.return_generation_logits and len(trace.generation_logits) > sent.tokens:
+            tensors.append(out("generation_logits", [np.stack(trace.generation_logits[sent.tokens:])], np.float32))
+        sent.tokens = len(trace.log_probs) if spec.return_log_probs else len(trace.generation_logits)
+        if final is None:
+            return pb_utils.InferenceResponse(output_tensors=tensors)
+        if spec.return_context_logits and trace.context_logits is not None:
+            tensors.append(out("context_logits", trace.context_logits, np.float32))
+        if plan.input_tokens:
+            tensors.append(out("num_input_tokens", [final.input_tokens], np.int32))
+        if plan.output_tokens:
+            tensors.append(out("num_output_tokens", [final.output_tokens], np.int32))
+        stats = final.stats
         if stats is not None:
+            kv_new, kv_reused, kv_total = final.kv_blocks
+            arrival, scheduled, first, last = final.times_ns
             tensors += [
+                out("kv_cache_alloc_new_blocks", [kv_new], np.int32),
+                out("kv_cache_reused_blocks", [kv_reused], np.int32),
+                out("kv_cache_alloc_total_blocks", [kv_total], np.int32),
+                out("arrival_time_ns", [arrival], np.int64),
+                out("first_scheduled_time_ns", [scheduled], np.int64),
+                out("first_token_time_ns", [first or last], np.int64),
+                out("last_token_time_ns", [last], np.int64),
                 out("acceptance_rate", [stats.acceptance_rate], np.float32),
                 out("total_accepted_draft_tokens", [stats.accepted_tokens], np.int32),
                 out("total_draft_tokens", [stats.draft_tokens], np.int32),
@@ -407,6 +472,22 @@ class TritonPythonModel:
                 out("fallback_reasons", [f"{r}:{n}".encode() for r, n in stats.fallbacks.items()], np.object_),
             ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+@dataclasses.dataclass
+class _Sent:
+    tokens: int = 0  # tokens whose log probs / logits went out in earlier responses
+
+
+@dataclasses.dataclass
+class _Final:
+    """What the last response of a request reports about all of it."""
+
+    stats: RequestStats | None       # with return_perf_metrics
+    kv_blocks: list[int]             # new, reused, total KV-cache blocks, summed over the target calls
+    times_ns: list[int]              # arrival, first target call, first token, last token (steady clock)
+    input_tokens: int
+    output_tokens: int
 
 
 SPECULATION_METHODS = ("draft_model", "prompt_lookup", "none")
@@ -423,6 +504,8 @@ class _Plan:
     want_perf: bool
     exclude_input: bool
     request_id: str
+    input_tokens: bool = False   # return_num_input_tokens
+    output_tokens: bool = False  # return_num_output_tokens
 
 
 class _Fields:

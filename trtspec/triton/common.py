@@ -14,6 +14,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.errors import RequestError, TrtspecError
+from trtspec.interfaces import neutral_problem
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
@@ -59,6 +60,17 @@ def required_input(request, name: str) -> np.ndarray:
     if value is None:
         raise RequestError(name, "is required")
     return value
+
+
+def check_neutral_inputs(request, specs) -> None:
+    """Refuse, naming it, an input this deployment takes only at its neutral value (trtspec.interfaces) that
+    came with another value."""
+    for spec in specs:
+        value = optional_input(request, spec.name)
+        if value is not None:
+            problem = neutral_problem(spec, value)
+            if problem:
+                raise RequestError(spec.name, problem)
 
 
 def error_response(exc: BaseException, model: str) -> "pb_utils.InferenceResponse":

@@ -11,6 +11,7 @@ Parameters: `engine_dir`, `device` ("cpu" or "cuda[:N]"), `enable_kv_cache_reuse
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -27,6 +28,7 @@ class TritonPythonModel:
 
         params = model_parameters(args)
         self.name = args.get("model_name", "tensorrt_llm")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         device = parameter(params, "device", "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(f"{self.name}: device '{device}' is configured but no CUDA device is available; "
@@ -74,6 +76,8 @@ class TritonPythonModel:
         calls = [tensors_to_request(row) for row in split_rows(tensors)]
         for call in calls:  # every row is checked before any is queued
             self.engine.check(call)
+        if "streaming" in tensors and np.any(tensors["streaming"]):
+            return self._stream(calls, tensors, sender)
         outcomes: list = [None] * len(calls)
         left = [len(calls)]
         lock = threading.Lock()
@@ -88,6 +92,44 @@ class TritonPythonModel:
 
         for i, call in enumerate(calls):
             self.engine.submit(call, lambda outcome, i=i: done(i, outcome))
+
+    def _stream(self, calls, tensors, sender) -> None:
+        """streaming: one response per token, each with that token alone (output_ids [1, 1, 1], sequence_length 1),
+        the last one with the final flag and the request's other outputs, as TensorRT-LLM streams."""
+        if not self.decoupled:  # TensorRT-LLM refuses it too: a non-decoupled model answers once
+            raise RequestError("streaming", "needs a decoupled model; this one is deployed with decoupled_mode false "
+                                            "(redeploy with `trtspec deploy --decoupled-mode`, or leave streaming false)")
+        if len(calls) != 1:
+            raise RequestError("streaming", f"streams one request at a time, got a batch of {len(calls)}; send each row alone")
+        call, streamed, cum = calls[0], [0], [0.0]
+
+        def token(t, log_prob):
+            streamed[0] += 1
+            tensors = [pb_utils.Tensor("output_ids", np.asarray([[[t]]], dtype=np.int32)),
+                       pb_utils.Tensor("sequence_length", np.asarray([[1]], dtype=np.int32))]
+            if log_prob is not None:
+                cum[0] += log_prob
+                tensors += [pb_utils.Tensor("output_log_probs", np.asarray([[[log_prob]]], dtype=np.float32)),
+                            pb_utils.Tensor("cum_log_probs", np.asarray([[cum[0]]], dtype=np.float32))]
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+
+        def done(outcome):
+            if isinstance(outcome, BaseException):
+                sender.send(error_response(outcome, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            out = self.engine.result_tensors(call, outcome)
+            rest = outcome.new_tokens[streamed[0]:]
+            out["output_ids"] = np.asarray([[rest]], dtype=np.int32)
+            out["sequence_length"] = np.asarray([[len(rest)]], dtype=np.int32)
+            if "output_log_probs" in out:
+                out["output_log_probs"] = out["output_log_probs"][..., streamed[0]:]
+            if "generation_logits" in out:
+                out["generation_logits"] = out["generation_logits"][:, :, streamed[0]:]
+            sender.send(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in out.items()]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+        self.engine.submit(call, done, on_token=None if call.draft_input_ids else token)
 
     def _response(self, calls, outcomes, tensors):
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)

@@ -1,7 +1,8 @@
 """The `postprocessing` model: token ids -> text, with the stock tensorrtllm_backend tensor names.
 
-TOKENS_BATCH [B, beams, L] and SEQUENCE_LENGTH [B, beams] -> OUTPUT [B, beams]: each row's first
-SEQUENCE_LENGTH tokens, detokenized.
+TOKENS_BATCH [B, beams, L] and SEQUENCE_LENGTH [B, beams] -> OUTPUT [B x beams]: each row's first
+SEQUENCE_LENGTH tokens, detokenized, one string per row, flat as NVIDIA's postprocessing returns them (its
+clients read `OUTPUT[0]` as the text).
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ class TritonPythonModel:
         if lengths.size != tokens.shape[0] * tokens.shape[1]:
             raise RequestError("SEQUENCE_LENGTH", f"has {lengths.size} values for {tokens.shape[0]}x{tokens.shape[1]} token rows")
         lengths = lengths.reshape(tokens.shape[:2])
-        texts = np.empty(tokens.shape[:2], dtype=np.object_)
-        for b in range(tokens.shape[0]):
-            for k in range(tokens.shape[1]):
-                row = tokens[b, k, : int(lengths[b, k])].tolist()
-                texts[b, k] = self.tokenizer.decode(row, skip_special_tokens=self.skip_special_tokens).encode("utf-8")
+        texts = np.empty(tokens.shape[0] * tokens.shape[1], dtype=np.object_)
+        for i, (b, k) in enumerate(np.ndindex(*tokens.shape[:2])):
+            row = tokens[b, k, : int(lengths[b, k])].tolist()
+            texts[i] = self.tokenizer.decode(row, skip_special_tokens=self.skip_special_tokens).encode("utf-8")
         return {"OUTPUT": texts}

@@ -1,7 +1,11 @@
-"""The `preprocessing` model: text -> token ids, with the stock tensorrtllm_backend tensor names.
+"""The `preprocessing` model: text -> token ids, with the tensors of NVIDIA's preprocessing model.
 
 QUERY [B, 1] -> INPUT_ID [B, L] (rows padded with the pad id), REQUEST_INPUT_LEN [B, 1]; REQUEST_OUTPUT_LEN
-passes through; OUT_END_ID / OUT_PAD_ID are the request's END_ID / PAD_ID or the tokenizer's EOS / pad token.
+passes through; OUT_END_ID / OUT_PAD_ID are the request's END_ID / PAD_ID or the tokenizer's EOS / pad token;
+BAD_WORDS_DICT / STOP_WORDS_DICT [B, N] -> BAD_WORDS_IDS / STOP_WORDS_IDS [B, 2, W] in TensorRT-LLM's word-list
+layout (each string one word, tokenized without special tokens; ids padded with 0, end offsets with -1; [B, 2, 0]
+when absent). The encoder-decoder, embedding-bias and prompt-table outputs go out empty, and the inputs that would
+fill them are taken only empty (trtspec.interfaces); the multimodal outputs are declared and never written.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from trtspec.errors import RequestError
+from trtspec.interfaces import PREPROCESSING_INPUTS
 from trtspec.triton.common import (
-    bool_parameter, load_tokenizer, model_parameters, optional_input, parameter, required_input, respond_each,
+    bool_parameter, check_neutral_inputs, load_tokenizer, model_parameters, optional_input, parameter, required_input,
+    respond_each,
 )
 
 
@@ -28,6 +34,7 @@ class TritonPythonModel:
         return respond_each(requests, self._preprocess, "preprocessing")
 
     def _preprocess(self, request) -> dict[str, np.ndarray]:
+        check_neutral_inputs(request, PREPROCESSING_INPUTS)
         query = required_input(request, "QUERY")
         batch = query.shape[0]
         texts = [_text(q) for q in query.reshape(batch, -1)[:, 0]]
@@ -43,10 +50,32 @@ class TritonPythonModel:
         return {
             "INPUT_ID": ids,
             "REQUEST_INPUT_LEN": np.asarray([[len(r)] for r in rows], dtype=np.int32),
+            "DECODER_INPUT_ID": np.zeros((batch, 0), dtype=np.int32),
+            "REQUEST_DECODER_INPUT_LEN": np.zeros((batch, 1), dtype=np.int32),
+            "BAD_WORDS_IDS": self._word_lists(optional_input(request, "BAD_WORDS_DICT"), batch),
+            "STOP_WORDS_IDS": self._word_lists(optional_input(request, "STOP_WORDS_DICT"), batch),
+            "EMBEDDING_BIAS": np.zeros((batch, 0), dtype=np.float32),
             "REQUEST_OUTPUT_LEN": output_len,
             "OUT_END_ID": end_id,
             "OUT_PAD_ID": pad_id,
+            "OUT_PROMPT_TABLE_EXTRA_IDS": np.zeros((batch, 0), dtype=np.uint64),
         }
+
+    def _word_lists(self, words: np.ndarray | None, batch: int) -> np.ndarray:
+        if words is None:
+            return np.zeros((batch, 2, 0), dtype=np.int32)
+        per_row = []
+        for row in words.reshape(batch, -1):
+            encoded = [self.tokenizer.encode(_text(w), add_special_tokens=False) for w in row]
+            per_row.append([w for w in encoded if w])
+        width = max([1] + [max(sum(len(w) for w in ws), len(ws)) for ws in per_row])
+        out = np.zeros((batch, 2, width), dtype=np.int32)
+        out[:, 1, :] = -1
+        for i, ws in enumerate(per_row):
+            flat = [t for w in ws for t in w]
+            out[i, 0, : len(flat)] = flat
+            out[i, 1, : len(ws)] = np.cumsum([len(w) for w in ws])
+        return out
 
 
 def _text(value) -> str:
