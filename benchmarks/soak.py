@@ -99,7 +99,7 @@ def draw_plans(count: int, prompts: int, rng: random.Random, *, cancel: float, s
                     stream=transport == "http_stream" or (transport == "grpc" and rng.random() < 0.5))
         if rng.random() < sample:
             plan.temperature = round(rng.uniform(0.5, 1.2), 2)
-            plan.top_k, plan.top_p = rng.choice([(None, None), (40, None), (None, 0.9), (20, 0.95)])
+            plan.top_k, plan.top_p = rng.choice([(None, 1.0), (40, None), (None, 0.9), (20, 0.95)])
             plan.seed = rng.randrange(2**31)
         elif rng.random() < 0.1:
             plan.stop_words = [rng.choice(STOP_WORDS)]

@@ -21,7 +21,11 @@ SPECS = {t.name: t for t in BLS_INPUTS}
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Ünïcødé ☃ — text")
 # fields that leave a greedy answer as it is: with only these, an answer must equal target-only output
 OUTPUT_NEUTRAL = {"text_input", "max_tokens", "num_draft_tokens", "speculation", "adaptive_draft_length", "stream",
-                  "use_draft_logits", "return_perf_metrics", "timeout_ms"}
+                  "use_draft_logits", "return_perf_metrics", "timeout_ms", "return_log_probs", "return_context_logits",
+                  "return_generation_logits", "return_num_input_tokens", "return_num_output_tokens", "length_penalty",
+                  "num_return_sequences", "beam_width", "decoder_text_input", "image_url_input", "prompt_vocab_size",
+                  "prompt_table_extra_id", "embedding_bias_words", "embedding_bias_weights", "lora_task_id",
+                  "guided_decoding_guide_type", "guided_decoding_guide"}
 TRANSPORTS = ("http", "http_stream", "grpc")
 
 _ints = st.integers
@@ -50,8 +54,29 @@ VALUES = {
     "speculation": st.one_of(st.sampled_from(["draft_model", "prompt_lookup", "none", "bogus", ""]), _ints(0, 3)),
     "adaptive_draft_length": _bool,
     "timeout_ms": st.one_of(st.just(60000), _ints(0, 10**6), _ints(-5, -1), _wrong),
+    "repetition_penalty": st.one_of(st.floats(0.5, 2), st.floats(-1, 3, allow_nan=False), st.just(0.0), _wrong),
+    "presence_penalty": st.one_of(st.floats(-2, 2), _wrong),
+    "frequency_penalty": st.one_of(st.floats(-2, 2), _wrong),
+    "length_penalty": st.one_of(st.floats(-2, 2), _wrong),
+    "return_log_probs": _bool, "return_context_logits": _bool, "return_generation_logits": _bool,
+    "return_num_input_tokens": _bool, "return_num_output_tokens": _bool,
+    "num_return_sequences": st.one_of(st.just(1), _ints(-2, 4), _wrong),
+    "beam_width": st.one_of(st.just(1), _ints(-2, 4), _wrong),
+    # taken only at their neutral value (trtspec.interfaces): empty, zero, or refused naming the field
+    "decoder_text_input": st.one_of(st.just(""), st.text(max_size=8)),
+    "image_url_input": st.one_of(st.just(""), st.text(max_size=8)),
+    "prompt_vocab_size": st.one_of(st.just(0), _ints(-2, 10)),
+    "prompt_table_extra_id": _ints(0, 5),
+    "embedding_bias_words": _words,
+    "embedding_bias_weights": st.one_of(st.just([]), st.lists(st.floats(-1, 1), max_size=3)),
+    "lora_task_id": _ints(0, 5),
+    "guided_decoding_guide_type": st.one_of(st.just(""), st.sampled_from(["json", "regex"])),
+    "guided_decoding_guide": st.one_of(st.just(""), st.text(max_size=8)),
 }
-assert set(VALUES) == set(SPECS), "every BLS input is fuzzed"
+# inputs of more than one dimension (images, prompt tables, LoRA weights) have no JSON form in Triton's generate
+# extension; tests/test_clients.py sends them over gRPC
+UNFUZZED = {t.name for t in BLS_INPUTS if len(t.dims) > 1 or t.dims == (-1, 2)}
+assert set(VALUES) == set(SPECS) - UNFUZZED, "every BLS input is fuzzed"
 # values a request may carry and still get an answer (so that answers, and their equality with target-only
 # output, are fuzzed as much as the errors)
 VALID = {
@@ -63,6 +88,14 @@ VALID = {
     "return_perf_metrics": st.booleans(), "exclude_input_in_output": st.booleans(),
     "speculation": st.sampled_from(["draft_model", "prompt_lookup", "none"]), "adaptive_draft_length": st.booleans(),
     "timeout_ms": st.just(60000),
+    "repetition_penalty": st.sampled_from([1.0, 1.2]), "presence_penalty": st.sampled_from([0.0, 0.5]),
+    "frequency_penalty": st.sampled_from([0.0, 0.3]), "length_penalty": st.just(1.0),
+    "return_log_probs": st.booleans(), "return_context_logits": st.booleans(), "return_generation_logits": st.booleans(),
+    "return_num_input_tokens": st.booleans(), "return_num_output_tokens": st.booleans(),
+    "num_return_sequences": st.just(1), "beam_width": st.just(1), "decoder_text_input": st.just(""),
+    "image_url_input": st.just(""), "prompt_vocab_size": st.just(0), "prompt_table_extra_id": st.just(0),
+    "embedding_bias_words": st.just([]), "embedding_bias_weights": st.just([]), "lora_task_id": st.just(0),
+    "guided_decoding_guide_type": st.just(""), "guided_decoding_guide": st.just(""),
 }
 
 
@@ -71,7 +104,7 @@ def bls_requests(draw):
     """(transport, fields): the two required fields most of the time, any others, sometimes an unknown one."""
     fields = {}
     values = VALID if draw(st.booleans()) else VALUES
-    for name in SPECS:
+    for name in VALUES:
         required = name in ("text_input", "max_tokens")
         if draw(st.floats(0, 1)) < (0.93 if required else 0.2):
             fields[name] = draw(values[name])
@@ -106,7 +139,8 @@ def wrong_json_type(fields: dict) -> bool:
         spec = SPECS.get(name)
         if spec is None:
             continue
-        kinds = {"STRING": (str,), "BOOL": (bool,), "FP32": (int, float), "INT32": (int,), "INT64": (int,), "UINT64": (int,)}[spec.dtype]
+        kinds = {"STRING": (str,), "BOOL": (bool,), "FP32": (int, float), "FP16": (int, float), "INT32": (int,),
+                 "INT64": (int,), "UINT64": (int,), "UINT8": (int,)}[spec.dtype]
         values = value if isinstance(value, list) and spec.dims == (-1,) else [value]
         if any(not isinstance(v, kinds) or (spec.dtype != "BOOL" and isinstance(v, bool)) for v in values):
             return True

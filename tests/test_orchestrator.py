@@ -46,8 +46,8 @@ def drafter_for(client, sampling=SamplingParams(), end_id=None, use_logits=False
 def test_greedy_speculation_equals_target_only(engines, k):
     target, draft = engines
     for prompt in PROMPTS:
-        reference, _ = run(SpecRequest(prompt, 30), target)
-        tokens, stats = run(SpecRequest(prompt, 30, num_draft_tokens=k), target, drafter_for(draft))
+        reference, _ = run(SpecRequest(prompt, 30, end_id=-1), target)  # -1: no end token, 30 tokens
+        tokens, stats = run(SpecRequest(prompt, 30, num_draft_tokens=k, end_id=-1), target, drafter_for(draft))
         assert tokens == reference
         assert stats.generated_tokens == len(tokens) == 30
         assert stats.finish_reason == "length"
@@ -97,15 +97,16 @@ def test_draft_length_never_exceeds_budget_minus_one(engines):
 
 def test_stops_on_end_id_and_stop_words(engines):
     target, draft = engines
-    reference, _ = run(SpecRequest(PROMPTS[0], 30), target)
+    reference, _ = run(SpecRequest(PROMPTS[0], 30, end_id=-1), target)
     end_id = reference[12]
     first = reference.index(end_id)
     for k in (0, 3):
         tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=k, end_id=end_id), target, drafter_for(draft, end_id=end_id))
-        assert tokens == reference[: first + 1] and stats.finish_reason == "end_id"
+        # the end token ends the output and is not in it, as TensorRT-LLM returns it
+        assert tokens == reference[:first] and stats.finish_reason == "end_id"
     stop = reference[8:10]
     at = next(i for i in range(len(reference) - 1) if reference[i:i + 2] == stop)
-    tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, stop_words=[stop]), target, drafter_for(draft))
+    tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, stop_words=[stop], end_id=-1), target, drafter_for(draft))
     assert tokens == reference[: at + 2] and stats.finish_reason == "stop_words"
 
 
@@ -221,9 +222,9 @@ def test_a_failing_drafter_ends_speculation_not_the_request(engines):
 
     heard = []
     for after in (0, 2):
-        reference, _ = run(SpecRequest(PROMPTS[0], 30), target)
+        reference, _ = run(SpecRequest(PROMPTS[0], 30, end_id=-1), target)
         drafter = Failing(drafter_for(draft), after)
-        tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=4), target, drafter, on_draft_failed=heard.append)
+        tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=4, end_id=-1), target, drafter, on_draft_failed=heard.append)
         assert tokens == reference and stats.generated_tokens == 30
         assert stats.fallbacks == {"draft_error": 1} and drafter.calls == after + 1   # tried once, then never again
         assert (stats.draft_tokens > 0) == (after > 0)

@@ -73,13 +73,15 @@ def test_top_k_0_with_top_p_0_is_greedy_as_in_tensorrt_llm(server):
         assert _infer(server, hot)["output_ids"].reshape(-1).tolist() == greedy
 
 
-def test_a_temperature_alone_samples_through_the_bls(server):
-    """The BLS must say "no nucleus filter" as TensorRT-LLM reads it (top_p 1), or a temperature means greedy."""
+def test_the_bls_reads_sampling_fields_as_tensorrt_llm(server):
+    """The BLS passes temperature, top_k and top_p on as NVIDIA's does: a temperature alone (top_k 0, top_p 0) is
+    greedy, as the ensemble's answer to the same fields is; top_p 1.0 samples from the whole distribution."""
     greedy = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 12}))
-    sampled = [ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 12, "temperature": 1.5, "seed": s}))
-               for s in (1, 2, 3)]
+    hot = {"text_input": PROMPT, "max_tokens": 12, "temperature": 1.5}
+    assert ids_of(grpc_generate(server.grpc_url, hot | {"seed": 1})) == greedy
+    sampled = [ids_of(grpc_generate(server.grpc_url, hot | {"top_p": 1.0, "seed": s})) for s in (1, 2, 3)]
     assert any(s != greedy for s in sampled)
-    again = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 12, "temperature": 1.5, "seed": 1}))
+    again = ids_of(grpc_generate(server.grpc_url, hot | {"top_p": 1.0, "seed": 1}))
     assert again == sampled[0]                                      # a seed reproduces
 
 
@@ -91,8 +93,14 @@ def test_acceptance_does_not_depend_on_optional_outputs(server):
 
 
 def test_logits_of_another_dtype_than_declared_fail_the_response(root):
-    server = _serve(root, "fp16-logits", edit=lambda text: text.replace(
-        'name: "generation_logits" data_type: TYPE_FP32', 'name: "generation_logits" data_type: TYPE_FP16'))
+    def fp16(text):  # NVIDIA's ${logits_datatype}: both logits outputs
+        for name in ("context_logits", "generation_logits"):
+            text = text.replace(f'name: "{name}" data_type: TYPE_FP32', f'name: "{name}" data_type: TYPE_FP16')
+        return text
+
+    server = _serve(root, "fp16-logits", edit=fp16)
+    ensemble = server.repo / "ensemble" / "config.pbtxt"  # Triton refuses an ensemble whose steps disagree on a dtype
+    ensemble.write_text(fp16(ensemble.read_text()))
     server.start(timeout=300)
     try:
         with pytest.raises(ClientError, match="logits of the engine are float32"):

@@ -145,7 +145,7 @@ class Engine:
 
     def submit(self, request: GenerationRequest, done, on_token=None) -> None:
         """Queue a call for the background worker; `done(result or exception)` is called from the worker, and
-        `on_token(token, log_prob)` (streaming) with each token of a plain generation as it is chosen, but the last."""
+        `on_token(result so far)` (streaming) at each token of a plain generation as it is chosen, but the last."""
         job = self._job(request, lambda out: done(self._finished(request, out)))
         job.on_token = on_token
         self.scheduler.submit(job)

@@ -56,8 +56,8 @@ class Job:
         self.first_logits = len(self.tokens) if request.return_context_logits else self.step_rows
         self.context_logits = None
         self.log_probs: list[float] = []
-        self.on_token: Callable[[int, float | None], None] | None = None  # streaming: each token but the last,
-                                                                          # with its log prob when asked for
+        self.on_token: Callable[[GenerationResult], None] | None = None  # streaming: hears the result so far
+                                                                         # at each token but the last
         # room for every position this call may write: the sequence, then up to request_output_len tokens
         self.capacity = len(self.seq) + max(request.request_output_len, len(self.draft) + 1)
         self.lease: Lease | None = None
@@ -91,14 +91,19 @@ class Job:
             return self._verified(logits)
         r = self.request
         token = self._choose(logits[-1], len(self.new))
+        if token == self.end_id:
+            # the end token ends the call and is not returned, nor its log prob or logits: TensorRT-LLM's executor
+            # "will stop at the endId, but not include it in the output" (NVIDIA/TensorRT-LLM issue 2190)
+            if r.return_log_probs:
+                self.log_probs.pop()
+            return True
         self.new.append(token)
         if r.return_generation_logits:
             self.kept_logits.append(logits[-1])
-        if (token == self.end_id or len(self.new) >= r.request_output_len
-                or (r.stop_words and completes_word(self.seq + self.new, r.stop_words))):
+        if len(self.new) >= r.request_output_len or (r.stop_words and completes_word(self.seq + self.new, r.stop_words)):
             return True
         if self.on_token is not None:
-            self.on_token(token, self.log_probs[-1] if r.return_log_probs else None)
+            self.on_token(self.result())
         self.pending, self.start, self.n_logits = [token], len(self.seq) + len(self.new) - 1, 1
         return False
 
@@ -127,8 +132,8 @@ class Job:
             logits, params, draft_params = torch.stack([row for row, _ in rows]), rows[0][1], r.sampling
         accepted, emitted = accept_draft(logits, self.draft, params=params, draft_logits=self.draft_logits,
                                          generator=self.generator, draft_params=draft_params)
-        if self.end_id is not None and self.end_id in emitted:  # nothing follows an end token, even an accepted one
-            emitted = emitted[: emitted.index(self.end_id) + 1]
+        if self.end_id is not None and self.end_id in emitted:  # the end token and what follows are not returned
+            emitted = emitted[: emitted.index(self.end_id)]
         if r.stop_words:  # nor a completed stop word
             end = next((i + 1 for i in range(len(emitted)) if completes_word(self.seq + emitted[: i + 1], r.stop_words)), None)
             emitted = emitted[:end] if end else emitted
@@ -144,7 +149,7 @@ class Job:
     def kept_tokens(self) -> list[int]:
         """The tokens whose KV the cache holds when the call ends: all but the last emitted token, whose keys
         the next call computes (a verification's rejected positions are dropped)."""
-        return self.seq + self.new[:-1]
+        return (self.seq + self.new)[:-1]
 
     def result(self) -> GenerationResult:
         return GenerationResult(

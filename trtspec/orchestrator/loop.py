@@ -122,7 +122,10 @@ def speculate(
         if not first:
             policy.observe(drafted=drafted, accepted=accepted, draft_seconds=drafted_at - start,
                            verify_seconds=verified_at - drafted_at, tokens=len(new))
-        new, reason = _apply_stop_rules(request, sequence, new, generated + len(new) >= request.max_tokens)
+        # The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer tokens than it
+        # could have, a plain one fewer than asked, a verification no token of the target's own after the accepted
+        ended = len(new) < (accepted + 1 if drafted else plain)
+        new, reason = _apply_stop_rules(request, sequence, new, generated + len(new) >= request.max_tokens, ended)
         stats.record(drafted=drafted, accepted=min(accepted, len(new)), emitted=len(new),
                      draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at,
                      fallback=decision.reason if not drafted else None)
@@ -177,16 +180,19 @@ def _record(trace: Trace, result: GenerationResult, kept: int) -> None:
         trace.kv_blocks = [a + b for a, b in zip(trace.kv_blocks, result.kv_blocks)]
 
 
-def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int], at_budget: bool):
-    """Cut `new` at the first end_id or completed stop word; return (tokens to keep, finish reason or None)."""
+def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int], at_budget: bool, ended: bool):
+    """Cut `new` at the first completed stop word (or end token, from an engine that returns it); return (tokens
+    to keep, finish reason or None). `ended`: the engine stopped on the end token."""
     tail = list(sequence[-_longest(request.stop_words):]) if request.stop_words else []
     for i, token in enumerate(new):
         if request.end_id is not None and token == request.end_id:
-            return new[: i + 1], "end_id"
+            return new[:i], "end_id"
         if request.stop_words:
             tail.append(token)
             if any(len(w) <= len(tail) and tail[-len(w):] == w for w in request.stop_words):
                 return new[: i + 1], "stop_words"
+    if ended:
+        return new, "end_id"
     if at_budget:
         return new, "length"
     if not new:  # an engine that returns nothing would loop forever

@@ -273,20 +273,18 @@ class TritonPythonModel:
         prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
         ids: list[int] = []
         text = []
-        trace = Trace()
-        sent = _Sent()
+        run = _Run(stats, Trace(), [int(arrived * 1e9), time.monotonic_ns(), 0, 0], len(spec.prompt))
         target = self.target.for_request(plan.request_id, deadline)
-        times = [int(arrived * 1e9), time.monotonic_ns(), 0, 0]  # as the engine's perf outputs: steady clock
-        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=trace):
-            times[2] = times[2] or time.monotonic_ns()
+        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace):
+            run.times_ns[2] = run.times_ns[2] or time.monotonic_ns()
+            run.times_ns[3] = time.monotonic_ns()
             ids += chunk
             piece = detok.push(chunk)
             if spec.stream:
                 if piece or chunk:
-                    sender.send(self._response(piece, chunk, plan, trace, sent))
+                    sender.send(self._response(piece, chunk, plan, run, len(ids)))
             else:
                 text.append(piece)
-        times[3] = time.monotonic_ns()
         rest = detok.flush()
         if isinstance(policy, AdaptiveDraftLength):
             # the costs it measured belong to the most requests it ran beside, not to those at its start or end
@@ -294,12 +292,11 @@ class TritonPythonModel:
                 load = peak_load()
             self.costs.learn(policy, model_drafts=plan.method == "draft_model", load=load)
         self.metrics.record(stats)
-        final = _Final(stats if plan.want_perf else None, trace.kv_blocks, times, len(spec.prompt), len(ids))
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if spec.stream:
-            sender.send(self._response(rest, [], plan, trace, sent, final), flags=flags)
+            sender.send(self._response(rest, [], plan, run, len(ids), final=True), flags=flags)
         else:
-            sender.send(self._response(prompt_text + "".join(text) + rest, ids, plan, trace, sent, final), flags=flags)
+            sender.send(self._response(prompt_text + "".join(text) + rest, ids, plan, run, len(ids), final=True), flags=flags)
 
     def _drafter(self, plan: "_Plan"):
         if plan.method == "prompt_lookup":
@@ -379,10 +376,8 @@ class TritonPythonModel:
             raise RequestError("top_k", f"must be >= 0, got {top_k}")
         if not 0.0 <= top_p <= 1.0:
             raise RequestError("top_p", f"must be within [0, 1], got {top_p}")
-        if temperature > 0 and top_k == 0 and top_p == 0.0:
-            # a temperature alone means sampling from the whole distribution; TensorRT-LLM reads top_k 0 with
-            # top_p 0 as greedy, so say it as it means it (top_p 1: no nucleus filter)
-            top_p = 1.0
+        # As TensorRT-LLM reads them (and NVIDIA's BLS passes them on): top_k 0 with top_p 0 is greedy whatever the
+        # temperature, so sampling from the whole distribution is top_p 1.0 (SamplingParams)
         end_id = f.scalar("end_id", int, self.tokenizer.eos_token_id)
         pad_id = f.scalar("pad_id", int, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else end_id)
         vocab = len(self.tokenizer)
@@ -421,44 +416,42 @@ class TritonPythonModel:
             output_tokens=f.scalar("return_num_output_tokens", bool, False),
         )
 
-    def _response(self, text: str, ids: list[int], plan: "_Plan", trace: Trace, sent: "_Sent",
-                  final: "_Final | None" = None):
-        """One response: the text and ids of this chunk (or of the whole answer), the log probs and generation
-        logits of its tokens when asked for (cum_log_probs: of every token so far), and with `final` the figures
-        of the whole request. text_output is flat, one string per request, as NVIDIA's BLS sends it (its clients
-        read text_output[0] as the text)."""
+    def _response(self, text: str, ids: list[int], plan: "_Plan", run: "_Run", generated: int, final: bool = False):
+        """One response: the text and ids of this chunk (or of the whole answer); the log probs and generation
+        logits of its tokens when asked for (cum_log_probs: of every token so far); the token counts and perf
+        metrics so far, on every response as NVIDIA's BLS forwards them from tensorrt_llm; the context logits
+        with the last. text_output is flat, one string per request, as NVIDIA's BLS sends it (its clients read
+        text_output[0] as the text)."""
         def out(name, value, dtype, batch=True):
             arr = np.asarray(value, dtype=dtype)
             return pb_utils.Tensor(name, arr[None] if self.batched and batch else arr)
 
-        spec = plan.spec
+        spec, trace = plan.spec, run.trace
         tensors = [out("text_output", [text.encode()], np.object_, batch=False), out("output_ids", ids, np.int32)]
         if spec.return_log_probs:
-            tensors += [out("output_log_probs", [trace.log_probs[sent.tokens:]], np.float32),
+            tensors += [out("output_log_probs", [trace.log_probs[run.sent:]], np.float32),
                         out("cum_log_probs", [sum(trace.log_probs)], np.float32)]
-        if spec.return_generation_logits and len(trace.generation_logits) > sent.tokens:
-            tensors.append(out("generation_logits", [np.stack(trace.generation_logits[sent.tokens:])], np.float32))
-        sent.tokens = len(trace.log_probs) if spec.return_log_probs else len(trace.generation_logits)
-        if final is None:
-            return pb_utils.InferenceResponse(output_tensors=tensors)
-        if spec.return_context_logits and trace.context_logits is not None:
+        if spec.return_generation_logits and len(trace.generation_logits) > run.sent:
+            tensors.append(out("generation_logits", [np.stack(trace.generation_logits[run.sent:])], np.float32))
+        run.sent = generated
+        if final and spec.return_context_logits and trace.context_logits is not None:
             tensors.append(out("context_logits", trace.context_logits, np.float32))
         if plan.input_tokens:
-            tensors.append(out("num_input_tokens", [final.input_tokens], np.int32))
+            tensors.append(out("num_input_tokens", [run.input_tokens], np.int32))
         if plan.output_tokens:
-            tensors.append(out("num_output_tokens", [final.output_tokens], np.int32))
-        stats = final.stats
-        if stats is not None:
-            kv_new, kv_reused, kv_total = final.kv_blocks
-            arrival, scheduled, first, last = final.times_ns
+            tensors.append(out("num_output_tokens", [generated], np.int32))
+        if plan.want_perf:
+            stats = run.stats
+            kv_new, kv_reused, kv_total = trace.kv_blocks
+            arrival, scheduled, first, last = run.times_ns
             tensors += [
                 out("kv_cache_alloc_new_blocks", [kv_new], np.int32),
                 out("kv_cache_reused_blocks", [kv_reused], np.int32),
                 out("kv_cache_alloc_total_blocks", [kv_total], np.int32),
                 out("arrival_time_ns", [arrival], np.int64),
                 out("first_scheduled_time_ns", [scheduled], np.int64),
-                out("first_token_time_ns", [first or last], np.int64),
-                out("last_token_time_ns", [last], np.int64),
+                out("first_token_time_ns", [first or last or scheduled], np.int64),
+                out("last_token_time_ns", [last or scheduled], np.int64),
                 out("acceptance_rate", [stats.acceptance_rate], np.float32),
                 out("total_accepted_draft_tokens", [stats.accepted_tokens], np.int32),
                 out("total_draft_tokens", [stats.draft_tokens], np.int32),
@@ -475,19 +468,14 @@ class TritonPythonModel:
 
 
 @dataclasses.dataclass
-class _Sent:
-    tokens: int = 0  # tokens whose log probs / logits went out in earlier responses
+class _Run:
+    """A request in progress, as its responses report it."""
 
-
-@dataclasses.dataclass
-class _Final:
-    """What the last response of a request reports about all of it."""
-
-    stats: RequestStats | None       # with return_perf_metrics
-    kv_blocks: list[int]             # new, reused, total KV-cache blocks, summed over the target calls
+    stats: RequestStats
+    trace: Trace                     # the target's log probs and logits of the emitted tokens, KV blocks
     times_ns: list[int]              # arrival, first target call, first token, last token (steady clock)
     input_tokens: int
-    output_tokens: int
+    sent: int = 0                    # tokens whose log probs / logits went out in earlier responses
 
 
 SPECULATION_METHODS = ("draft_model", "prompt_lookup", "none")

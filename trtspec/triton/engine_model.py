@@ -101,33 +101,34 @@ class TritonPythonModel:
                                             "(redeploy with `trtspec deploy --decoupled-mode`, or leave streaming false)")
         if len(calls) != 1:
             raise RequestError("streaming", f"streams one request at a time, got a batch of {len(calls)}; send each row alone")
-        call, streamed, cum = calls[0], [0], [0.0]
+        call, streamed = calls[0], [0]
 
-        def token(t, log_prob):
-            streamed[0] += 1
-            tensors = [pb_utils.Tensor("output_ids", np.asarray([[[t]]], dtype=np.int32)),
-                       pb_utils.Tensor("sequence_length", np.asarray([[1]], dtype=np.int32))]
-            if log_prob is not None:
-                cum[0] += log_prob
-                tensors += [pb_utils.Tensor("output_log_probs", np.asarray([[[log_prob]]], dtype=np.float32)),
-                            pb_utils.Tensor("cum_log_probs", np.asarray([[cum[0]]], dtype=np.float32))]
-            sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+        def part(result, final: bool):
+            """The tokens since the last response, their log probs and logits, and the request's other outputs
+            (perf metrics on every response, as TensorRT-LLM writes them)."""
+            out = self.engine.result_tensors(call, result)
+            start, streamed[0] = streamed[0], len(result.new_tokens)
+            rest = result.new_tokens[start:]
+            out["output_ids"] = np.asarray([[rest]], dtype=np.int32)
+            out["sequence_length"] = np.asarray([[len(rest)]], dtype=np.int32)
+            if "output_log_probs" in out:
+                out["output_log_probs"] = out["output_log_probs"][..., start:]
+            if "generation_logits" in out:
+                out["generation_logits"] = out["generation_logits"][:, :, start:]
+            if not final:
+                out.pop("context_logits", None)  # once, with the last response
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+            sender.send(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in out.items()]), flags=flags)
 
         def done(outcome):
             if isinstance(outcome, BaseException):
                 sender.send(error_response(outcome, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                return
-            out = self.engine.result_tensors(call, outcome)
-            rest = outcome.new_tokens[streamed[0]:]
-            out["output_ids"] = np.asarray([[rest]], dtype=np.int32)
-            out["sequence_length"] = np.asarray([[len(rest)]], dtype=np.int32)
-            if "output_log_probs" in out:
-                out["output_log_probs"] = out["output_log_probs"][..., streamed[0]:]
-            if "generation_logits" in out:
-                out["generation_logits"] = out["generation_logits"][:, :, streamed[0]:]
-            sender.send(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in out.items()]),
-                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                part(outcome, True)
+
+        def token(result):
+            part(result, False)
 
         self.engine.submit(call, done, on_token=None if call.draft_input_ids else token)
 
