@@ -73,11 +73,16 @@ def doctor(as_json: bool) -> None:
 @click.option("--print-command", is_flag=True, help="Print the command (with its environment) that starts the server, and exit.")
 @click.option("--start-timeout", type=click.FloatRange(min=1), help="Seconds to wait for every model to load "
               "[default: 180 for the embedded backend, 600 for TensorRT-LLM, plus the engines' size at 250 MB/s].")
-def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, print_command, start_timeout) -> None:
+@click.option("--openai-port", type=click.IntRange(1, 65535), help="Also serve an OpenAI-compatible API "
+              "(/v1/completions, /v1/chat/completions) on this port of --host, e.g. 9000 [default: off].")
+@click.option("--served-model-name", help="Model id of the OpenAI API [default: the target engine's name].")
+def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, print_command, start_timeout, openai_port,
+          served_model_name) -> None:
     """Run tritonserver on a model repository in the foreground (Ctrl-C stops it).
 
     A trtllm repository with a draft, or with a model over several GPUs, runs under mpirun in TensorRT-LLM's
-    orchestrator mode, as TensorRT-LLM's launch_triton_server.py --multi-model does."""
+    orchestrator mode, as TensorRT-LLM's launch_triton_server.py --multi-model does. With --openai-port, an
+    OpenAI-compatible API runs beside it, in front of tensorrt_llm_bls."""
     from trtspec.launch import repository_launch
     from trtspec.server import TritonServer, run_foreground
 
@@ -88,7 +93,29 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
 
         click.echo(server_command_line(server))
         return
+    if openai_port is not None:
+        from trtspec.openai_api import run_with_triton
+
+        sys.exit(run_with_triton(server, Console(), start_timeout, port=openai_port,
+                                 served_model_name=served_model_name))
     sys.exit(run_foreground(server, Console(), start_timeout))
+
+
+@cli.command()
+@click.option("--triton-url", default="127.0.0.1:8001", show_default=True, help="gRPC host:port of the deployment's Triton.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the API to the network.")
+@click.option("--port", default=9000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model behind the API.")
+@click.option("--served-model-name", help="Model id of the API [default: the target engine's name].")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True),
+              help="The target's tokenizer [default: the BLS's tokenizer_dir, which must exist on this machine].")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds a request may take.")
+def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, timeout) -> None:
+    """Serve an OpenAI-compatible API in front of a running deployment's tensorrt_llm_bls (Ctrl-C stops it)."""
+    from trtspec.openai_api import serve_front
+
+    sys.exit(serve_front(triton_url, host=host, port=port, console=Console(), model=model,
+                         served_model_name=served_model_name, tokenizer_dir=tokenizer_dir, timeout=timeout))
 
 
 @cli.command()
@@ -113,11 +140,13 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
               help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding, as NVIDIA's BLS).")
 @click.option("--speculation", type=click.Choice(["draft_model", "prompt_lookup", "none"]),
               help="Draft source of requests that name none [default: the build config's speculation.method].")
+@click.option("--decoupled-mode", is_flag=True, help="Deploy tensorrt_llm and tensorrt_llm_draft decoupled, as NVIDIA's "
+              "decoupled_mode: they then stream (streaming: true) and answer over gRPC streams only.")
 @click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
 @click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
 @click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")
 def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int,
-           speculation: str | None, k8s_dir: str | None, image: str, pvc: str) -> None:
+           speculation: str | None, decoupled_mode: bool, k8s_dir: str | None, image: str, pvc: str) -> None:
     """Check the built engines, write the Triton model repository for them, then validate it."""
     from trtspec.build import default_output
     from trtspec.config import load_config
@@ -127,7 +156,7 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
     loaded = load_config(config_path)
     engines_dir = Path(engines) if engines else default_output(loaded)
     _report_problems(f"engines {engines_dir}", validate_for_config(loaded, engines_dir))
-    overrides: dict[str, object] = {"default_num_draft_tokens": default_num_draft_tokens}
+    overrides: dict[str, object] = {"default_num_draft_tokens": default_num_draft_tokens, "decoupled_mode": decoupled_mode}
     if speculation:
         if speculation == "draft_model" and loaded.config.draft is None:
             raise click.UsageError("--speculation draft_model: the build config has no draft; use prompt_lookup or none")
@@ -202,13 +231,16 @@ _URL = click.option("--url", help="host:port of the server [default: 127.0.0.1:8
 @click.option("--stream", is_flag=True, help="Print the text as each iteration's tokens arrive.")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--num-draft-tokens", type=click.IntRange(min=0), help="Draft length K; 0: the target alone [default: the deployment's].")
-@click.option("--temperature", type=float, help="Sampling temperature; 0 (the default) is greedy.")
+@click.option("--temperature", type=float, help="Sampling temperature; 0 (the default) is greedy. With neither --top-k "
+              "nor --top-p it samples from the whole distribution (top_p 1.0: TensorRT-LLM reads top_k 0 with top_p 0 as greedy).")
 @click.option("--top-k", type=click.IntRange(min=0))
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0))
 @click.option("--seed", type=click.IntRange(min=0))
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds the request may take.")
 def generate(prompt, url, protocol, model, stream, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed, timeout) -> None:
     """Generate from PROMPT with the speculative model; text to stdout, statistics to stderr."""
+    if temperature and top_k is None and top_p is None:
+        top_p = 1.0
     from trtspec.client import SpecClient
 
     def show(chunk) -> None:

@@ -187,6 +187,7 @@ def check_neutral(t: dict[str, np.ndarray], specs=ENGINE_INPUTS) -> None:
 
 def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
     """Tensors of one request (batch dim 1) -> GenerationRequest; raises RequestError naming the tensor."""
+    check_neutral(t)  # first: a stop request (stop: true) is refused as such, whatever else it carries
     for spec in ENGINE_INPUTS:
         if not spec.optional and spec.name not in t:
             raise RequestError(spec.name, "is required")
@@ -204,7 +205,6 @@ def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
         draft_logits = np.asarray(t["draft_logits"], dtype=np.float32)
         draft_logits = draft_logits.reshape(draft_logits.shape[-2:]) if draft_logits.ndim == 3 else draft_logits
     seed = _scalar(t, "seed", int, None)
-    check_neutral(t)
     return GenerationRequest(
         input_ids=ids,
         request_output_len=_scalar(t, "request_output_len", int),

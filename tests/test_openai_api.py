@@ -1,0 +1,343 @@
+"""The OpenAI-compatible front (trtspec.openai_api) on a real tritonserver, called with the official `openai` package."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from trtspec.client import SpecClient  # noqa: E402
+from trtspec.openai_api.protocol import CHAT, COMPLETION, APIError, StopText, parse_request  # noqa: E402
+
+MODEL = "tiny-target"
+PROMPTS = ["The quick brown fox", "def add(a, b):"]
+# A tiny chat template: the tiny tokenizer has none.
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What does Triton serve?"}]
+
+
+# ---- without a server ----------------------------------------------------------------------------------------
+
+def test_stop_text_cuts_before_the_first_stop_string_across_chunks():
+    stop = StopText(["END", "xyz"])
+    pieces = [stop.push(p) for p in ["abc E", "N", "D and more"]]
+    assert "".join(pieces) == "abc " and stop.stopped and stop.flush() == ""
+    stop = StopText(["END"])
+    assert stop.push("abc E") == "abc " and stop.flush() == "E" and not stop.stopped  # a held tail comes out at the end
+    assert StopText([]).push("x") == "x"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x"}, "model"),
+    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "m", "prompt": [1, 2]}, "prompt"),
+    ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
+    ({"model": "m", "prompt": "x", "temperature": -0.5}, "temperature"),
+    ({"model": "m", "prompt": "x", "top_p": 2}, "top_p"),
+    ({"model": "m", "prompt": "x", "n": 3}, "n"),
+    ({"model": "m", "prompt": "x", "best_of": 2}, "best_of"),
+    ({"model": "m", "prompt": "x", "echo": True}, "echo"),
+    ({"model": "m", "prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"model": "m", "prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"model": "m", "prompt": "x", "stop": ["a", 3]}, "stop"),
+    ({"model": "m", "prompt": "x", "messages": []}, "messages"),
+    ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"model": "m", "prompt": "x", "speculation": "medusa"}, "speculation"),
+    ({"model": "m", "prompt": "x", "num_draft_tokens": -1}, "num_draft_tokens"),
+    ({"model": "m", "prompt": "x", "frobnicate": 1}, "frobnicate"),
+])
+def test_bad_completion_fields_are_named(body, param):
+    with pytest.raises(APIError) as err:
+        parse_request(body, COMPLETION)
+    assert err.value.status == 400 and err.value.param == param and param in err.value.message
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "m", "messages": "hi"}, "messages"),
+    ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+    ({"model": "m", "messages": MESSAGES, "tools": [{"type": "function"}]}, "tools"),
+    ({"model": "m", "messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"model": "m", "messages": MESSAGES, "logprobs": True}, "logprobs"),
+    ({"model": "m", "messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
+])
+def test_bad_chat_fields_are_named(body, param):
+    with pytest.raises(APIError) as err:
+        parse_request(body, CHAT)
+    assert err.value.param == param
+
+
+def test_harmless_and_neutral_fields_are_accepted():
+    req = parse_request({"model": "m", "messages": MESSAGES, "user": "u", "logprobs": False, "tools": [],
+                         "response_format": {"type": "text"}, "presence_penalty": 0, "max_completion_tokens": 5,
+                         "max_tokens": 9, "stop": "x", "seed": None}, CHAT)
+    assert req.max_tokens == 5 and req.max_tokens_param == "max_completion_tokens" and req.stop == ["x"]
+    assert parse_request({"model": "m", "prompt": ["one"]}, COMPLETION).prompt == "one"
+
+
+# ---- on a real server ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    """A 2-layer target whose tokenizer has a chat template, a perturbed copy as its draft, served by tritonserver."""
+    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from transformers import AutoTokenizer
+
+    from trtspec.build import run_build
+    from trtspec.config import load_config
+    from trtspec.repository import write_repository
+    from trtspec.server import TritonServer, free_port
+
+    root = tmp_path_factory.mktemp("openai")
+    target = make_checkpoint(root / "target", layers=2, seed=0)
+    plain = root / "plain-tokenizer"  # the same tokenizer without a chat template
+    AutoTokenizer.from_pretrained(target).save_pretrained(plain)
+    tok = AutoTokenizer.from_pretrained(target)
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(target)
+    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
+    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
+                          engine={"max_input_len": 96, "max_seq_len": 160})
+    engines = run_build(config, root / "engines")
+    repo = write_repository(load_config(config), engines, root / "repo")
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server.start(timeout=300)
+    server.plain_tokenizer = plain
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def front(triton):
+    from trtspec.openai_api import Deployment, Front
+    from trtspec.server import free_port
+
+    with Front(Deployment(triton.grpc_url, served_model_name=MODEL).connect(), port=free_port()) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(front):
+    with openai.OpenAI(base_url=f"{front.url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def bls(triton):
+    with SpecClient(triton.grpc_url, protocol="grpc") as c:
+        yield c
+
+
+def chat_text(messages) -> str:
+    from jinja2 import Template
+
+    return Template(TEMPLATE).render(messages=messages, add_generation_prompt=True)
+
+
+def test_models_and_health(client, front):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with urllib.request.urlopen(f"{front.url}/health", timeout=10) as resp:
+        assert resp.status == 200 and json.load(resp)["status"] == "ready"
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_completion_equals_the_bls(client, bls, prompt):
+    reference = bls.generate(prompt, max_tokens=12, temperature=0.0)
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert out.choices[0].text == reference.text and out.object == "text_completion"
+    assert out.choices[0].finish_reason == ("length" if reference.finish_reason == "length" else "stop")
+    prompt_ids, _ = bls.tokenize(prompt)  # the deployment's preprocessing model counts as the BLS does
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(prompt_ids), len(reference.token_ids))
+    assert out.usage.total_tokens == len(prompt_ids) + len(reference.token_ids)
+
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == reference.text
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].speculation["iterations"] >= 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(reference.token_ids)
+
+
+def test_chat_completion_equals_the_bls_on_the_templated_prompt(client, bls):
+    text = chat_text(MESSAGES)
+    reference = bls.generate(text, max_tokens=10, temperature=0.0)
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_completion_tokens=10, temperature=0)
+    assert out.choices[0].message.role == "assistant" and out.choices[0].message.content == reference.text
+    assert out.usage.prompt_tokens == len(bls.tokenize(text)[0])
+    assert out.usage.completion_tokens == len(reference.token_ids)
+
+    stream = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0,
+                                                 stream=True))
+    assert stream[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == reference.text
+    assert stream[-1].choices[0].finish_reason in ("stop", "length") and stream[-1].object == "chat.completion.chunk"
+
+
+def test_chat_without_max_tokens_fills_the_context(client, bls):
+    out = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0)
+    prompt = len(bls.tokenize(chat_text(MESSAGES))[0])
+    assert out.usage.completion_tokens <= 160 - prompt
+    assert out.choices[0].finish_reason == "stop" or out.usage.completion_tokens == 160 - prompt
+
+
+def test_stop_string_ends_the_text_before_it(client):
+    full = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0).choices[0].text
+    word = full[len(full) // 2:len(full) // 2 + 3]
+    assert word, full
+    expected = full[:full.find(word)]
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=[word])
+    assert out.choices[0].text == expected and out.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=word,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == expected
+
+
+def test_speculation_fields_reach_the_bls(client, bls):
+    reference = bls.generate(PROMPTS[1], max_tokens=12, temperature=0.0).text
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0,
+                                    extra_body={"num_draft_tokens": 3, "speculation": "draft_model",
+                                                "adaptive_draft_length": False})
+    spec = out.speculation
+    assert out.choices[0].text == reference  # greedy speculation changes nothing in the text
+    assert spec["draft_tokens"] > 0 and 0 <= spec["acceptance_rate"] <= 1
+    assert spec["accepted_draft_tokens"] <= spec["draft_tokens"] and spec["tokens_per_iteration"] > 1
+    plain = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0,
+                                      extra_body={"num_draft_tokens": 0})
+    assert plain.speculation["draft_tokens"] == 0 and plain.choices[0].text == reference
+
+
+def test_seeded_sampling_repeats(client):
+    def one(seed):
+        return client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=1.0,
+                                         seed=seed).choices[0].text
+
+    assert one(7) == one(7)
+
+
+@pytest.mark.parametrize("kwargs, error, param", [
+    ({"n": 2}, "BadRequestError", "n"),
+    ({"max_tokens": 0}, "BadRequestError", "max_tokens"),
+    ({"max_tokens": 100000}, "BadRequestError", "max_tokens"),           # refused by the BLS, named by the front
+    ({"extra_body": {"num_draft_tokens": 99}}, "BadRequestError", "num_draft_tokens"),  # ditto
+    ({"prompt": "hello " * 200}, "BadRequestError", "prompt"),            # longer than max_input_len
+    ({"model": "gpt-4o"}, "NotFoundError", "model"),
+    ({"temperature": -1}, "BadRequestError", "temperature"),
+    ({"logprobs": 2}, "BadRequestError", "logprobs"),
+    ({"extra_body": {"frobnicate": True}}, "BadRequestError", "frobnicate"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_errors_have_openais_shape_and_the_front_keeps_serving(client, kwargs, error, param, stream):
+    request = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "stream": stream} | kwargs
+    with pytest.raises(getattr(openai, error)) as err:
+        out = client.completions.create(**request)
+        list(out) if stream else None
+    assert err.value.param == param and err.value.type == "invalid_request_error", err.value.body
+    assert param in err.value.message
+    assert client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=2, temperature=0).usage.completion_tokens == 2
+
+
+def test_chat_errors(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}])
+    assert err.value.param == "tools"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, n=2)
+    assert err.value.param == "n"
+
+
+def test_raw_http_errors(front):
+    def post(path, data):
+        req = urllib.request.Request(front.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=30)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.load(exc)["error"]
+        raise AssertionError("no error")
+
+    code, body = post("/v1/completions", b"{not json")
+    assert code == 400 and "JSON" in body["message"] and body["type"] == "invalid_request_error"
+    code, body = post("/v1/embeddings", b"{}")
+    assert code == 404 and "/v1/completions" in body["message"]
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_request(client, front, monkeypatch):
+    outcomes = []
+    generate = front.deployment.generate
+
+    def recorded(*args, **kwargs):
+        try:
+            outcomes.append(generate(*args, **kwargs))
+            return outcomes[-1]
+        except BaseException as exc:
+            outcomes.append(exc)
+            raise
+
+    monkeypatch.setattr(front.deployment, "generate", recorded)
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=140, temperature=0, stream=True)
+    next(iter(stream))
+    stream.close()
+    deadline = time.monotonic() + 30
+    while not outcomes and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert outcomes and type(outcomes[0]).__name__ == "_Cancelled", outcomes  # not run to max_tokens
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=3, temperature=0)
+    assert out.usage.completion_tokens == 3
+
+
+def test_chat_without_a_template_is_refused_naming_messages(triton):
+    from trtspec.openai_api import Deployment, Front
+    from trtspec.server import free_port
+
+    deployment = Deployment(triton.grpc_url, tokenizer_dir=str(triton.plain_tokenizer))
+    with Front(deployment.connect(), port=free_port()) as other:
+        with openai.OpenAI(base_url=f"{other.url}/v1", api_key="x", max_retries=0) as c:
+            assert c.models.list().data[0].id == "plain-tokenizer"  # the default id: the tokenizer dir's name
+            with pytest.raises(openai.BadRequestError) as err:
+                c.chat.completions.create(model="plain-tokenizer", messages=MESSAGES, max_tokens=4)
+            assert err.value.param == "messages" and "chat template" in err.value.message
+            assert c.completions.create(model="plain-tokenizer", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_trtspec_openai_command_serves_and_stops_on_ctrl_c(triton):
+    from trtspec.server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", "openai", "--triton-url", triton.grpc_url,
+                             "--port", str(port), "--served-model-name", "cli"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"COLUMNS": "200"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the front did not answer /health within 60 s"
+            time.sleep(0.2)
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as c:
+            assert c.completions.create(model="cli", prompt="hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    from trtspec.server import _port_is_free
+
+    assert _port_is_free("127.0.0.1", port)

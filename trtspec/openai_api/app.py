@@ -1,0 +1,468 @@
+"""The OpenAI-compatible HTTP front: a Starlette app over a deployment's `tensorrt_llm_bls`, run by uvicorn.
+
+SpecClient is blocking (tritonclient's gRPC stream) and runs one request at a time, so each request takes a client
+from a small pool and runs on a worker thread; streamed chunks reach the event loop through an asyncio queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from trtspec.client import ClientError, Completion, SpecClient
+from trtspec.errors import TrtspecError
+from trtspec.openai_api.protocol import (CHAT, COMPLETION, APIError, Chunks, Request, StopText, bls_error,
+                                         finish_reason, parse_request, response)
+
+log = logging.getLogger("trtspec.openai")
+BLS = "tensorrt_llm_bls"
+
+
+class FrontError(TrtspecError):
+    """The front cannot start: Triton unreachable, no BLS, no tokenizer."""
+
+
+def _parameter(config: dict, key: str) -> str | None:
+    value = (config.get("parameters", {}).get(key) or {}).get("string_value", "")
+    return None if value == "" or value.startswith("${") else value  # an unfilled template field is unset
+
+
+def served_name_for(tokenizer_dir: str) -> str:
+    """The default model id: the tokenizer dir's name, or for trtspec's `engines/<name>/target` layout, <name>."""
+    path = Path(tokenizer_dir.rstrip("/"))
+    return path.parent.name if path.name == "target" and path.parent.name not in ("", "engines") else path.name
+
+
+class _Cancelled(Exception):
+    """The HTTP client went away or the front is stopping: raised in the BLS client's chunk callback, which makes it
+    cancel the request."""
+
+
+class Deployment:
+    """What the front knows of one deployment: the BLS's tokenizer and limits, and a pool of gRPC clients."""
+
+    def __init__(self, triton_url: str, *, model: str = BLS, served_model_name: str | None = None,
+                 tokenizer_dir: str | None = None, timeout: float = 600.0, max_concurrency: int = 64):
+        self.triton_url, self.model, self.timeout = triton_url, model, timeout
+        self._served, self._tokenizer_dir = served_model_name, tokenizer_dir
+        self._idle: list[SpecClient] = []
+        self._pool_lock = threading.Lock()
+        self.max_idle = 16
+        # One thread per request in flight; beyond this, requests wait for a thread (the BLS queues beyond its own
+        # max_concurrent_requests, 64 by default, anyway).
+        self.executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="openai")
+        self.tokenizer = None
+        self.streams: set[threading.Event] = set()  # one per stream in flight: set to cancel it
+
+    def connect(self) -> "Deployment":
+        """Read the BLS's config from Triton and load its tokenizer; FrontError says what is missing."""
+        with SpecClient(self.triton_url, protocol="grpc", model=self.model, timeout=10.0) as client:
+            try:
+                config = client.model_config(self.model)
+            except ClientError as exc:
+                raise FrontError(f"cannot read the config of '{self.model}' from Triton at {self.triton_url} (gRPC): "
+                                 f"{exc}. Start the deployment first (`trtspec serve --repo DIR`) or give its gRPC "
+                                 "address with --triton-url") from exc
+        tokenizer_dir = self._tokenizer_dir or _parameter(config, "tokenizer_dir")
+        if not tokenizer_dir:
+            raise FrontError(f"'{self.model}' has no tokenizer_dir parameter; give the target's tokenizer with --tokenizer")
+        from transformers import AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        except Exception as exc:  # transformers raises OSError, ValueError, ...
+            raise FrontError(f"cannot load the tokenizer from {tokenizer_dir} ({exc}); when Triton runs on another "
+                             "machine, copy the target's tokenizer here and pass --tokenizer DIR") from exc
+        self.tokenizer_dir = tokenizer_dir
+        self.served_model = self._served or served_name_for(tokenizer_dir)
+        # Prompts are counted as the BLS tokenizes them.
+        self.add_special_tokens = (_parameter(config, "add_special_tokens") or "true").lower() in ("1", "true", "yes", "on")
+        seq = _parameter(config, "max_seq_len")
+        self.max_seq_len = int(seq) if seq and seq.isdigit() else None
+        self.created = int(time.time())
+        return self
+
+    # the client pool
+    @contextlib.contextmanager
+    def client(self):
+        with self._pool_lock:
+            client = self._idle.pop() if self._idle else None
+        if client is None:
+            client = SpecClient(self.triton_url, protocol="grpc", model=self.model, timeout=self.timeout)
+        try:
+            yield client
+        except BaseException:
+            client.close()  # its stream may be in any state
+            raise
+        with self._pool_lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append(client)
+                client = None
+        if client is not None:
+            client.close()
+
+    def cancel_streams(self) -> None:
+        """End every stream in flight at its next chunk (the front is stopping: no client waits out a long one)."""
+        for event in list(self.streams):
+            event.set()
+
+    def close(self) -> None:
+        with self._pool_lock:
+            idle, self._idle = self._idle, []
+        for client in idle:
+            client.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def ready(self) -> bool:
+        import tritonclient.grpc as tc
+
+        try:
+            client = tc.InferenceServerClient(SpecClient(self.triton_url, protocol="grpc").url,
+                                              channel_args=[("grpc.enable_http_proxy", 0)])
+            try:
+                return bool(client.is_model_ready(self.model, client_timeout=5.0))
+            finally:
+                client.close()
+        except Exception:
+            return False
+
+    # one request
+    def prompt(self, req: Request) -> tuple[str, int]:
+        """The text the BLS gets and its length in tokens, counted as the BLS counts it."""
+        tok = self.tokenizer
+        if req.kind == CHAT:
+            if not getattr(tok, "chat_template", None):
+                raise APIError(400, f"messages: the served model's tokenizer ({self.tokenizer_dir}) has no chat "
+                               "template; use /v1/completions with a prompt, or add a chat_template to the "
+                               "tokenizer", param="messages")
+            try:
+                text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
+            except Exception as exc:  # the template's own checks (e.g. roles must alternate)
+                raise APIError(400, f"messages: the chat template refused them: {exc}", param="messages") from exc
+            # The BLS adds the tokenizer's special tokens itself: a template that writes the BOS would get two.
+            bos = tok.bos_token
+            if self.add_special_tokens and bos and text.startswith(bos) and \
+                    tok("", add_special_tokens=True)["input_ids"][:1] == [tok.bos_token_id]:
+                text = text[len(bos):]
+        else:
+            text = req.prompt
+        count = len(tok(text, add_special_tokens=self.add_special_tokens)["input_ids"])
+        if req.max_tokens is None and self.max_seq_len:  # chat without a limit: whatever the context leaves
+            req.max_tokens = max(self.max_seq_len - count, 1)
+        return text, count
+
+    def generate(self, req: Request, text: str, on_chunk=None) -> Completion:
+        if req.max_tokens is None:
+            raise APIError(400, f"{req.max_tokens_param}: is required by this deployment (its BLS has no "
+                           "max_seq_len parameter)", param=req.max_tokens_param)
+        with self.client() as client:
+            return client.generate(text, max_tokens=req.max_tokens, stream=req.stream, on_chunk=on_chunk,
+                                   **req.generate_kwargs())
+
+
+# ---- the app -------------------------------------------------------------------------------------------------
+
+def _error(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def create_app(deployment: Deployment) -> Starlette:
+    """The Starlette app; `deployment` must be connected (Deployment.connect)."""
+    dep = deployment
+
+    async def health(request: HTTPRequest):
+        if await run_in_threadpool(dep.ready):
+            return JSONResponse({"status": "ready", "model": dep.served_model})
+        return _error(APIError(503, f"'{dep.model}' is not ready on Triton at {dep.triton_url}", code="unavailable"))
+
+    def _model_card() -> dict:
+        return {"id": dep.served_model, "object": "model", "created": dep.created, "owned_by": "trtspec"}
+
+    async def models(request: HTTPRequest):
+        return JSONResponse({"object": "list", "data": [_model_card()]})
+
+    async def model(request: HTTPRequest):
+        if request.path_params["model"] != dep.served_model:
+            raise _unknown_model(request.path_params["model"])
+        return JSONResponse(_model_card())
+
+    def _unknown_model(name: str) -> APIError:
+        return APIError(404, f"model: the model '{name}' does not exist; this server serves '{dep.served_model}' "
+                        "(GET /v1/models)", param="model", code="model_not_found")
+
+    async def generate(request: HTTPRequest, kind: str):
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+        req = parse_request(body, kind)
+        if req.model != dep.served_model:
+            raise _unknown_model(req.model)
+        text, prompt_tokens = await run_in_threadpool(dep.prompt, req)
+        if req.stream:
+            return await _stream(req, text, prompt_tokens)
+        loop = asyncio.get_running_loop()
+        try:
+            completion = await loop.run_in_executor(dep.executor, dep.generate, req, text, None)
+        except APIError:
+            raise
+        except Exception as exc:
+            raise bls_error(exc, req) from exc
+        stop = StopText(req.stop)
+        out = stop.push(completion.text) + stop.flush()
+        return JSONResponse(response(req, dep.served_model, out, finish_reason(completion, stop), prompt_tokens,
+                                     completion))
+
+    async def _stream(req: Request, text: str, prompt_tokens: int):
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        gone = threading.Event()
+        dep.streams.add(gone)
+
+        def put(item) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the front is shutting down
+                loop.call_soon_threadsafe(items.put_nowait, item)
+
+        def on_chunk(chunk) -> None:
+            if gone.is_set():
+                raise _Cancelled()
+            put(("text", chunk.text))
+
+        def work() -> None:
+            try:
+                put(("done", dep.generate(req, text, on_chunk)))
+            except BaseException as exc:  # reported on the stream, never lost in the thread
+                put(("error", exc))
+
+        dep.executor.submit(work)
+        # The first item decides the status: a request the BLS refuses gets a plain error response, not a stream.
+        try:
+            first = await items.get()
+        except asyncio.CancelledError:  # the client left before the first token
+            gone.set()
+            dep.streams.discard(gone)
+            raise
+        if first[0] == "error":
+            dep.streams.discard(gone)
+            exc = first[1]
+            raise exc if isinstance(exc, APIError) else bls_error(exc, req)
+        chunks, stop = Chunks(req, dep.served_model), StopText(req.stop)
+
+        async def events():
+            item = first
+            try:
+                if (start := chunks.start()) is not None:
+                    yield _sse(start)
+                while True:
+                    what, value = item
+                    if what == "text":
+                        if piece := stop.push(value):
+                            yield _sse(chunks.text(piece))
+                    elif what == "done":
+                        yield _sse(chunks.finish(stop.flush(), finish_reason(value, stop), value))
+                        if req.include_usage:
+                            yield _sse(chunks.usage(prompt_tokens, value))
+                        break
+                    else:  # mid-stream failure: OpenAI's clients raise on an event holding an error
+                        err = (value if isinstance(value, APIError) else
+                               APIError(503, "the server is stopping; retry the request", code="unavailable")
+                               if isinstance(value, _Cancelled) else bls_error(value, req))
+                        yield _sse(err.body())
+                        break
+                    item = await items.get()
+                yield "data: [DONE]\n\n"
+            finally:
+                gone.set()  # a client that left: the next chunk callback cancels the BLS request
+                dep.streams.discard(gone)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def completions(request: HTTPRequest):
+        return await generate(request, COMPLETION)
+
+    async def chat_completions(request: HTTPRequest):
+        return await generate(request, CHAT)
+
+    async def api_error(request, exc: APIError):
+        return _error(exc)
+
+    async def http_error(request, exc: HTTPException):
+        return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}; the API has "
+                               "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health",
+                               code="not_found" if exc.status_code == 404 else None))
+
+    async def internal_error(request, exc: Exception):
+        log.exception("request failed")
+        return _error(APIError(500, f"the front failed: {type(exc).__name__}: {exc}"))
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={APIError: api_error, HTTPException: http_error,
+                                                        Exception: internal_error})
+
+
+# ---- running it ----------------------------------------------------------------------------------------------
+
+class Front:
+    """The front on uvicorn in a background thread: beside tritonserver in `trtspec serve`, or in tests."""
+
+    def __init__(self, deployment: Deployment, host: str = "127.0.0.1", port: int = 9000, log_level: str = "warning"):
+        import uvicorn
+
+        self.deployment, self.host, self.port = deployment, host, port
+        config = uvicorn.Config(create_app(deployment), host=host, port=port, log_level=log_level, access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "Front":
+        check_port(self.host, self.port, "--openai-port")
+
+        def run() -> None:
+            try:
+                self._server.run()
+            except BaseException as exc:  # uvicorn exits (SystemExit) when it cannot bind
+                self._failure = exc
+
+        self._thread = threading.Thread(target=run, name="openai-front", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise FrontError(f"the OpenAI front did not start on {self.host}:{self.port}"
+                                 + (f": {self._failure!r}" if self._failure else ""))
+            time.sleep(0.02)
+        return self
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self.deployment.cancel_streams()  # streams end now; unary requests get the graceful-shutdown wait
+            self._server.should_exit = True
+            self._thread.join(timeout=15)
+            self._thread = None
+        self.deployment.close()
+
+    def __enter__(self) -> "Front":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def check_port(host: str, port: int, option: str) -> None:
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise FrontError(f"port {port} on {host} is not free ({exc.strerror}); choose another with {option}") from None
+
+
+def serve_front(triton_url: str, *, host: str, port: int, console, **deployment_options) -> int:
+    """`trtspec openai`: the front alone, in the foreground, against a running deployment (Ctrl-C or SIGTERM stops
+    it)."""
+    import signal
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    front = None
+    try:
+        check_port(host, port, "--port")
+        front = Front(Deployment(triton_url, **deployment_options).connect(), host=host, port=port).start()
+        console.print(f"OpenAI API for '{front.deployment.served_model}' on {front.url}/v1 (Triton gRPC {triton_url});"
+                      " press Ctrl-C to stop", highlight=False)
+        while front.is_running():
+            time.sleep(0.5)
+        console.print("[red]the OpenAI front stopped unexpectedly[/red]")
+        return 1
+    except KeyboardInterrupt:
+        console.print("stopping…")
+        return 0
+    finally:
+        if front is not None:
+            front.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_with_triton(server, console, start_timeout: float | None, *, port: int, **deployment_options) -> int:
+    """`trtspec serve --openai-port`: tritonserver, then the front beside it on the same host; Ctrl-C or SIGTERM
+    stops the front first (no request reaches a stopping Triton), then Triton. Returns an exit code."""
+    import signal
+
+    from rich.markup import escape
+
+    from trtspec.server import ServerError, start_timeout_for
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    front = None
+    try:
+        if port in (server.http_port, server.grpc_port, server.metrics_port):
+            raise FrontError(f"--openai-port {port} is one of Triton's ports; choose another (e.g. 9000)")
+        check_port(server.host, port, "--openai-port")  # before the (long) model loading, not after
+        timeout = start_timeout_for(server.repo) if start_timeout is None else start_timeout
+        with console.status(f"starting tritonserver (waiting up to {timeout:.0f} s for its models)…"):
+            server.start(timeout)
+        front = Front(Deployment(server.grpc_url, **deployment_options).connect(), host=server.host, port=port).start()
+        console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
+        for label, value in (("HTTP", server.http_base_url), ("gRPC", server.grpc_url), ("metrics", server.metrics_url),
+                             ("OpenAI", f"{front.url}/v1  (model '{front.deployment.served_model}')"),
+                             ("log", server.log_path)):
+            console.print(f"  {label:<8} {escape(str(value))}", highlight=False)
+        console.print("Press Ctrl-C to stop.")
+        while server.is_running() and front.is_running():
+            time.sleep(0.5)
+        what = "tritonserver" if not server.is_running() else "the OpenAI front"
+        console.print(f"[red]{what} stopped unexpectedly.[/red] Triton log: {escape(str(server.log_path))}")
+        return 1
+    except (ServerError, FrontError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print("stopping…")
+        return 0
+    finally:
+        if front is not None:
+            front.stop()
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,375 @@
+"""OpenAI's request and response shapes, checked and built without a server: what the front accepts, what it refuses
+(naming the field and the fix), and how a BLS Completion becomes an OpenAI response or stream chunk."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from trtspec.client import ClientError, Completion
+
+COMPLETION, CHAT = "text_completion", "chat.completion"
+SPECULATION_METHODS = ("draft_model", "prompt_lookup", "none")
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+
+# Accepted and ignored: they change nothing in the generated text.
+HARMLESS = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
+            "prompt_cache_retention", "parallel_tool_calls"}
+# OpenAI fields this front cannot honour: refused unless they hold their neutral value (so clients that send
+# the defaults explicitly still work). field -> (is the value neutral?, the fix).
+_UNSUPPORTED = {
+    "logprobs": (lambda v: v is False, "leave it out: this server returns no log probabilities"),
+    "top_logprobs": (lambda v: v == 0, "leave it out: this server returns no log probabilities"),
+    "echo": (lambda v: v is False, "leave it out: the prompt is not echoed; prepend it yourself"),
+    "best_of": (lambda v: v == 1 and not isinstance(v, bool), "leave it out or send 1"),
+    "suffix": (lambda v: v == "", "leave it out: insertion is not supported"),
+    "logit_bias": (lambda v: v == {}, "leave it out: logit biases are not supported"),
+    "presence_penalty": (lambda v: v == 0 and not isinstance(v, bool), "leave it out or send 0"),
+    "frequency_penalty": (lambda v: v == 0 and not isinstance(v, bool), "leave it out or send 0"),
+    "tools": (lambda v: v == [], "leave it out: tool calls are not supported"),
+    "tool_choice": (lambda v: v == "none", "leave it out: tool calls are not supported"),
+    "functions": (lambda v: v == [], "leave it out: function calls are not supported"),
+    "function_call": (lambda v: v == "none", "leave it out: function calls are not supported"),
+    "response_format": (lambda v: v == {"type": "text"}, "leave it out or send {\"type\": \"text\"}: structured "
+                        "output is not supported"),
+    "modalities": (lambda v: v == ["text"], "leave it out or send [\"text\"]"),
+    "audio": (lambda v: False, "leave it out: audio is not supported"),
+    "prediction": (lambda v: False, "leave it out: predicted outputs are not supported"),
+}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
+           # trtspec's additions, sent with the openai package's extra_body
+           "num_draft_tokens", "speculation", "adaptive_draft_length"}
+_FIELDS = {
+    COMPLETION: _COMMON | {"prompt", "echo", "best_of", "suffix", "logprobs", "logit_bias", "presence_penalty",
+                           "frequency_penalty"},
+    CHAT: _COMMON | {"messages", "max_completion_tokens"} | (set(_UNSUPPORTED) - {"echo", "best_of", "suffix"}),
+}
+
+
+class APIError(Exception):
+    """A request that gets an error in OpenAI's shape: `status`, its message (what and the fix), the field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str) -> APIError:
+    return APIError(400, f"{param}: {message}", param=param)
+
+
+@dataclass
+class Request:
+    """A checked OpenAI request: what the BLS is asked for (None: the BLS's or the front's default)."""
+
+    kind: str
+    model: str
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    max_tokens: int | None = None
+    max_tokens_param: str = "max_tokens"  # the field the client named it with, for errors
+    temperature: float = 1.0             # OpenAI's default: sampling; send 0 for greedy
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    num_draft_tokens: int | None = None
+    speculation: str | None = None
+    adaptive_draft_length: bool | None = None
+
+    def generate_kwargs(self) -> dict:
+        """SpecClient.generate's keywords (besides the prompt and max_tokens)."""
+        temperature, top_p = self.temperature, self.top_p
+        if top_p == 0.0:  # a nucleus of no mass is the likeliest token alone
+            temperature, top_p = 0.0, None
+        if temperature > 0 and top_p is None:
+            top_p = 1.0  # OpenAI's default; the BLS, as TensorRT-LLM, reads top_k 0 with top_p 0 as greedy
+        return {"temperature": temperature, "top_p": top_p if temperature > 0 else None, "seed": self.seed,
+                "stop_words": self.stop or None, "num_draft_tokens": self.num_draft_tokens,
+                "speculation": self.speculation, "adaptive_draft_length": self.adaptive_draft_length}
+
+
+# ---- checking a request ---------------------------------------------------------------------------------------
+
+def _int(body: dict, name: str, minimum: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad(name, f"must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise bad(name, f"must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _number(body: dict, name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise bad(name, f"must be a number between {low:g} and {high:g}, got {value!r}")
+    if not low <= value <= high:
+        raise bad(name, f"must be between {low:g} and {high:g}, got {value}")
+    return float(value)
+
+
+def _bool(body: dict, name: str) -> bool | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise bad(name, f"must be true or false, got {value!r}")
+    return value
+
+
+def _stop(value) -> list[str]:
+    if value is None:
+        return []
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
+        raise bad("stop", f"must be a non-empty string or a list of them, got {value!r}")
+    return list(dict.fromkeys(words))
+
+
+def _prompt(value) -> str:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if not isinstance(value, str):
+        raise bad("prompt", "must be a string (or a list of one string); token-id prompts and batches of prompts "
+                  "are not supported: send one text per request")
+    if not value:
+        raise bad("prompt", "must not be empty")
+    return value
+
+
+def _messages(value) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise bad("messages", "must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+    out = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad(where, f"must be an object with role and content, got {message!r}")
+        role, content = message.get("role"), message.get("content")
+        if role == "developer":  # OpenAI's newer name for the system role
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise bad(f"{where}.role", f"must be system, developer, user or assistant, got {role!r} (tool messages "
+                      "are not supported)")
+        if message.get("tool_calls") or message.get("function_call"):
+            raise bad(where, "tool and function calls are not supported; send plain text messages")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise bad(f"{where}.content", "only text parts ({\"type\": \"text\", \"text\": ...}) are "
+                              f"supported, got {part!r}")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if content is None and role == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise bad(f"{where}.content", f"must be a string or a list of text parts, got {content!r}")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def parse_request(body, kind: str) -> Request:
+    """Check an OpenAI request body (`kind`: COMPLETION or CHAT); APIError names the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    body = {k: v for k, v in body.items() if v is not None}  # null is OpenAI's "not given"
+    known = _FIELDS[kind] | HARMLESS
+    for name in body:
+        if name not in known:
+            other = "/v1/chat/completions" if kind == COMPLETION else "/v1/completions"
+            hint = f"it belongs to {other}" if name in _FIELDS[CHAT if kind == COMPLETION else COMPLETION] else \
+                "this server does not know it"
+            raise bad(name, f"is not supported here ({hint}); leave it out")
+    for name, (neutral, fix) in _UNSUPPORTED.items():
+        if name in body and name in _FIELDS[kind] and not neutral(body[name]):
+            raise bad(name, f"{body[name]!r} is not supported; {fix}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", "is required: the id of the served model (GET /v1/models lists it)")
+    req = Request(kind=kind, model=model)
+    if kind == COMPLETION:
+        if "prompt" not in body:
+            raise bad("prompt", "is required")
+        req.prompt = _prompt(body["prompt"])
+    else:
+        if "messages" not in body:
+            raise bad("messages", "is required")
+        req.messages = _messages(body["messages"])
+    limits = [("max_tokens", _int(body, "max_tokens", 1))]
+    if kind == CHAT:
+        limits.insert(0, ("max_completion_tokens", _int(body, "max_completion_tokens", 1)))
+    for name, value in limits:
+        if value is not None:
+            req.max_tokens, req.max_tokens_param = value, name
+            break
+    if kind == COMPLETION and req.max_tokens is None:
+        req.max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    req.temperature = 1.0 if temperature is None else temperature
+    req.top_p = _number(body, "top_p", 0.0, 1.0)
+    req.seed = _int(body, "seed", 0)
+    req.stop = _stop(body.get("stop"))
+    n = _int(body, "n", 1)
+    if n not in (None, 1):
+        raise bad("n", f"only 1 choice per request is supported, got {n}; send n separate requests (with "
+                  "different seeds) instead")
+    req.stream = bool(_bool(body, "stream"))
+    options = body.get("stream_options")
+    if options is not None:
+        if not req.stream:
+            raise bad("stream_options", "is only allowed with stream: true")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise bad("stream_options", f"must be {{\"include_usage\": true|false}}, got {options!r}")
+        req.include_usage = bool(_bool(options, "include_usage"))
+    req.num_draft_tokens = _int(body, "num_draft_tokens", 0)
+    speculation = body.get("speculation")
+    if speculation is not None and speculation not in SPECULATION_METHODS:
+        raise bad("speculation", f"must be one of {', '.join(SPECULATION_METHODS)}, got {speculation!r}")
+    req.speculation = speculation
+    req.adaptive_draft_length = _bool(body, "adaptive_draft_length")
+    return req
+
+
+# ---- the BLS's errors in OpenAI's shape --------------------------------------------------------------------------
+
+# SpecClient's message: "<model> (<protocol> <url>): <the BLS's message>"; a request error reads "<field>: <why>".
+_CLIENT_PREFIX = re.compile(r"^\S+ \((?:grpc|http) [^)]*\): ", re.DOTALL)
+_FIELD = re.compile(r"^(\w+): ")
+_UNAVAILABLE = re.compile(r"busy|unavailable|failed to connect|connection refused|not ready|is not found|"
+                          r"unknown model|socket closed|deadline exceeded|no final response", re.IGNORECASE)
+
+
+def bls_error(exc: Exception, req: Request) -> APIError:
+    """A failed BLS call as an OpenAI error: the request's fault (400, naming the OpenAI field), the server being
+    unreachable or busy (503), anything else (500)."""
+    if not isinstance(exc, ClientError):
+        return APIError(500, f"the front failed: {type(exc).__name__}: {exc}")
+    message = _CLIENT_PREFIX.sub("", str(exc), count=1)
+    names = {"text_input": "prompt" if req.kind == COMPLETION else "messages", "max_tokens": req.max_tokens_param,
+             "stop_words": "stop", "num_draft_tokens": "num_draft_tokens", "speculation": "speculation",
+             "temperature": "temperature", "top_p": "top_p", "seed": "seed",
+             "adaptive_draft_length": "adaptive_draft_length"}
+    m = _FIELD.match(message)
+    if m and m.group(1) in names:
+        param = names[m.group(1)]
+        return APIError(400, param + message[len(m.group(1)):], param=param)
+    if m and m.group(1) == "timeout_ms":  # the deployment's request_timeout_ms ran out
+        return APIError(504, f"the request ran past the deployment's time limit: {message}", code="timeout")
+    if _UNAVAILABLE.search(message):
+        return APIError(503, f"the inference server cannot take the request now: {message}", code="unavailable")
+    return APIError(500, f"the inference server failed: {message}")
+
+
+# ---- stop strings ----------------------------------------------------------------------------------------------
+
+class StopText:
+    """Cuts generated text before the first stop string, as OpenAI does (the BLS stops on the stop words' tokens
+    and keeps them in its output). Streaming, it holds back a tail that could be the start of a stop string."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.pending = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        if not self.stops:
+            return text
+        buf = self.pending + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self.pending = True, ""
+            return buf[:min(hits)]
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(buf)), hold, -1):
+                if buf.endswith(s[:k]):
+                    hold = k
+                    break
+        self.pending = buf[len(buf) - hold:] if hold else ""
+        return buf[:len(buf) - hold]
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+# ---- responses -----------------------------------------------------------------------------------------------
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex
+
+
+def finish_reason(completion: Completion, stop: StopText) -> str:
+    # The BLS says "length" when max_tokens ran out, "end_id" or "stop_words" otherwise.
+    return "stop" if stop.stopped or completion.finish_reason != "length" else "length"
+
+
+def usage(prompt_tokens: int, completion: Completion) -> dict:
+    n = len(completion.token_ids)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+
+
+def speculation(completion: Completion) -> dict:
+    """The BLS's acceptance figures for this request (trtspec's addition to OpenAI's response)."""
+    return {"acceptance_rate": completion.acceptance_rate, "accepted_draft_tokens": completion.accepted,
+            "draft_tokens": completion.drafted, "iterations": completion.iterations,
+            "tokens_per_iteration": completion.tokens_per_iteration, "fallbacks": dict(completion.fallbacks)}
+
+
+def response(req: Request, model: str, text: str, reason: str, prompt_tokens: int, completion: Completion) -> dict:
+    if req.kind == CHAT:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+    return {"id": new_id(req.kind), "object": req.kind, "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": usage(prompt_tokens, completion), "speculation": speculation(completion)}
+
+
+class Chunks:
+    """The stream of one request: OpenAI's chunk objects, all with the same id and creation time."""
+
+    def __init__(self, req: Request, model: str):
+        self.req, self.model = req, model
+        self.id, self.created = new_id(req.kind), int(time.time())
+        self.object = "chat.completion.chunk" if req.kind == CHAT else "text_completion"
+
+    def _chunk(self, choices: list, **extra) -> dict:
+        out = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
+        if self.req.include_usage:
+            out["usage"] = None  # as OpenAI: null on every chunk but the last
+        return out | extra
+
+    def _choice(self, text: str | None, reason: str | None, first: bool = False) -> dict:
+        if self.req.kind == CHAT:
+            delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+
+    def start(self) -> dict | None:
+        """The chat stream opens with the assistant's role, as OpenAI's does."""
+        return self._chunk([self._choice(None, None, first=True)]) if self.req.kind == CHAT else None
+
+    def text(self, text: str) -> dict:
+        return self._chunk([self._choice(text, None)])
+
+    def finish(self, text: str, reason: str, completion: Completion) -> dict:
+        return self._chunk([self._choice(text, reason)], speculation=speculation(completion))
+
+    def usage(self, prompt_tokens: int, completion: Completion) -> dict:
+        return self._chunk([]) | {"usage": usage(prompt_tokens, completion)}
