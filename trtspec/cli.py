@@ -75,7 +75,7 @@ def doctor(as_json: bool) -> None:
               "[default: 180 for the embedded backend, 600 for TensorRT-LLM, plus the engines' size at 250 MB/s].")
 @click.option("--openai-port", type=click.IntRange(1, 65535), help="Also serve an OpenAI-compatible API "
               "(/v1/completions, /v1/chat/completions) on this port of --host, e.g. 9000 [default: off].")
-@click.option("--served-model-name", help="Model id of the OpenAI API [default: the target engine's name].")
+@click.option("--served-model-name", help="Model id of the OpenAI API [default: the build config's name, from the repository's marker].")
 def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, print_command, start_timeout, openai_port,
           served_model_name) -> None:
     """Run tritonserver on a model repository in the foreground (Ctrl-C stops it).
@@ -94,8 +94,11 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
         click.echo(server_command_line(server))
         return
     if openai_port is not None:
+        from trtspec.marker import read_marker
         from trtspec.openai_api import run_with_triton
 
+        # the model id: the build config's name, as deploy recorded it (e.g. "demo")
+        served_model_name = served_model_name or (read_marker(repo) or {}).get("config")
         sys.exit(run_with_triton(server, Console(), start_timeout, port=openai_port,
                                  served_model_name=served_model_name))
     sys.exit(run_foreground(server, Console(), start_timeout))
@@ -140,13 +143,15 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
               help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding, as NVIDIA's BLS).")
 @click.option("--speculation", type=click.Choice(["draft_model", "prompt_lookup", "none"]),
               help="Draft source of requests that name none [default: the build config's speculation.method].")
+@click.option("--portable", is_flag=True, help="Write engine and tokenizer dirs as given (relative paths resolve against "
+              "the directory the server starts in) and keep the engines' configs in the marker: a repository to check in.")
 @click.option("--decoupled-mode", is_flag=True, help="Deploy tensorrt_llm and tensorrt_llm_draft decoupled, as NVIDIA's "
               "decoupled_mode: they then stream (streaming: true) and answer over gRPC streams only.")
 @click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
 @click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
 @click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")
 def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int,
-           speculation: str | None, decoupled_mode: bool, k8s_dir: str | None, image: str, pvc: str) -> None:
+           speculation: str | None, portable: bool, decoupled_mode: bool, k8s_dir: str | None, image: str, pvc: str) -> None:
     """Check the built engines, write the Triton model repository for them, then validate it."""
     from trtspec.build import default_output
     from trtspec.config import load_config
@@ -161,7 +166,7 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
         if speculation == "draft_model" and loaded.config.draft is None:
             raise click.UsageError("--speculation draft_model: the build config has no draft; use prompt_lookup or none")
         overrides["default_speculation"] = speculation
-    out = write_repository(loaded, engines_dir, repo, force=force, device=device, overrides=overrides)
+    out = write_repository(loaded, engines_dir, repo, force=force, device=device, overrides=overrides, portable=portable)
     problems = validate_repository(out)
     _report_problems(f"repository {out}", problems)
     if k8s_dir:

@@ -85,6 +85,7 @@ def write_repository(
     force: bool = False,
     device: str = "auto",
     overrides: Mapping[str, object] | None = None,
+    portable: bool = False,
 ) -> Path:
     """Write the model repository for a build into `out_dir` and return its absolute path.
 
@@ -93,48 +94,65 @@ def write_repository(
     by field name (e.g. {"engine_instance_count": 2, "triton_max_batch_size": 4}); a name no template uses is
     an error. The repository is written into a scratch dir and renamed into place, so `out_dir` is never half
     written. An existing `out_dir` is replaced only if it is empty or a trtspec repository, or with `force`.
+    `portable`: engine and tokenizer dirs are written as given (a relative `engines_dir` stays relative: it then
+    resolves against the directory tritonserver starts in), and the marker keeps the engines' config.json, so that
+    the repository can be checked in and re-rendered without the engines (`render_models`).
     Raises RepositoryError (or EngineError for an unreadable engine dir).
     """
     config = loaded_config.config if isinstance(loaded_config, LoadedConfig) else loaded_config
-    engines_dir = Path(engines_dir).expanduser().resolve()
+    engines_dir = Path(engines_dir).expanduser()
+    engines_dir = engines_dir if portable else engines_dir.resolve()
     out_dir = Path(out_dir).expanduser().resolve()
     _check_destination(out_dir, force)
     target, draft = _read_engines(config, engines_dir)
-    values = template_values(config, target, draft, device=_resolve_device(device))
-    _apply_overrides(values, overrides or {})
-    plans = plan_models(config, target, draft)
-    rendered, used = {}, set()
-    for plan in plans:
-        template = TEMPLATES_DIR / plan.template / CONFIG_FILE
-        fields = {**values, **plan.values}
-        rendered[plan.name] = render(template, fields)
-        used |= template_fields(template.read_text())
-    unused = sorted(set(overrides or {}) - used)
-    if unused:  # e.g. `device` for the trtllm backend, whose engine models do not run trtspec's engine
-        raise RepositoryError(f"no {config.backend} template has the field(s) {', '.join(unused)}; "
-                              f"they set: {', '.join(sorted(used))}")
+    device = _resolve_device(device)
+    plans, rendered = render_models(config, target, draft, device=device, overrides=overrides or {})
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
         for plan in plans:
             _write_model(scratch / plan.name, TEMPLATES_DIR / plan.template, rendered[plan.name])
+        source = str(loaded_config.source) if isinstance(loaded_config, LoadedConfig) else None
+        if portable and source and Path(source).is_absolute():
+            source = os.path.relpath(source)
         marker = {
             "trtspec": __version__,
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "config": config.name,
-            "config_path": str(loaded_config.source) if isinstance(loaded_config, LoadedConfig) else None,
+            "config_path": source,
             "backend": config.backend,
             "engines": {"target": str(target.path)} | ({"draft": str(draft.path)} if draft else {}),
             "models": [p.name for p in plans],
             "launch": launch_for(config, target, draft).to_dict(),  # how `trtspec serve` starts the server
         }
+        if portable:
+            marker |= {"device": device, "overrides": dict(overrides or {}),
+                       "engine_configs": {"target": target.raw} | ({"draft": draft.raw} if draft else {})}
         (scratch / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
         _replace_dir(scratch, out_dir)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return out_dir
+
+
+def render_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | None, *, device: str,
+                  overrides: Mapping[str, object]) -> tuple[list[ModelPlan], dict[str, str]]:
+    """The models of a repository and each one's config.pbtxt text."""
+    values = template_values(config, target, draft, device=device)
+    _apply_overrides(values, overrides)
+    plans = plan_models(config, target, draft)
+    rendered, used = {}, set()
+    for plan in plans:
+        template = TEMPLATES_DIR / plan.template / CONFIG_FILE
+        rendered[plan.name] = render(template, {**values, **plan.values})
+        used |= template_fields(template.read_text())
+    unused = sorted(set(overrides) - used)
+    if unused:  # e.g. `device` for the trtllm backend, whose engine models do not run trtspec's engine
+        raise RepositoryError(f"no {config.backend} template has the field(s) {', '.join(unused)}; "
+                              f"they set: {', '.join(sorted(used))}")
+    return plans, rendered
 
 
 def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo | None, *, device: str) -> dict[str, object]:
@@ -294,7 +312,7 @@ def _read_engines(config: BuildConfig, engines_dir: Path) -> tuple[EngineInfo, E
     infos, problems = {}, []
     for role in roles:
         try:
-            infos[role] = read_engine((engines_dir / role).resolve())
+            infos[role] = read_engine(engines_dir / role)
         except EngineError as exc:
             problems.append(f"{role}: {exc}")
     target, draft = infos.get("target"), infos.get("draft")

@@ -75,6 +75,13 @@ def read_engine(path: str | Path) -> EngineInfo:
         raw = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise EngineError(f"{config_path} is not valid JSON: {exc}") from exc
+    return engine_info(path, raw)
+
+
+def engine_info(path: str | Path, raw: dict) -> EngineInfo:
+    """An engine's facts from its config.json contents `raw` (read from `path`, or kept elsewhere)."""
+    path = Path(path)
+    config_path = path / CONFIG_FILE
 
     def get(*keys, default=...):
         node = raw
