@@ -1,7 +1,8 @@
 """The tensor contract between the orchestrator and an engine: TRT-LLM's `tensorrt_llm` model.
 
-One name table describes the tensors (name, dtype, dims) exactly as the `tensorrt_llm` model's config.pbtxt
-does; the Triton configs, the engine model, the BLS client and the in-process client are all driven by it.
+The name tables (trtspec.interfaces) describe the tensors (name, dtype, dims) exactly as NVIDIA's models'
+config.pbtxt files do; the Triton configs, the engine model, the BLS client and the in-process client are all
+driven by them.
 The orchestrator works with the typed `GenerationRequest` / `GenerationResult` below and never sees a
 tensor; `request_to_tensors` and friends are the one place where the two meet.
 
