@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from trtspec.contract import GenerationResult, result_to_tensors, tensors_to_request
 from trtspec.triton.common import model_parameters, parameter, respond_each
-from trtspec.triton.engine_model import engine_inputs, split_rows, stack_rows
+from trtspec.triton.engine_model import engine_inputs, split_rows
 
 SETTINGS_FILE = "trivial.json"
 
@@ -48,3 +50,17 @@ class TritonPythonModel:
         rows = split_rows(tensors)
         outputs = [answer(row, self.token) for row in rows]
         return outputs[0] if len(outputs) == 1 else stack_rows(outputs, pad_values={"output_ids": self.token})
+
+
+def stack_rows(outputs: list[dict[str, np.ndarray]], pad_values: dict[str, int | float]) -> dict[str, np.ndarray]:
+    """Single-row outputs -> one batch: each tensor padded to the largest shape (only names every row has)."""
+    names = [name for name in outputs[0] if all(name in o for o in outputs)]
+    stacked = {}
+    for name in names:
+        arrays = [np.asarray(o[name]) for o in outputs]
+        shape = np.max([a.shape for a in arrays], axis=0)
+        batch = np.full((len(arrays), *shape[1:]), pad_values.get(name, 0), dtype=arrays[0].dtype)
+        for i, a in enumerate(arrays):
+            batch[(i, *(slice(0, d) for d in a.shape[1:]))] = a[0]
+        stacked[name] = batch
+    return stacked

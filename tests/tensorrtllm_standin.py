@@ -63,8 +63,8 @@ class TritonPythonModel(EmbeddedEngineModel):
                 raise pb_utils.TritonModelException(f"{name} tensor must be present in list of output tensors")
         self._queue(regularized(engine_inputs(request)), sender)
 
-    def _response(self, calls, outcomes, tensors):
-        response = super()._response(calls, outcomes, tensors)
+    def _response(self, call, outcome, batch_index=None):
+        response = super()._response(call, outcome, batch_index)
         if response.has_error():
             return response
         outputs = {t.name(): t for t in response.output_tensors()}

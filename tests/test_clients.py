@@ -206,6 +206,21 @@ def test_streaming_through_the_ensemble_and_the_bls(decoupled):
         assert all("first_token_time_ns" in p for p in parts), model
 
 
+def test_a_batch_through_the_decoupled_ensemble(plain, decoupled):
+    """end_to_end_grpc_client.py --batch-inputs: rows concatenated on axis 0; each row answered on its own, placed
+    by batch_index. A batch needs decoupled engine models, as TensorRT-LLM's backend requires."""
+    prompts = [PROMPT, "Once upon a time"]
+    single = [streamed(decoupled, "ensemble", e2e_inputs(output_len=8) | {"text_input": text([p])})[0]["text_output"][0]
+              for p in prompts]
+    batch = {name: np.concatenate([v, v]) for name, v in e2e_inputs(output_len=8).items()}
+    batch["text_input"] = np.array([[p.encode()] for p in prompts], dtype=object)
+    parts = streamed(decoupled, "ensemble", batch)
+    assert sorted(int(p["batch_index"][0][0]) for p in parts) == [0, 1]
+    assert {int(p["batch_index"][0][0]): p["text_output"][0] for p in parts} == dict(enumerate(single))
+    with pytest.raises(InferenceServerException, match="batch of 2 requests needs a decoupled model"):
+        streamed(plain, "ensemble", batch)
+
+
 @pytest.mark.parametrize("name,value", [
     ("embedding_bias_words", text(["fox"])), ("beam_width", i32(2)), ("num_return_sequences", i32(2)),
     ("guided_decoding_guide_type", text(["json"])), ("lora_task_id", np.array([[3]], dtype=np.uint64)),

@@ -1,7 +1,10 @@
 """The tensors of the models `trtspec deploy` writes, as NVIDIA declares them for the models of the same name.
 
-Source: NVIDIA/TensorRT-LLM, `triton_backend/all_models/inflight_batcher_llm/<model>/config.pbtxt` at
-commit 2a9abd9536aa62ad3e4b9314be9286b1b1be523b (the tensorrt_llm model; see SOURCE_COMMITS for each). Names,
+Source: NVIDIA/TensorRT-LLM, `triton_backend/all_models/inflight_batcher_llm/<model>/config.pbtxt`, the latest
+versions before the pinned release 1.2.1: tensorrt_llm at 0c8de69a1ca6213eebb20a51873890ff128666c2 (1.2.0rc8; its
+tensors are those of 2a9abd9536aa62ad3e4b9314be9286b1b1be523b too), the others at the commit named above each
+table. NVIDIA templates some dtypes; these are the values trtspec fills in: FP32 logits (trtspec builds
+float32 logits), FP16 prompt tables and encoder features. Names,
 dtypes, dims, optional flags, reshapes and ragged batching are NVIDIA's, so a client written against NVIDIA's
 repository sends nothing a trtspec deployment refuses for its shape. trtspec's own additions (the BLS's
 speculation statistics and controls) are marked `extension`.
@@ -57,7 +60,7 @@ def _ragged(name: str, dtype: str, dims: tuple[int, ...], support: object = USED
     return TensorSpec(name, dtype, dims, ragged=True, support=support)
 
 
-# ---- tensorrt_llm (and tensorrt_llm_draft, the same model on the draft engine) ---------------------------------
+# ---- tensorrt_llm (and tensorrt_llm_draft, the same model on the draft engine); commit 0c8de69a1ca6 ------------
 ENGINE_INPUTS = (
     _ragged("input_ids", "INT32", (-1,)),
     _ragged("encoder_input_features", "FP16", (-1, -1), NEUTRAL_EMPTY),

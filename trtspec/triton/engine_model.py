@@ -4,8 +4,9 @@ Each request's tensors are those of TRT-LLM's `tensorrt_llm` model (trtspec.cont
 ENGINE_OUTPUTS). `execute` only checks and queues: the engine's scheduler runs on its own thread and batches
 every queued call into each forward pass (in-flight batching, trtspec.engine.scheduler), and each request is
 answered through its response sender as soon as its call ends, so a short verification never waits for a
-long generation that shares its steps. A request of batch size B > 1 becomes B calls; its outputs are padded
-to a common length (`sequence_length` says where each row ends).
+long generation that shares its steps. As TensorRT-LLM's backend: a request of batch size B > 1 needs a decoupled
+model, and becomes B calls, each answered by its own response with its `batch_index`; `streaming` needs a
+decoupled model too, and then each token goes out as it is chosen.
 Parameters: `engine_dir`, `device` ("cpu" or "cuda[:N]"), `enable_kv_cache_reuse`, `forward` (auto, compact, hf).
 """
 
@@ -74,21 +75,31 @@ class TritonPythonModel:
 
     def _queue(self, tensors: dict[str, np.ndarray], sender) -> None:
         calls = [tensors_to_request(row) for row in split_rows(tensors)]
+        if len(calls) > 1 and not self.decoupled:
+            # TensorRT-LLM's backend refuses it: "Batch size > 1 requires the tensorrt_llm backend to be using
+            # decoupled transaction policy" (model_instance_state.cc, 1.2.0rc8)
+            raise RequestError("input_ids", f"a batch of {len(calls)} requests needs a decoupled model, as TensorRT-LLM's "
+                                            "backend does; send one request at a time, or redeploy with "
+                                            "`trtspec deploy --decoupled-mode`")
         for call in calls:  # every row is checked before any is queued
             self.engine.check(call)
         if "streaming" in tensors and np.any(tensors["streaming"]):
             return self._stream(calls, tensors, sender)
-        outcomes: list = [None] * len(calls)
-        left = [len(calls)]
-        lock = threading.Lock()
+        if len(calls) == 1:
+            self.engine.submit(calls[0], lambda outcome: sender.send(
+                self._response(calls[0], outcome), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+            return
+        # a batch (decoupled only): one response per row as it ends, with its batch_index, as TensorRT-LLM answers
+        left, lock = [len(calls)], threading.Lock()
 
         def done(i, outcome):  # called on the engine's thread as each row's call ends
-            outcomes[i] = outcome
+            response = self._response(calls[i], outcome, batch_index=i)
             with lock:
                 left[0] -= 1
-                if left[0]:
-                    return
-            sender.send(self._response(calls, outcomes, tensors), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                last = not left[0]
+            sender.send(response)
+            if last:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
         for i, call in enumerate(calls):
             self.engine.submit(call, lambda outcome, i=i: done(i, outcome))
@@ -132,20 +143,14 @@ class TritonPythonModel:
 
         self.engine.submit(call, done, on_token=None if call.draft_input_ids else token)
 
-    def _response(self, calls, outcomes, tensors):
-        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-        if failed is not None:
-            return error_response(failed, self.name)
-        outputs = [self.engine.result_tensors(call, result) for call, result in zip(calls, outcomes)]
-        if len(outputs) > 1:
-            outputs = [stack_rows(outputs, pad_values={"output_ids": self._pad_id(tensors)})]
+    def _response(self, call, outcome, batch_index: int | None = None):
+        if isinstance(outcome, BaseException):
+            return error_response(outcome, self.name)
+        outputs = self.engine.result_tensors(call, outcome)
+        if batch_index is not None:
+            outputs["batch_index"] = np.asarray([[batch_index]], dtype=np.int32)
         return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs[0].items()])
-
-    def _pad_id(self, tensors) -> int:
-        if "pad_id" in tensors:
-            return int(np.asarray(tensors["pad_id"]).reshape(-1)[0])
-        return self.engine.pad_token_id if self.engine.pad_token_id is not None else 0
+            output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs.items()])
 
     def finalize(self):
         if self.engine is not None:
@@ -173,17 +178,3 @@ def split_rows(tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     if batch == 1:
         return [tensors]
     return [{name: np.asarray(v)[i : i + 1] for name, v in tensors.items()} for i in range(batch)]
-
-
-def stack_rows(outputs: list[dict[str, np.ndarray]], pad_values: dict[str, int | float]) -> dict[str, np.ndarray]:
-    """Single-row outputs -> one batch: each tensor padded to the largest shape (only names every row has)."""
-    names = [name for name in outputs[0] if all(name in o for o in outputs)]
-    stacked = {}
-    for name in names:
-        arrays = [np.asarray(o[name]) for o in outputs]
-        shape = np.max([a.shape for a in arrays], axis=0)
-        batch = np.full((len(arrays), *shape[1:]), pad_values.get(name, 0), dtype=arrays[0].dtype)
-        for i, a in enumerate(arrays):
-            batch[(i, *(slice(0, d) for d in a.shape[1:]))] = a[0]
-        stacked[name] = batch
-    return stacked
