@@ -193,3 +193,32 @@ def test_the_draft_config_names_the_model_class():
     config = draft_config(target, "LlamaForCausalLM", [0, 5], torch.arange(100))
     assert config.architectures == ["LlamaForCausalLM"] and config.num_hidden_layers == 2
     assert config.trtspec_head_tokens == 100 and config.tie_word_embeddings is False
+
+
+def test_answers_are_the_targets_own_whatever_the_batch(target):
+    """The engine's forward answers: greedy answers equal Hugging Face's greedy `generate`, with its raw logits,
+    and neither greedy nor seeded sampled answers depend on how many rows decode together."""
+    from trtspec.distill import _compact
+    from trtspec.distill.data import _generate
+
+    info = inspect_checkpoint(target)
+    model = load_model(info, torch.float32).eval()
+    compact = _compact(model, info.architecture, torch.device("cpu"))
+    prompts = [[5, 17, 33], [9], [101, 7, 250, 3, 3, 8], [42, 42]]
+    eos = 2
+    one = _generate(compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=1, top_k=8, seed=0, eos_id=eos)
+    three = _generate(compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=3, top_k=8, seed=0, eos_id=eos)
+    for ids, a, b in zip(prompts, one, three):
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.topk_ids, b.topk_ids) and torch.equal(a.topk_logits, b.topk_logits)
+        with torch.inference_mode():
+            hf = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0,
+                                output_logits=True, return_dict_in_generate=True)
+        answer = hf.sequences[0, len(ids):].tolist()
+        assert a.ids[a.first:].tolist() == answer
+        top = torch.stack(hf.logits, dim=1)[0].topk(8, dim=-1)
+        assert torch.equal(a.topk_ids[:, 0], top.indices[:, 0].to(torch.int32))
+        torch.testing.assert_close(a.topk_logits.float(), top.values, atol=2e-2, rtol=1e-2)
+    sampled = [_generate(compact, prompts, [0, 1, 2, 3], temperature=1.0, max_new_tokens=12, batch_size=bs, top_k=8,
+                         seed=3, eos_id=eos) for bs in (1, 4)]
+    assert [s.ids.tolist() for s in sampled[0]] == [s.ids.tolist() for s in sampled[1]]
+    assert [s.ids.tolist() for s in sampled[0]] != [s.ids.tolist() for s in one]  # sampling, not greedy

@@ -430,10 +430,12 @@ def _apply_bench_tuning(repo: str, tuning: dict) -> None:
               help="Round the target's weights as the engine will (match the build config's quantization).")
 @click.option("--eval-every", default=25_000, show_default=True, type=click.IntRange(min=1), help="Tokens between evaluations and checkpoints.")
 @click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(min=0.0, min_open=True), help="Peak learning rate.")
+@click.option("--generate-batch", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Answers the target decodes at once (rows of one engine step).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N, or auto.")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch [default: torch's].")
 def distill(target, output, layers, init, data, tokens, seed, resume, head_tokens, prompts, samples, temperature,
-            max_new_tokens, target_quantization, eval_every, lr, device, threads) -> None:
+            max_new_tokens, target_quantization, eval_every, lr, generate_batch, device, threads) -> None:
     """Train a draft for a target: a few of its layers, on its own answers, to match its next-token distribution."""
     from trtspec.distill import DistillOptions, run_distill
 
@@ -441,7 +443,7 @@ def distill(target, output, layers, init, data, tokens, seed, resume, head_token
         target=target, output=Path(output), layers=layers, init=init, data=list(data), tokens=tokens, seed=seed,
         resume=resume, head_tokens=head_tokens, prompts=prompts, samples=samples, temperature=temperature,
         max_new_tokens=max_new_tokens, target_quantization=target_quantization, eval_every=eval_every, lr=lr,
-        device=device, threads=threads), console)
+        generate_batch=generate_batch, device=device, threads=threads), console)
 
 
 def main() -> None:

@@ -69,7 +69,7 @@ class DistillOptions:
     eval_every: int = 25_000
     batch_tokens: int = 4096
     lr: float = 5e-4
-    generate_batch: int = 16
+    generate_batch: int = 32
     device: str = "auto"
     threads: int | None = None
 
@@ -143,7 +143,6 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     tokenized = [D.tokenize_source(src, tokenizer, info.vocab_size) for src in sources]
     heldout, _ = D.tokenize_source(D.read_source(HELDOUT, limit=o.eval_prompts), tokenizer, info.vocab_size)
     eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
 
     work = output / WORK_DIR
     work.mkdir(parents=True, exist_ok=True)
@@ -159,14 +158,15 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
         target = load_model(info, torch.float32)
         _round_like_engine(target, o.target_quantization)
         target.to(device)
+        answerer = _compact(target, info.architecture, device)
         progress.update(step, description="target loaded", total=1, completed=1)
         train_seqs, stats = [], {}
         for src, (prompt_ids, text_ids) in zip(sources, tokenized):
             seqs = []
             for sample in range(o.samples if prompt_ids else 0):
                 temperature = 0.0 if sample == 0 else o.temperature
-                seqs += _answers(target, prompt_ids, work, fingerprint, o, temperature, o.seed + sample, o.max_new_tokens,
-                                 eos, pad, progress, f"{src.spec}: answers {sample + 1}/{o.samples}")
+                seqs += _answers(answerer, prompt_ids, work, fingerprint, o, temperature, o.seed + sample, o.max_new_tokens,
+                                 eos, progress, f"{src.spec}: answers {sample + 1}/{o.samples}")
             if text_ids:
                 key = D.cache_key(kind="text", target=fingerprint, ids=text_ids, top_k=o.top_k, quant=o.target_quantization)
                 task = progress.add_task(f"{src.spec}: target logits", total=None)
@@ -175,8 +175,9 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
                                         progress=lambda i, n, t=task: progress.update(t, completed=i, total=n))
             stats[src.spec] = {"sequences": len(seqs), "tokens": sum(s.supervised for s in seqs)}
             train_seqs += seqs
-        heldout_seqs = _answers(target, heldout, work, fingerprint, o, 0.0, 0, o.eval_tokens, eos, pad, progress,
+        heldout_seqs = _answers(answerer, heldout, work, fingerprint, o, 0.0, 0, o.eval_tokens, eos, progress,
                                 f"{HELDOUT}: answers")
+        del answerer
     if not train_seqs or not sum(s.supervised for s in train_seqs):
         raise DistillError("the data gave no tokens to learn from")
     console.print("data: " + ", ".join(f"{escape(k)} {v['sequences']} sequences / {v['tokens']:,} tokens" for k, v in stats.items())
@@ -210,13 +211,25 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     return output
 
 
-def _answers(target, prompt_ids, work, fingerprint, o, temperature, seed, max_new_tokens, eos, pad, progress, label):
-    key = D.cache_key(kind="answers", target=fingerprint, ids=prompt_ids, temperature=temperature, seed=seed,
+def _compact(target, architecture: str, device):
+    """The embedded engine's forward on the teacher's (rounded) weights: it answers the prompts, batched."""
+    import copy
+
+    from trtspec.engine.model import CompactModel
+
+    config = copy.copy(target.config)
+    config.architectures = [architecture]  # a model loaded from GGUF has none
+    state = {name: t.detach() for name, t in target.state_dict().items()}
+    return CompactModel(config, state, dtype=torch.float32, device=device)
+
+
+def _answers(model, prompt_ids, work, fingerprint, o, temperature, seed, max_new_tokens, eos, progress, label):
+    key = D.cache_key(kind="engine-answers", target=fingerprint, ids=prompt_ids, temperature=temperature, seed=seed,
                       max_new_tokens=max_new_tokens, top_k=o.top_k, quant=o.target_quantization, batch=o.generate_batch)
     task = progress.add_task(label, total=None)
-    return D.generate_answers(target, prompt_ids, D.ShardStore(work / "data" / key), temperature=temperature,
+    return D.generate_answers(model, prompt_ids, D.ShardStore(work / "data" / key), temperature=temperature,
                               max_new_tokens=max_new_tokens, batch_size=o.generate_batch, top_k=o.top_k, seed=seed,
-                              eos_id=eos, pad_id=pad, progress=lambda i, n: progress.update(task, completed=i, total=n))
+                              eos_id=eos, progress=lambda i, n: progress.update(task, completed=i, total=n))
 
 
 def _train(draft, examples, heldout, o: DistillOptions, work: Path, device, console, save) -> list[dict]:
@@ -305,7 +318,7 @@ def reproduce_command(o: DistillOptions) -> str:
     defaults = DistillOptions(target=o.target, output=o.output)
     parts = ["trtspec", "distill", "--target", o.target, "--output", str(o.output)]
     for key in ("layers", "init", "tokens", "seed", "head_tokens", "prompts", "samples", "temperature", "max_new_tokens",
-                "target_quantization", "eval_every", "lr", "threads"):
+                "target_quantization", "eval_every", "lr", "generate_batch", "threads"):
         value = getattr(o, key)
         if value != getattr(defaults, key) or key == "seed":
             parts += [f"--{key.replace('_', '-')}", str(value)]

@@ -196,50 +196,69 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temperature: float, max_new_tokens: int,
-                     batch_size: int, top_k: int, seed: int, eos_id: int | None, pad_id: int,
+                     batch_size: int, top_k: int, seed: int, eos_id: int | None,
                      progress: Callable[[int, int], None] | None = None) -> list[Sequence]:
     """The target's answers to `prompts` (greedy when temperature is 0), with the raw logits of each answer token.
 
-    Prompts are batched by length (left padding); each batch is one shard, seeded by its index, so an interrupted
-    run resumes at the first missing shard and produces the same sequences."""
-    from transformers import GenerationConfig
-
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=temperature > 0, temperature=temperature if temperature > 0 else None,
-        top_k=None, top_p=None, eos_token_id=eos_id, pad_token_id=pad_id,
-        output_logits=True, return_dict_in_generate=True,
-    )
+    `model` is the embedded engine's compact forward (`trtspec.engine.model.CompactModel`): answers are what the
+    deployed target says, and `batch_size` rows decode together, a finished row's place going to the next prompt.
+    Shards hold SHARD_BATCHES batches' worth of prompts; a sampled answer is seeded by its prompt's index, so an
+    interrupted run resumes at the first missing shard and produces the same sequences."""
+    per_shard = batch_size * SHARD_BATCHES
+    shards = [list(range(i, min(i + per_shard, len(prompts)))) for i in range(0, len(prompts), per_shard)]
     out: list[Sequence] = []
-    for index, batch in enumerate(batches):
+    for index, shard in enumerate(shards):
         if not store.has(index):
-            store.save(index, _generate_batch(model, [prompts[i] for i in batch], config, top_k, seed * 100_003 + index,
-                                              eos_id, pad_id))
+            store.save(index, _generate(model, [prompts[i] for i in shard], shard, temperature=temperature,
+                                        max_new_tokens=max_new_tokens, batch_size=batch_size, top_k=top_k, seed=seed,
+                                        eos_id=eos_id))
         out += store.load(index)
         if progress:
-            progress(index + 1, len(batches))
+            progress(index + 1, len(shards))
     return out
 
 
+SHARD_BATCHES = 4
+
+
 @torch.inference_mode()
-def _generate_batch(model, batch: list[list[int]], config, top_k: int, seed: int, eos_id, pad_id) -> list[Sequence]:
-    width = max(map(len, batch))
-    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, ids in enumerate(batch):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        mask[row, width - len(ids):] = 1
-    torch.manual_seed(seed)
-    result = model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config)
-    new = result.sequences[:, width:].cpu()
-    logits = torch.stack(result.logits, dim=1)  # [batch, new tokens, vocab]
+def _generate(model, prompts: list[list[int]], numbers: list[int], *, temperature: float, max_new_tokens: int,
+              batch_size: int, top_k: int, seed: int, eos_id: int | None) -> list[Sequence]:
+    """Decode the prompts `batch_size` rows at a time, one token per row and step, each until its end token (kept,
+    with its logits: the draft learns to end too) or `max_new_tokens`."""
+    from trtspec.engine.model import Segment
+
+    answers: list[list[int]] = [[] for _ in prompts]
+    kept: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in prompts]  # top-k (ids, logits) per token
+    generators = [torch.Generator().manual_seed(seed * 1_000_003 + n) for n in numbers] if temperature > 0 else None
+    waiting, running, kvs = list(range(len(prompts))), [], {}
+    segments: list[Segment] = []
+    while waiting or running:
+        while waiting and len(running) < batch_size:  # admit: the new row's prompt goes through in this step
+            row = waiting.pop(0)
+            kvs[row] = model.new_kv(len(prompts[row]) + max_new_tokens)
+            running.append(row)
+            segments.append(Segment(prompts[row], 0, kvs[row], 1))
+        logits = model.forward(segments)
+        still = []
+        for row, x in zip(running, logits):
+            raw = x[-1].float().cpu()
+            if generators is None:
+                token = int(raw.argmax())
+            else:
+                token = int(torch.multinomial(torch.softmax(raw / temperature, dim=-1), 1, generator=generators[row]))
+            answers[row].append(token)
+            kept[row].append(_topk(raw, top_k))
+            if token != eos_id and len(answers[row]) < max_new_tokens:
+                still.append(row)
+            else:
+                del kvs[row]
+        running = still
+        segments = [Segment([answers[r][-1]], len(prompts[r]) + len(answers[r]) - 1, kvs[r], 1) for r in running]
     sequences = []
-    for row, ids in enumerate(batch):
-        answer = new[row].tolist()
-        n = answer.index(eos_id) + 1 if eos_id is not None and eos_id in answer else len(answer)
-        top_ids, top_values = _topk(logits[row, :n], top_k)
-        sequences.append(Sequence(torch.tensor(ids + answer[:n], dtype=torch.int32), len(ids), top_ids, top_values))
+    for ids, answer, top in zip(prompts, answers, kept):
+        sequences.append(Sequence(torch.tensor(ids + answer, dtype=torch.int32), len(ids),
+                                  torch.stack([i for i, _ in top]), torch.stack([v for _, v in top])))
     return sequences
 
 
