@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from trtspec import bench as b
 
@@ -185,6 +186,25 @@ def test_adaptive_cells_compare_ttft_and_count_fallbacks():
     assert cell["bound"] is None and cell["speedup"] == pytest.approx(0.30 / 0.32)
     assert b.tune([base_cell, cell])["best_k"] == {"1": 0}  # tuning reads fixed-K cells only
 
+def test_summary_row_and_why_it_paid():
+    cells = _synthetic_cells()
+    report = {"cells": cells, "settings": {"speculation": "draft_model"}}
+    (row,) = b.summary_rows(report, "chat", identical=True)
+    assert row["workload"] == "chat" and row["concurrency"] == 1 and row["k"] == 2 and row["identical"] is True
+    assert row["target_only_tokens_per_s"] == pytest.approx(20 / 0.30) and row["speedup"] == pytest.approx(1.25)
+    assert row["acceptance"] == 1.0 and row["tokens_per_call"] == 3.0 and row["bound"] == pytest.approx(140 / 141)
+    # 6 of 8 calls drafted (each request's first is the prefill); a call: 1.2 steps to verify + 2 x 0.5 to draft
+    assert row["why"] == ("C=1, K=2: 6 of 8 target calls verified drafts; 100% of drafted tokens accepted gave 3.00 "
+                          "tokens per call, and a call cost 2.20 target steps (1.20 to verify, 1.00 to draft), so it "
+                          "paid: 1.25x of a bound of 0.99x.")
+    slow = dict(cells[1], speedup=0.8, drafted=0)
+    assert "nothing was drafted" in b.summary_rows({"cells": [cells[0], slow], "settings": {}}, "x")[0]["why"]
+    console = Console(record=True, width=140)
+    b.render_summary([row], console)
+    text = console.export_text()
+    assert "chat" in text and "draft model" in text and "1.25x" in text and "yes" in text and row["why"][:40] in text
+
+
 def test_failed_requests_are_counted_not_measured():
     records = [_record(0, 0, tokens=10, seconds=0.1, verify_ms=100),
                b.RequestRecord(1, 0, 0, 1, error="tensorrt_llm_bls: max_tokens ...")]
@@ -353,6 +373,7 @@ def test_bench_end_to_end(bench_server, tmp_path):
         "--output", str(report), "--plot", str(plot), "--apply", str(bench_server.repo)])
     assert result.exit_code == 0, result.output
     assert "skipping K=9" in result.output and "default_num_draft_tokens" in result.output
+    assert "speculative vs target-only" in result.output and "target calls verified drafts" in result.output
     assert "restart" in result.output
 
     data = json.loads(report.read_text())

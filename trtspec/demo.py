@@ -1,104 +1,130 @@
 """`trtspec demo`: the whole path on the embedded default, end to end, leaving nothing running.
 
-build the demo pair -> deploy a model repository -> serve it with tritonserver -> stream answers ->
-compare target-only and speculative outputs token by token -> one summary table.
+build the demo pair -> deploy a model repository -> serve it with tritonserver -> stream two answers -> measure two
+workloads side by side with target-only (`trtspec bench`'s interleaved runs) -> check that greedy outputs are the
+target's own (`trtspec validate`'s comparison) -> one table, with a sentence per row on why speculation paid or not.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trtspec.build import run_build
 from trtspec.config import load_config
 from trtspec.repository import write_repository
 from trtspec.server import TritonServer, free_port
 
-PROMPTS = [
-    "Write a Python function that checks whether a number is prime.",
-    "Explain in three sentences why the sky is blue.",
-    "List five tips for writing clear technical documentation.",
-    "What is the difference between a list and a tuple in Python?",
-]
+
+@dataclass(frozen=True)
+class Workload:
+    """What one row (or two) of the demo's table measures: a prompt set, its draft source and K, the concurrencies."""
+
+    name: str
+    prompts: str          # a `trtspec bench` prompt set
+    speculation: str      # the draft source of the speculative requests
+    k: int
+    max_tokens: int
+    concurrencies: tuple[int, ...] = (1,)
+    requests: int = 4     # per cell
+    checked: int = 2      # prompts whose greedy outputs are compared token by token
+
+
+def workloads(config, *, max_tokens: int, num_draft_tokens: int | None) -> list[Workload]:
+    """Chat with the draft model (at concurrency 1 and 4), and code editing with prompt lookup, whose answers
+    copy long runs of the prompt, so it drafts the most the deployment allows."""
+    spec = config.speculation
+    return [
+        Workload("chat", "builtin:chat", "draft_model", num_draft_tokens or spec.num_draft_tokens, max_tokens, (1, 4)),
+        Workload("code editing", "builtin:code-edit", "prompt_lookup", spec.max_draft_len, 2 * max_tokens),
+    ]
 
 
 def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft_tokens: int | None = None) -> int:
-    from transformers import AutoTokenizer
-
     from trtspec.client import SpecClient
-    from trtspec.validate import Tokens, run_validation
 
     console = Console()
     loaded = load_config(config_path)
     config = loaded.config
-    k = num_draft_tokens if num_draft_tokens is not None else config.speculation.num_draft_tokens
     workdir = workdir.resolve()
     engines = run_build(config_path, workdir / "engines", console=console)
     repo = write_repository(loaded, engines, workdir / "model_repository", force=True)
     console.print(f"model repository in {repo}")
     self_draft = config.draft is not None and config.draft.checkpoint == config.target.checkpoint
+    plan = workloads(config, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens)
 
-    tokenizer = AutoTokenizer.from_pretrained(str(engines / "target"))
-    prompts = [_chat(tokenizer, p) for p in PROMPTS]
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     with console.status("starting tritonserver (loads both engines)…"):
         server.start()
     try:
         with SpecClient(server.grpc_url, protocol="grpc") as client:
-            for question, prompt in zip(PROMPTS[:2], prompts[:2]):
-                console.rule(f"[bold]{question}")
-                client.generate(prompt, max_tokens=max_tokens, num_draft_tokens=k, stream=True,
-                                on_chunk=lambda chunk: console.print(chunk.text, end="", markup=False, highlight=False))
-                console.print()
-            console.rule("target-only vs speculative, greedy, side by side")
-            with console.status("comparing…") as status:
-                # the deployment's default draft length (adaptive), as a request gets it
-                report = run_validation(client, prompts, [k], max_tokens=max_tokens, fixed_k=False,
-                                        tokens=Tokens(client, engines / "target"), progress=status.update)
+            for w in plan:
+                _stream_one(console, client, w, engines / "target")
+        rows, checks = [], []
+        for w in plan:
+            rows_w, check = _measure(console, server.grpc_url, w, engines / "target")
+            rows += rows_w
+            checks.append(check)
     finally:
         server.stop()
-    return _summary(console, report, self_draft, workdir)
+    return _summary(console, rows, checks, self_draft, workdir)
 
 
-def _chat(tokenizer, question: str) -> str:
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
-    return question
+def _stream_one(console: Console, client, w: Workload, tokenizer_dir: Path) -> None:
+    from trtspec.bench import Prompts, load_prompt_set
+
+    prompts = Prompts(load_prompt_set(w.prompts), tokenizer_dir=tokenizer_dir, numbered=False)
+    question = prompts.texts[0].splitlines()[0]
+    console.rule(f"[bold]{w.name}, {w.speculation}, K={w.k}: {question}", characters="─")
+    client.generate(prompts.text(0), max_tokens=w.max_tokens // 2, num_draft_tokens=w.k, stream=True,
+                    speculation=w.speculation, on_chunk=lambda c: console.print(c.text, end="", markup=False, highlight=False))
+    console.print()
 
 
-def _summary(console: Console, report, self_draft: bool, workdir: Path) -> int:
-    result = report.results[0]
-    plain, spec = result.baseline_tokens_per_second, result.tokens_per_second
-    speedup = spec / plain if plain else 0.0
-    if result.mismatches or result.errors or report.errors:
-        identical = "[red]NO"
-    elif result.near_ties:
-        identical = f"yes, but {result.near_ties} near-tie(s)"
-    else:
-        identical = "yes"
-    table = Table(title="trtspec demo" + (" (the draft is the target itself)" if self_draft else ""))
-    for col in ("prompts", "K", "acceptance", "target-only tok/s", "speculative tok/s", "speedup", "outputs identical"):
-        table.add_column(col, justify="right")
-    table.add_row(str(result.runs), str(result.k), f"{result.acceptance or 0:.2f}", f"{plain:.1f}", f"{spec:.1f}",
-                  f"{speedup:.2f}x", identical)
-    console.print(table)
-    for d in result.differences:
-        verdict = d.verdict
-        detail = f"gap {verdict.gap:.4f}, allowed {verdict.allowed:.4f}" if verdict else d.error
-        console.print(f"  prompt {d.prompt_index + 1}, token {d.position}: target-only {d.expected_text}, "
-                      f"speculative {d.got_text}: {d.kind} ({detail})", markup=False, highlight=False)
+def _measure(console: Console, url: str, w: Workload, tokenizer_dir: Path) -> tuple[list[dict], dict]:
+    """The workload's interleaved bench run (target-only and K, each concurrency), then the output check."""
+    from trtspec import bench as b
+    from trtspec.client import SpecClient
+    from trtspec.validate import Tokens, run_validation
+
+    settings = b.BenchSettings(url=url, protocol="grpc", prompts_source=w.prompts, tokenizer=str(tokenizer_dir),
+                               concurrencies=w.concurrencies, ks=(0, w.k), max_tokens=w.max_tokens,
+                               requests=w.requests, stream=True, speculation=w.speculation)
+    prompts = b.Prompts(b.load_prompt_set(w.prompts), tokenizer_dir=tokenizer_dir)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        report = b.run_bench(settings, prompts, progress=progress)
+        task = progress.add_task(f"{w.name}: comparing outputs with target-only", total=None)
+        with SpecClient(url, protocol="grpc") as client:
+            checked = run_validation(client, [prompts.text(i) for i in range(w.checked)], [w.k], max_tokens=w.max_tokens,
+                                     speculation=w.speculation, tokens=Tokens(client, tokenizer_dir),
+                                     progress=lambda msg: progress.update(task, description=f"{w.name}: {msg}"))
+    result = checked.results[0]
+    identical = checked.passed(allow_near_ties=True) and not result.errors
+    check = {"workload": w.name, "prompts": result.runs, "identical": result.matches, "near_ties": result.near_ties,
+             "mismatches": result.mismatches, "errors": checked.errors + result.errors,
+             "differences": [f"prompt {d.prompt_index + 1}, token {d.position}: target-only {d.expected_text!r}, "
+                             f"speculative {d.got_text!r}: {d.kind}" for d in result.differences]}
+    return b.summary_rows(report, w.name, identical), check
+
+
+def _summary(console: Console, rows: list[dict], checks: list[dict], self_draft: bool, workdir: Path) -> int:
+    from trtspec.bench import render_summary, table_console
+
+    title = "trtspec demo: speculative vs target-only, greedy, streamed" + (" (the draft is the target itself)" if self_draft else "")
+    render_summary(rows, table_console(), title)
+    for check in checks:
+        for line in check["differences"] + check["errors"]:
+            console.print(f"  {check['workload']}: {line}", markup=False, highlight=False)
     if self_draft:
         console.print("The draft is the target itself: nearly every draft token is accepted, but drafting costs as much "
                       "as decoding, so this shows correctness and the orchestration, not a speed-up.")
-    summary = {
-        "num_draft_tokens": result.k, "self_draft": self_draft, "acceptance_rate": result.acceptance,
-        "target_only_tokens_per_s": plain, "speculative_tokens_per_s": spec, "speedup": speedup,
-        "identical": result.matches, "near_ties": result.near_ties, "mismatches": result.mismatches,
-        "errors": report.errors + result.errors,
-    }
-    (workdir / "demo-report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    report = {"rows": rows, "output_checks": checks}
+    (workdir / "demo-report.json").write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"report: {workdir / 'demo-report.json'}")
-    return 0 if report.passed(allow_near_ties=True) else 1
+    ok = all(r["identical"] and not r["errors"] for r in rows) and all(not c["errors"] for c in checks)
+    return 0 if ok else 1

@@ -254,20 +254,23 @@ class Tokens:
 
 def run_validation(client: SpecClient, prompts: Sequence[str], ks: Sequence[int], *, max_tokens: int,
                    tokens: Tokens | None = None, tolerance: float = DEFAULT_TIE_TOLERANCE,
-                   engine_model: str = "tensorrt_llm", fixed_k: bool = True,
+                   engine_model: str = "tensorrt_llm", fixed_k: bool = True, speculation: str | None = None,
                    progress: Callable[[str], None] | None = None) -> Report:
     """Run every prompt target-only and with each K (greedy), compare, and explain each first difference.
     `fixed_k`: draft exactly K every iteration, so that drafts are really verified (the adaptive draft length may
     stop drafting, and a check in which nothing was drafted compares target-only with itself); False: the
-    deployment's own draft-length policy, for figures of what a request gets by default."""
-    adaptive = {"adaptive_draft_length": False} if fixed_k else {}
+    deployment's own draft-length policy, for figures of what a request gets by default. `speculation`: the draft
+    source of the speculative requests (default: the deployment's)."""
+    fields = {"adaptive_draft_length": False} if fixed_k else {}
+    if speculation:
+        fields["speculation"] = speculation
     tokens = tokens or Tokens(client)
     say = progress or (lambda _msg: None)
     report = Report(list(prompts), max_tokens, tolerance, [KResult(k) for k in ks])
     greedy = {"max_tokens": max_tokens, "top_k": 1, "return_perf_metrics": True}
     for k in (0, *ks[:1]):  # the first requests of a fresh server pay for warm-up: keep them out of the timings
         try:
-            client.generate(prompts[0], max_tokens=min(max_tokens, 4), num_draft_tokens=k, **adaptive)
+            client.generate(prompts[0], max_tokens=min(max_tokens, 4), num_draft_tokens=k, **fields)
         except ClientError:
             pass
     for i, prompt in enumerate(prompts):
@@ -280,7 +283,7 @@ def run_validation(client: SpecClient, prompts: Sequence[str], ks: Sequence[int]
         for result in report.results:
             say(f"prompt {i + 1}/{len(prompts)}: K={result.k}")
             try:
-                spec = client.generate(prompt, num_draft_tokens=result.k, **adaptive, **greedy)
+                spec = client.generate(prompt, num_draft_tokens=result.k, **fields, **greedy)
             except ClientError as exc:
                 result.errors.append(f"prompt {i + 1}: {exc}")
                 continue

@@ -92,7 +92,9 @@ from trtspec.bench.cells import RequestRecord, analyse, bound, record_from_compl
 from trtspec.bench.prompts import (
     BUILTIN, PROMPT_SETS, RANDOM, Prompts, builtin_prompt_path, load_prompt_set, parse_int_list, random_token_prompts,
 )
-from trtspec.bench.report import cell_label, render, table_console, write_plot, write_report
+from trtspec.bench.report import (
+    cell_label, render, render_summary, summary_rows, table_console, write_plot, write_report,
+)
 from trtspec.bench.run import (
     BLS_MODEL, DRAFT_LENGTHS, PROBE, BenchSettings, Block, command_line, deployment_info, environment,
     finish_environment, run_bench, run_block, schedule, variants,
@@ -106,7 +108,7 @@ __all__ = [
     "builtin_prompt_path", "cell_label", "command_line", "decode_speedup", "deployment_info", "distribution",
     "environment", "estimate_alpha", "expected_tokens_per_iteration", "finish_environment", "fit_verify_cost",
     "leviathan_speedup", "load_prompt_set", "parse_int_list", "percentile", "predicted_speedup", "random_token_prompts",
-    "record_from_completion", "render", "run_bench", "run_block", "schedule", "set_parameters", "speculation_limit",
-    "summarize_cell", "table_console", "target_step_ms", "tune", "tuned_values", "variants", "write_plot",
+    "record_from_completion", "render", "render_summary", "run_bench", "run_block", "schedule", "set_parameters", "speculation_limit",
+    "summarize_cell", "summary_rows", "table_console", "target_step_ms", "tune", "tuned_values", "variants", "write_plot",
     "write_report",
 ]

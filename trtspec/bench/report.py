@@ -112,6 +112,7 @@ def render(report: dict, console) -> None:
     tuning.add_row("verify_cost_fixed", _fmt(t.get("verify_cost_fixed"), ".3f"))
     tuning.add_row("verify_cost_per_token", _fmt(t["verify_cost_per_token"], ".3f"))
     console.print(tuning)
+    render_summary(summary_rows(report, s["prompts"]), console)
 
 
 def write_plot(report: dict, path: str | os.PathLike) -> Path:
@@ -157,3 +158,71 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
     return path
 
 
+
+
+# ---- the summary: each speculative cell against target-only, in one table --------------------------------------
+
+def summary_rows(report: dict, workload: str, identical: bool | None = None) -> list[dict]:
+    """One row per fixed-K cell of `report`: its figures against the target-only cell of its concurrency, and a
+    sentence on why it paid or did not. `identical`: whether greedy outputs matched target-only (None: not checked)."""
+    cells = report["cells"]
+    base = {c["concurrency"]: c for c in cells if c["k"] == 0}
+    rows = []
+    for c in sorted((c for c in cells if c["k"] > 0 and not c.get("adaptive")), key=lambda c: (c["concurrency"], c["k"])):
+        b0 = base.get(c["concurrency"]) or {}
+        rows.append({
+            "workload": workload, "speculation": report["settings"].get("speculation") or "deployment default",
+            "concurrency": c["concurrency"], "k": c["k"], "requests": c["requests"],
+            "target_only_tokens_per_s": b0.get("tokens_per_s_aggregate"), "speculative_tokens_per_s": c["tokens_per_s_aggregate"],
+            "speedup": c["speedup"], "acceptance": c["acceptance_rate"], "tokens_per_call": c["tokens_per_iteration"],
+            "bound": (c.get("bound") or {}).get("predicted_speedup"),
+            "ttft_ms": [(b0.get("ttft_ms") or {}).get("p50"), (c.get("ttft_ms") or {}).get("p50")],
+            "identical": identical, "errors": c["errors"] + b0.get("errors", 0), "why": _why(c),
+        })
+    return rows
+
+
+def _why(c: dict) -> str:
+    """Why a fixed-K cell paid or did not, in one sentence, from its measured counts and costs."""
+    b = c.get("bound") or {}
+    name = f"C={c['concurrency']}, K={c['k']}"
+    if not c["drafted"]:
+        return f"{name}: nothing was drafted in {c['iterations']} target calls, so there was nothing to gain."
+    drafted_calls = f"{c['speculative_iterations']} of {c['iterations']} target calls verified drafts"
+    if c.get("requests_with_fallback"):
+        drafted_calls += f" ({_fallback_text(c)} fell back)"
+    tokens, paid = c["tokens_per_iteration"] or 0.0, (c["speedup"] or 0.0) >= 1.0
+    if not b:
+        return f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted, {tokens:.2f} tokens per call."
+    cost = b["verify_cost"] + b["mean_draft_length"] * b["draft_cost_ratio"]
+    verdict = "so it paid" if paid else "so it did not pay"
+    return (f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} tokens "
+            f"per call, and a call cost {cost:.2f} target steps ({b['verify_cost']:.2f} to verify, "
+            f"{b['mean_draft_length'] * b['draft_cost_ratio']:.2f} to draft), {verdict}: "
+            f"{_fmt(c['speedup'], '.2f', 'x')} of a bound of {_fmt(b['predicted_speedup'], '.2f', 'x')}.")
+
+
+SOURCE_NAMES = {"draft_model": "draft model", "prompt_lookup": "prompt lookup"}
+
+
+def render_summary(rows: list[dict], console, title: str = "speculative vs target-only, side by side") -> None:
+    """The rows of `summary_rows` as one table, each row's sentence under it."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("workload", "C", "K", "target-only\ntok/s", "speculative\ntok/s", "speed-up", "accepted", "tokens\n/call",
+                "bound", "TTFT ms\nt.-only/spec.", "identical"):
+        table.add_column(col, justify="left" if col == "workload" else "right")
+    for r in rows:
+        ttft = "/".join(_fmt(x, ".0f") for x in r["ttft_ms"])
+        identical = {None: "not checked", True: "yes", False: "[red]NO[/]"}[r["identical"]]
+        table.add_row(f"{r['workload']}\n{SOURCE_NAMES.get(r['speculation'], r['speculation'])}", str(r["concurrency"]),
+                      str(r["k"]), _fmt(r["target_only_tokens_per_s"]), _fmt(r["speculative_tokens_per_s"]),
+                      _fmt(r["speedup"], ".2f", "x"), _fmt(r["acceptance"], ".0%"), _fmt(r["tokens_per_call"], ".2f"),
+                      _fmt(r["bound"], ".2f", "x"), ttft, identical + (f" [red]({r['errors']} failed)[/]" if r["errors"] else ""))
+    console.print(table)
+    console.print("accepted: drafted tokens the target accepted; tokens/call: tokens per speculative target call; bound: "
+                  "the speed-up predicted from the measured acceptance and costs (trtspec/bench/__init__.py).",
+                  style="dim", highlight=False)
+    for r in rows:
+        console.print(f"  {r['workload']}, {r['why']}", highlight=False, markup=False)
