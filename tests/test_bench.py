@@ -404,3 +404,16 @@ def test_bench_end_to_end(bench_server, tmp_path):
     assert f'key: "default_num_draft_tokens" value: {{ string_value: "{tuning["default_num_draft_tokens"]}" }}' in config
     assert 'key: "verify_cost_per_token"' in config
     assert validate_repository(bench_server.repo) == []
+
+
+@pytest.mark.parametrize("speculation", ["draft_model", "prompt_lookup"])
+def test_validate_outputs_with_each_draft_source(bench_server, tmp_path, speculation):
+    from trtspec.cli import cli
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["one two one two one two", "def f(x): return x"]))
+    result = CliRunner().invoke(cli, [
+        "validate", "outputs", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", str(prompts),
+        "--num-draft-tokens", "2", "--max-tokens", "8", "--speculation", speculation])
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output

@@ -294,8 +294,10 @@ def _print_completion(result) -> None:
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), help="Tokenizer dir for prompt ids [default: the deployment's preprocessing model].")
 @click.option("--tie-tolerance", default=1e-2, show_default=True, type=click.FloatRange(min=0.0), help="A difference is a near-tie when the logit gap <= this x max(1, max |logit|).")
 @click.option("--allow-near-ties", is_flag=True, help="Pass when the only differences are near-ties.")
+@click.option("--speculation", type=click.Choice(["draft_model", "prompt_lookup"]), help="Draft source of the speculative requests [default: the deployment's].")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
-def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_tokens, tokenizer_dir, tie_tolerance, allow_near_ties, timeout) -> None:
+def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_tokens, tokenizer_dir, tie_tolerance, allow_near_ties,
+                     speculation, timeout) -> None:
     """Check that speculative greedy outputs are the target's own, token for token."""
     from trtspec.client import SpecClient
     from trtspec.validate import (DEFAULT_KS, DEFAULT_PROMPTS, Tokens, deployment_max_draft_len, load_prompts, parse_ks,
@@ -319,7 +321,7 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
                       f"prompt ids from the {tokens.source}", highlight=False)
         with console.status("validating…") as status:
             report = run_validation(client, prompts, draft_lengths, max_tokens=max_tokens, tokens=tokens,
-                                    tolerance=tie_tolerance, engine_model=engine_model,
+                                    tolerance=tie_tolerance, engine_model=engine_model, speculation=speculation,
                                     progress=lambda msg: status.update(f"validating: {msg}"))
         report.skipped_ks = skipped
     render_report(report, console, allow_near_ties=allow_near_ties)
