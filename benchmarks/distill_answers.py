@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trtspec.checkpoint import inspect_checkpoint, load_model, load_tokenizer, resolve_checkpoint_path
-from trtspec.distill import _compact, _round_like_engine
+from trtspec.distill import compact_forward, round_like_engine
 from trtspec.distill import data as D
 
 
@@ -59,11 +59,11 @@ def main() -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     prompts, _ = D.tokenize_source(D.read_source("builtin:assistant", limit=args.prompts), tokenizer, info.vocab_size)
     model = load_model(info, torch.float32).eval()
-    _round_like_engine(model, "fp8")
-    compact = _compact(model, info.architecture, torch.device("cpu"))
+    round_like_engine(model, "fp8")
+    compact = compact_forward(model, info.architecture, torch.device("cpu"))
 
     t = time.perf_counter()
-    engine = D._generate(compact, prompts, list(range(len(prompts))), temperature=0.0, max_new_tokens=args.max_new_tokens,
+    engine = D.decode_answers(compact, prompts, list(range(len(prompts))), temperature=0.0, max_new_tokens=args.max_new_tokens,
                          batch_size=args.batch, top_k=32, seed=0, eos_id=eos)
     engine_s = time.perf_counter() - t
     engine_answers = [s.ids[s.first:].tolist() for s in engine]

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trtspec.checkpoint import inspect_checkpoint, load_model, load_tokenizer, resolve_checkpoint_path
-from trtspec.distill import HELDOUT, _compact, _round_like_engine
+from trtspec.distill import HELDOUT, compact_forward, round_like_engine
 from trtspec.distill import data as D
 from trtspec.distill import train as T
 
@@ -41,16 +41,16 @@ def main() -> int:
     prompts, _ = D.tokenize_source(D.read_source(HELDOUT, limit=args.prompts), tokenizer, target_info.vocab_size)
     with console.status("the target answers the held-out prompts"):
         target = load_model(target_info, torch.float32)
-        _round_like_engine(target, args.target_quantization)
+        round_like_engine(target, args.target_quantization)
         with tempfile.TemporaryDirectory() as tmp:
-            answers = D.generate_answers(_compact(target, target_info.architecture, torch.device("cpu")), prompts,
+            answers = D.generate_answers(compact_forward(target, target_info.architecture, torch.device("cpu")), prompts,
                                          D.ShardStore(Path(tmp)), temperature=0.0, max_new_tokens=args.max_tokens,
                                          batch_size=32, top_k=32, seed=0, eos_id=tokenizer.eos_token_id)
         del target
     results = {}
     for quantization in ("none", "fp8"):
         draft = load_model(draft_info, torch.float32)
-        _round_like_engine(draft, quantization)
+        round_like_engine(draft, quantization)
         head = getattr(draft.lm_head, "token_ids", None)
         if head is not None:
             draft.lm_head.full_vocab = False

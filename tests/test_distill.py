@@ -198,16 +198,16 @@ def test_the_draft_config_names_the_model_class():
 def test_answers_are_the_targets_own_whatever_the_batch(target):
     """The engine's forward answers: greedy answers equal Hugging Face's greedy `generate`, with its raw logits,
     and neither greedy nor seeded sampled answers depend on how many rows decode together."""
-    from trtspec.distill import _compact
-    from trtspec.distill.data import _generate
+    from trtspec.distill import compact_forward
+    from trtspec.distill.data import decode_answers
 
     info = inspect_checkpoint(target)
     model = load_model(info, torch.float32).eval()
-    compact = _compact(model, info.architecture, torch.device("cpu"))
+    compact = compact_forward(model, info.architecture, torch.device("cpu"))
     prompts = [[5, 17, 33], [9], [101, 7, 250, 3, 3, 8], [42, 42]]
     eos = 2
-    one = _generate(compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=1, top_k=8, seed=0, eos_id=eos)
-    three = _generate(compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=3, top_k=8, seed=0, eos_id=eos)
+    one = decode_answers(compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=1, top_k=8, seed=0, eos_id=eos)
+    three = decode_answers(compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=3, top_k=8, seed=0, eos_id=eos)
     for ids, a, b in zip(prompts, one, three):
         assert torch.equal(a.ids, b.ids) and torch.equal(a.topk_ids, b.topk_ids) and torch.equal(a.topk_logits, b.topk_logits)
         with torch.inference_mode():
@@ -218,7 +218,7 @@ def test_answers_are_the_targets_own_whatever_the_batch(target):
         top = torch.stack(hf.logits, dim=1)[0].topk(8, dim=-1)
         assert torch.equal(a.topk_ids[:, 0], top.indices[:, 0].to(torch.int32))
         torch.testing.assert_close(a.topk_logits.float(), top.values, atol=2e-2, rtol=1e-2)
-    sampled = [_generate(compact, prompts, [0, 1, 2, 3], temperature=1.0, max_new_tokens=12, batch_size=bs, top_k=8,
+    sampled = [decode_answers(compact, prompts, [0, 1, 2, 3], temperature=1.0, max_new_tokens=12, batch_size=bs, top_k=8,
                          seed=3, eos_id=eos) for bs in (1, 4)]
     assert [s.ids.tolist() for s in sampled[0]] == [s.ids.tolist() for s in sampled[1]]
     assert [s.ids.tolist() for s in sampled[0]] != [s.ids.tolist() for s in one]  # sampling, not greedy

@@ -24,7 +24,7 @@ def collect() -> dict:
     trtllm = installed_trtllm()
     try:
         check_trtllm_version(trtllm.version)
-        verdict, supported = f"supported (trtllm-build with draft_tokens_external)", True
+        verdict, supported = "supported (trtllm-build with draft_tokens_external)", True
     except UnsupportedVersion as exc:
         verdict, supported = str(exc), False
     tensorrt = find_package(TENSORRT_DISTRIBUTIONS, "tensorrt")

@@ -156,9 +156,9 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     with _progress(console) as progress:
         step = progress.add_task("loading the target", total=None)
         target = load_model(info, torch.float32)
-        _round_like_engine(target, o.target_quantization)
+        round_like_engine(target, o.target_quantization)
         target.to(device)
-        answerer = _compact(target, info.architecture, device)
+        answerer = compact_forward(target, info.architecture, device)
         progress.update(step, description="target loaded", total=1, completed=1)
         train_seqs, stats = [], {}
         for src, (prompt_ids, text_ids) in zip(sources, tokenized):
@@ -211,7 +211,7 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     return output
 
 
-def _compact(target, architecture: str, device):
+def compact_forward(target, architecture: str, device):
     """The embedded engine's forward on the teacher's (rounded) weights: it answers the prompts, batched."""
     import copy
 
@@ -354,7 +354,7 @@ def _fingerprint(info) -> str:
     return D.cache_key(sources=[(s["file"].rsplit("/", 1)[-1], s["bytes"], s["sha256"]) for s in describe_sources(info)])
 
 
-def _round_like_engine(model, quantization: str) -> None:
+def round_like_engine(model, quantization: str) -> None:
     """Give the teacher the engine's FP8 weight rounding (the engine computes with dequantized FP8 weights)."""
     if quantization == "none":
         return

@@ -195,6 +195,9 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.to(torch.int32).cpu(), values.to(torch.float16).cpu()
 
 
+SHARD_BATCHES = 4  # batches' worth of answers per shard file
+
+
 def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temperature: float, max_new_tokens: int,
                      batch_size: int, top_k: int, seed: int, eos_id: int | None,
                      progress: Callable[[int, int], None] | None = None) -> list[Sequence]:
@@ -209,7 +212,7 @@ def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temp
     out: list[Sequence] = []
     for index, shard in enumerate(shards):
         if not store.has(index):
-            store.save(index, _generate(model, [prompts[i] for i in shard], shard, temperature=temperature,
+            store.save(index, decode_answers(model, [prompts[i] for i in shard], shard, temperature=temperature,
                                         max_new_tokens=max_new_tokens, batch_size=batch_size, top_k=top_k, seed=seed,
                                         eos_id=eos_id))
         out += store.load(index)
@@ -218,11 +221,9 @@ def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temp
     return out
 
 
-SHARD_BATCHES = 4
-
 
 @torch.inference_mode()
-def _generate(model, prompts: list[list[int]], numbers: list[int], *, temperature: float, max_new_tokens: int,
+def decode_answers(model, prompts: list[list[int]], numbers: list[int], *, temperature: float, max_new_tokens: int,
               batch_size: int, top_k: int, seed: int, eos_id: int | None) -> list[Sequence]:
     """Decode the prompts `batch_size` rows at a time, one token per row and step, each until its end token (kept,
     with its logits: the draft learns to end too) or `max_new_tokens`."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec import __version__
-from trtspec.engine.manifest import CONFIG_FILE, SPEC_MODE_DRAFT_TOKENS_EXTERNAL, EngineInfo, read_engine
+from trtspec.engine.manifest import SPEC_MODE_DRAFT_TOKENS_EXTERNAL, EngineInfo, read_engine
 from trtspec.errors import EngineError, Problem
 
 TORCH_VERSION_PREFIX = "trtspec-torch-"
