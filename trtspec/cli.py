@@ -124,10 +124,10 @@ def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, time
 @cli.command()
 @click.option("-c", "--config", "config_path", default="build_configs/demo.yaml", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--workdir", default="demo-output", show_default=True, type=click.Path(file_okay=False), help="Engines, repository and report go here.")
-@click.option("--max-tokens", default=64, show_default=True, help="Tokens per answer.")
-@click.option("--num-draft-tokens", type=int, help="Draft length K [default: the config's speculation.num_draft_tokens].")
+@click.option("--max-tokens", default=64, show_default=True, help="Tokens per chat answer (code-editing answers get twice as many).")
+@click.option("--num-draft-tokens", type=int, help="Draft length K of the draft model [default: the config's speculation.num_draft_tokens]; prompt lookup drafts max_draft_len.")
 def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
-    """Build, deploy and serve the demo pair, stream answers, validate, and print a summary."""
+    """Build, deploy and serve the demo pair, stream answers, and measure speculation against target-only in one table."""
     from trtspec.demo import run_demo
 
     sys.exit(run_demo(config_path, Path(workdir), max_tokens=max_tokens, num_draft_tokens=num_draft_tokens))

@@ -38,10 +38,9 @@ def workloads(config, *, max_tokens: int, num_draft_tokens: int | None) -> list[
     """Chat with the draft model (at concurrency 1 and 4), and code editing with prompt lookup, whose answers
     copy long runs of the prompt, so it drafts the most the deployment allows."""
     spec = config.speculation
-    return [
-        Workload("chat", "builtin:chat", "draft_model", num_draft_tokens or spec.num_draft_tokens, max_tokens, (1, 4)),
-        Workload("code editing", "builtin:code-edit", "prompt_lookup", spec.max_draft_len, 2 * max_tokens),
-    ]
+    chat = Workload("chat", "builtin:chat", "draft_model", num_draft_tokens or spec.num_draft_tokens, max_tokens, (1, 4))
+    code = Workload("code editing", "builtin:code-edit", "prompt_lookup", spec.max_draft_len, 2 * max_tokens)
+    return [chat, code] if config.draft is not None else [code]  # without a draft model, prompt lookup alone
 
 
 def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft_tokens: int | None = None) -> int:
