@@ -189,7 +189,8 @@ def test_adaptive_cells_compare_ttft_and_count_fallbacks():
 def test_summary_row_and_why_it_paid():
     cells = _synthetic_cells()
     report = {"cells": cells, "settings": {"speculation": "draft_model"}}
-    (row,) = b.summary_rows(report, "chat", identical=True)
+    (row,) = b.summary_rows(report, "chat", identical={1: True})
+    assert b.summary_rows(report, "chat", identical={4: True})[0]["identical"] is None  # checked at another concurrency
     assert row["workload"] == "chat" and row["concurrency"] == 1 and row["k"] == 2 and row["identical"] is True
     assert row["target_only_tokens_per_s"] == pytest.approx(20 / 0.30) and row["speedup"] == pytest.approx(1.25)
     assert row["acceptance"] == 1.0 and row["tokens_per_call"] == 3.0 and row["bound"] == pytest.approx(140 / 141)

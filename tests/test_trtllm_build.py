@@ -15,7 +15,7 @@ import yaml
 from click.testing import CliRunner
 from rich.console import Console
 
-from trtllm_layout import engine_config, hf_config, write_checkpoint
+from trtllm_layout import hf_config, write_checkpoint
 from trtspec import environment
 from trtspec.build import run_build, trtllm
 from trtspec.build.common import StepFailed

@@ -162,9 +162,10 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
 
 # ---- the summary: each speculative cell against target-only, in one table --------------------------------------
 
-def summary_rows(report: dict, workload: str, identical: bool | None = None) -> list[dict]:
+def summary_rows(report: dict, workload: str, identical: dict[int, bool] | None = None) -> list[dict]:
     """One row per fixed-K cell of `report`: its figures against the target-only cell of its concurrency, and a
-    sentence on why it paid or did not. `identical`: whether greedy outputs matched target-only (None: not checked)."""
+    sentence on why it paid or did not. `identical`: concurrency -> whether greedy outputs matched target-only
+    there (a row of a concurrency not in it says "not checked")."""
     cells = report["cells"]
     base = {c["concurrency"]: c for c in cells if c["k"] == 0}
     rows = []
@@ -177,7 +178,7 @@ def summary_rows(report: dict, workload: str, identical: bool | None = None) -> 
             "speedup": c["speedup"], "acceptance": c["acceptance_rate"], "tokens_per_call": c["tokens_per_iteration"],
             "bound": (c.get("bound") or {}).get("predicted_speedup"),
             "ttft_ms": [(b0.get("ttft_ms") or {}).get("p50"), (c.get("ttft_ms") or {}).get("p50")],
-            "identical": identical, "errors": c["errors"] + b0.get("errors", 0), "why": _why(c),
+            "identical": (identical or {}).get(c["concurrency"]), "errors": c["errors"] + b0.get("errors", 0), "why": _why(c),
         })
     return rows
 
