@@ -9,7 +9,9 @@ Every repetition measures, interleaved, so that the machine's noise hits all of 
      eager forward, for the target and the draft; the bound is the step's weight bytes / copy bandwidth;
   c. passes of k+1 rows (k = 1..8 draft tokens) on the same cache, in decode steps of the same repetition;
   d. target-only generation of 32 tokens by C = 1, 4, 8 requests at once (the scheduler batches them), in
-     process and, with --url, sent at once to a served `tensorrt_llm` model over gRPC.
+     process and, with --url, sent at once to a served `tensorrt_llm` model over gRPC;
+  e. the draft's decode step as the draft-then-verify loop runs it: right after a target step of two rows (a
+     verification at K=1), which leaves the caches holding the target's weights, against back to back.
 Ratios are taken within a repetition, then the median over repetitions is reported.
 """
 
@@ -63,6 +65,27 @@ def pass_times(model, ids: list[int], ks: list[int], steps: int) -> dict[int, fl
             times.append(time.perf_counter() - t)
         out[k] = statistics.median(times)
     return out
+
+
+def draft_in_loop(target, draft, ids: list[int], steps: int) -> dict[str, float]:
+    """Median seconds of the draft's decode step back to back and right after a target pass of 2 rows, and of
+    that target pass, each on its own cache at position CONTEXT (what one iteration at K=1 computes)."""
+    kv_t, kv_d = target.new_kv(CONTEXT + 2 * steps + 2), draft.new_kv(CONTEXT + 2 * steps + 2)
+    target.forward([Segment(ids[:CONTEXT], 0, kv_t, 1)])
+    draft.forward([Segment(ids[:CONTEXT], 0, kv_d, 1)])
+    hot, cold, verify = [], [], []
+    for i in range(steps):
+        p = CONTEXT + 2 * i
+        t = time.perf_counter()
+        draft.forward([Segment(ids[p : p + 1], p, kv_d, 1)])
+        hot.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        target.forward([Segment(ids[p : p + 2], p, kv_t, 2)])
+        verify.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        draft.forward([Segment(ids[p + 1 : p + 2], p + 1, kv_d, 1)])
+        cold.append(time.perf_counter() - t)
+    return {"hot": statistics.median(hot), "after_target": statistics.median(cold), "verify": statistics.median(verify)}
 
 
 def batched_rate(engine: Engine, prompts: list[list[int]], concurrency: int, tokens: int) -> float:
@@ -121,7 +144,7 @@ def main(argv=None) -> int:
     target = engines["target", "compact"]
     vocab = target.info.vocab_size
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (CONTEXT + 9,), generator=gen).tolist()
+    ids = torch.randint(0, vocab, (CONTEXT + 2 * args.steps + 9,), generator=gen).tolist()
     prompts = [torch.randint(0, vocab, (40,), generator=gen).tolist() for _ in range(8 * (args.reps + 1))]
     ks = list(range(0, 9))
     reps = []
@@ -132,6 +155,8 @@ def main(argv=None) -> int:
             r = {"bandwidth": bandwidth(), "passes": {}, "rates": {}}
             for (role, forward), engine in engines.items():
                 r["passes"][f"{role}/{forward}"] = pass_times(engine.model, ids, ks if role == "target" else [0], args.steps)
+            if "draft" in roles:
+                r["loop"] = draft_in_loop(target.model, engines["draft", "compact"].model, ids, args.steps)
             batch = prompts[8 * (rep + 1) : 8 * (rep + 2)]
             for c in (1, 4, 8):
                 r["rates"][c] = batched_rate(target, batch, c, args.tokens)
@@ -168,6 +193,15 @@ def main(argv=None) -> int:
     if args.url:
         report["served_rates"] = {c: median(lambda r: r["served"][c]) for c in (1, 4, 8)}
         report["served_ratio"] = {c: median(lambda r: r["served"][c] / r["served"][1]) for c in (1, 4, 8)}
+    if "draft" in roles:
+        steps = median(lambda r: r["passes"]["target/compact"][0])
+        report["draft_in_loop"] = {
+            "hot_ms": median(lambda r: r["loop"]["hot"]) * 1e3, "after_target_ms": median(lambda r: r["loop"]["after_target"]) * 1e3,
+            "after_over_hot": median(lambda r: r["loop"]["after_target"] / r["loop"]["hot"]),
+            "hot_in_target_steps": median(lambda r: r["loop"]["hot"] / r["passes"]["target/compact"][0]),
+            "after_target_in_target_steps": median(lambda r: r["loop"]["after_target"] / r["passes"]["target/compact"][0]),
+            "target_step_ms": steps * 1e3,
+        }
     report["batching"] = vars(target.stats.batching)
     _print(Console(), report)
     if args.output:
@@ -191,6 +225,14 @@ def _print(console: Console, r: dict) -> None:
     for forward in ("compact", "hf"):
         t.add_row(forward, *(f"{v:.2f}" for v in r[f"passes_{forward}"].values()))
     console.print(t)
+    if "draft_in_loop" in r:
+        d = r["draft_in_loop"]
+        t = Table(title="the draft's decode step, back to back and right after a target pass of 2 rows (as at K=1)")
+        for col in ("", "ms", "in target decode steps"):
+            t.add_column(col, justify="right")
+        t.add_row("back to back", f"{d['hot_ms']:.1f}", f"{d['hot_in_target_steps']:.3f}")
+        t.add_row("after a target pass", f"{d['after_target_ms']:.1f}", f"{d['after_target_in_target_steps']:.3f}")
+        console.print(t)
     t = Table(title="target-only, requests generating together (in-flight batching)")
     for col in ("concurrency", "in process tok/s", "vs concurrency 1") + (("through Triton tok/s", "vs concurrency 1") if "served_rates" in r else ()):
         t.add_column(col, justify="right")
