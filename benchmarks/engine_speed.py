@@ -200,6 +200,7 @@ def main(argv=None) -> int:
             "after_over_hot": median(lambda r: r["loop"]["after_target"] / r["loop"]["hot"]),
             "hot_in_target_steps": median(lambda r: r["loop"]["hot"] / r["passes"]["target/compact"][0]),
             "after_target_in_target_steps": median(lambda r: r["loop"]["after_target"] / r["passes"]["target/compact"][0]),
+            "verify_in_target_steps": median(lambda r: r["loop"]["verify"] / r["passes"]["target/compact"][0]),
             "target_step_ms": steps * 1e3,
         }
     report["batching"] = vars(target.stats.batching)
