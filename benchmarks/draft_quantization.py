@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 from pathlib import Path
 
 import torch
@@ -42,10 +41,9 @@ def main() -> int:
     with console.status("the target answers the held-out prompts"):
         target = load_model(target_info, torch.float32)
         round_like_engine(target, args.target_quantization)
-        with tempfile.TemporaryDirectory() as tmp:
-            answers = D.generate_answers(compact_forward(target, target_info.architecture, torch.device("cpu")), prompts,
-                                         D.ShardStore(Path(tmp)), temperature=0.0, max_new_tokens=args.max_tokens,
-                                         batch_size=32, top_k=32, seed=0, eos_id=tokenizer.eos_token_id)
+        answers = D.decode_answers(compact_forward(target, target_info.architecture, torch.device("cpu")), prompts,
+                                   list(range(len(prompts))), temperature=0.0, max_new_tokens=args.max_tokens,
+                                   batch_size=32, top_k=32, seed=0, eos_id=tokenizer.eos_token_id)
         del target
     results = {}
     for quantization in ("none", "fp8"):

@@ -194,14 +194,12 @@ def main(argv=None) -> int:
         report["served_rates"] = {c: median(lambda r: r["served"][c]) for c in (1, 4, 8)}
         report["served_ratio"] = {c: median(lambda r: r["served"][c] / r["served"][1]) for c in (1, 4, 8)}
     if "draft" in roles:
-        steps = median(lambda r: r["passes"]["target/compact"][0])
         report["draft_in_loop"] = {
             "hot_ms": median(lambda r: r["loop"]["hot"]) * 1e3, "after_target_ms": median(lambda r: r["loop"]["after_target"]) * 1e3,
             "after_over_hot": median(lambda r: r["loop"]["after_target"] / r["loop"]["hot"]),
             "hot_in_target_steps": median(lambda r: r["loop"]["hot"] / r["passes"]["target/compact"][0]),
             "after_target_in_target_steps": median(lambda r: r["loop"]["after_target"] / r["passes"]["target/compact"][0]),
             "verify_in_target_steps": median(lambda r: r["loop"]["verify"] / r["passes"]["target/compact"][0]),
-            "target_step_ms": steps * 1e3,
         }
     report["batching"] = vars(target.stats.batching)
     _print(Console(), report)

@@ -213,18 +213,17 @@ def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temp
     for index, shard in enumerate(shards):
         if not store.has(index):
             store.save(index, decode_answers(model, [prompts[i] for i in shard], shard, temperature=temperature,
-                                        max_new_tokens=max_new_tokens, batch_size=batch_size, top_k=top_k, seed=seed,
-                                        eos_id=eos_id))
+                                             max_new_tokens=max_new_tokens, batch_size=batch_size, top_k=top_k,
+                                             seed=seed, eos_id=eos_id))
         out += store.load(index)
         if progress:
             progress(index + 1, len(shards))
     return out
 
 
-
 @torch.inference_mode()
 def decode_answers(model, prompts: list[list[int]], numbers: list[int], *, temperature: float, max_new_tokens: int,
-              batch_size: int, top_k: int, seed: int, eos_id: int | None) -> list[Sequence]:
+                   batch_size: int, top_k: int, seed: int, eos_id: int | None) -> list[Sequence]:
     """Decode the prompts `batch_size` rows at a time, one token per row and step, each until its end token (kept,
     with its logits: the draft learns to end too) or `max_new_tokens`."""
     from trtspec.engine.model import Segment
