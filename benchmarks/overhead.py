@@ -15,8 +15,9 @@ orchestration: the BLS round trip to the draft engine (K > 0) and to the target 
 scheduling, the Python backend's shared-memory IPC), the loop's bookkeeping, incremental detokenization, and the
 response path to the client. Reported per cell, as percentiles over every iteration of every request:
 
-    iteration_ms        time between consecutive streamed responses (one iteration each)
-    round_trips_ms      (draft_ms + verify_ms) / iterations, per request: the BLS's calls of the two engines
+    iteration_ms        time between consecutive streamed responses (one iteration each, or one token of a
+                        plain stretch, which streams from one engine call)
+    round_trips_ms      (draft_ms + verify_ms) / responses, per request: the BLS's calls of the two engines
     rest_ms             iteration_ms of the request minus its round trips: loop, detokenization, response path
     ttft_ms             request to first response: tokenization, the first (plain) iteration, the response
 
@@ -109,7 +110,9 @@ def one_request(client: SpecClient, prompt: str, k: int, max_tokens: int, fields
     gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])]
     iterations = c.iterations or 0
     speculative = c.drafted_per_position[0] if c.drafted_per_position else 0  # iterations that drafted
-    round_trips = (c.draft_ms + c.verify_ms) / iterations if iterations else None
+    # per response: a speculative iteration sends one; a streamed plain stretch is one engine call and one response
+    # per token, so its call's time is spread over its tokens
+    round_trips = (c.draft_ms + c.verify_ms) / len(times) if times else None
     return {"tokens": len(c.token_ids), "seconds": c.seconds, "ttft_ms": (c.time_to_first_token or 0) * 1e3,
             "iterations": iterations, "responses": len(times), "gaps_ms": gaps,
             "draft_ms": c.draft_ms, "verify_ms": c.verify_ms, "round_trips_ms": round_trips,

@@ -100,6 +100,18 @@ def model_repository(built_fp8, tmp_path_factory) -> Path:
     return write_repository(load_config(built_fp8.config), built_fp8.engines, out, device="cpu")
 
 
+@pytest.fixture(scope="session")
+def unary_repository(built_fp8, tmp_path_factory) -> Path:
+    """`trtspec deploy --decoupled-mode false` of the same engines: unary engine models, which plain infer over HTTP
+    and gRPC reaches (the default, decoupled, is served in test_serving.py, test_clients.py, test_reliability.py)."""
+    from trtspec.config import load_config
+    from trtspec.repository import write_repository
+
+    out = tmp_path_factory.mktemp("deploy-unary") / "model_repository"
+    return write_repository(load_config(built_fp8.config), built_fp8.engines, out, device="cpu",
+                            overrides={"decoupled_mode": False})
+
+
 def free_ports(count: int) -> list[int]:
     from trtspec.server import free_port
 
@@ -112,14 +124,14 @@ def free_ports(count: int) -> list[int]:
 
 
 @pytest.fixture(scope="session")
-def triton_server(model_repository):
-    """A real tritonserver serving SERVED_MODELS of `model_repository` on free loopback ports.
+def triton_server(unary_repository):
+    """A real tritonserver serving SERVED_MODELS of `unary_repository` on free loopback ports.
 
     Close the clients you open on it: the server waits for open keep-alive connections when it stops."""
     from trtspec.server import TritonServer
 
     http, grpc, metrics = free_ports(3)
-    server = TritonServer(model_repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
+    server = TritonServer(unary_repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
                           model_control_explicit_models=SERVED_MODELS)
     with server:
         yield server

@@ -61,7 +61,7 @@ class TritonPythonModel(EmbeddedEngineModel):
             # fillTritonResponse: TLLM_THROW("%s tensor must be present in list of output tensors")
             if requested and name not in requested:
                 raise pb_utils.TritonModelException(f"{name} tensor must be present in list of output tensors")
-        self._queue(regularized(engine_inputs(request)), sender)
+        self._queue(regularized(engine_inputs(request)), sender, request.request_id())
 
     def _response(self, call, outcome, batch_index=None):
         response = super()._response(call, outcome, batch_index)

@@ -18,22 +18,22 @@ PROMPT = "The quick brown fox jumps over"
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    """The default deployment: engine models not decoupled (decoupled_mode false)."""
+def unary_models(tmp_path_factory):
+    """`trtspec deploy --decoupled-mode false`: engine models that answer unary calls."""
     from tiny import served_pair
 
-    server = served_pair(tmp_path_factory.mktemp("clients-plain"))
+    server = served_pair(tmp_path_factory.mktemp("clients-unary"), overrides={"decoupled_mode": False})
     server.start(timeout=300)
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def decoupled(tmp_path_factory):
-    """`trtspec deploy --decoupled-mode`: the engine models stream."""
+def default_models(tmp_path_factory):
+    """The default deployment: decoupled engine models, which stream."""
     from tiny import served_pair
 
-    server = served_pair(tmp_path_factory.mktemp("clients-decoupled"), overrides={"decoupled_mode": True})
+    server = served_pair(tmp_path_factory.mktemp("clients-default"))
     server.start(timeout=300)
     yield server
     server.stop()
@@ -110,9 +110,9 @@ def inflight_client_inputs(ids, end_id, pad_id, n=12, streaming=False) -> dict:
 
 # ---- inflight_batcher_llm_client.py -> tensorrt_llm ------------------------------------------------------------
 
-def test_inflight_client_unary(plain):
-    ids, end_id, pad_id = prompt_ids(plain)
-    base = unary(plain, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id), parameters={"Streaming": False})
+def test_inflight_client_unary(unary_models):
+    ids, end_id, pad_id = prompt_ids(unary_models)
+    base = unary(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id), parameters={"Streaming": False})
     assert base["output_ids"].shape[:2] == (1, 1) and base["output_ids"][0, 0, : len(ids)].tolist() == ids
     length = int(base["sequence_length"][0][0])
     new = base["output_ids"][0, 0, len(ids):length].tolist()
@@ -124,7 +124,7 @@ def test_inflight_client_unary(plain):
         "return_perf_metrics": b(True), "num_return_sequences": i32(1),
         "lora_task_id": np.array([[0]], dtype=np.uint64),
     }
-    out = unary(plain, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id) | extra)
+    out = unary(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id) | extra)
     assert out["output_ids"][0, 0, : out["sequence_length"][0][0]].tolist() == new   # excluded input, same tokens
     assert out["output_log_probs"].shape == (1, 1, len(new)) and np.all(out["output_log_probs"] <= 0)
     assert out["cum_log_probs"][0][0] == pytest.approx(out["output_log_probs"].sum(), rel=1e-5)
@@ -134,30 +134,39 @@ def test_inflight_client_unary(plain):
     assert out["kv_cache_alloc_total_blocks"][0][0] >= 1 and out["arrival_time_ns"][0][0] > 0
     # the penalties change the answer, and the stop request it can send is refused by name (not supported)
     logged = inflight_client_inputs(ids, end_id, pad_id) | {"return_log_probs": b(True)}
-    penalized = unary(plain, "tensorrt_llm", logged | {"repetition_penalty": f32(3.0), "presence_penalty": f32(1.0),
+    penalized = unary(unary_models, "tensorrt_llm", logged | {"repetition_penalty": f32(3.0), "presence_penalty": f32(1.0),
                                                         "frequency_penalty": f32(1.0)})
-    assert penalized["output_log_probs"].tolist() != unary(plain, "tensorrt_llm", logged)["output_log_probs"].tolist()
+    assert penalized["output_log_probs"].tolist() != unary(unary_models, "tensorrt_llm", logged)["output_log_probs"].tolist()
     with pytest.raises(InferenceServerException, match="stop"):
-        unary(plain, "tensorrt_llm", {"input_ids": np.array([[1]], dtype=np.int32), "input_lengths": i32(0),
+        unary(unary_models, "tensorrt_llm", {"input_ids": np.array([[1]], dtype=np.int32), "input_lengths": i32(0),
                                       "request_output_len": i32(0), "stop": b(True)})
 
 
-def test_inflight_client_streaming_needs_decoupled_mode(plain, decoupled):
-    ids, end_id, pad_id = prompt_ids(plain)
+def test_unary_clients_need_decoupled_mode_false(default_models):
+    """NVIDIA's e2e_grpc_speculative_decoding_client.py (and inflight_batcher_llm_client.py without --streaming)
+    call tensorrt_llm with plain infer, which Triton refuses for a decoupled model, the default: those clients need
+    `trtspec deploy --decoupled-mode false` (the unary_models tests above)."""
+    ids, end_id, pad_id = prompt_ids(default_models)
+    with pytest.raises(InferenceServerException, match="decoupled transaction policy"):
+        unary(default_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id))
+
+
+def test_inflight_client_streaming_needs_decoupled_mode(unary_models, default_models):
+    ids, end_id, pad_id = prompt_ids(unary_models)
     with pytest.raises(InferenceServerException, match="streaming"):
-        streamed(plain, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id, streaming=True))
-    whole = unary(plain, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id))
+        streamed(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id, streaming=True))
+    whole = unary(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id))
     length = int(whole["sequence_length"][0][0])
     expected = whole["output_ids"][0, 0, len(ids):length].tolist()
-    parts = streamed(decoupled, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id, streaming=True)
+    parts = streamed(default_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id, streaming=True)
                      | {"return_log_probs": b(True), "return_perf_metrics": b(True)})
     tokens = [t for p in parts for t in p["output_ids"][0, 0, : p["sequence_length"][0][0]].tolist()]
     assert tokens == expected and len(parts) >= len(expected)    # one response per token (+ the final one)
     assert all("kv_cache_alloc_total_blocks" in p for p in parts)  # perf metrics on every response
     log_probs = [v for p in parts for v in p["output_log_probs"].reshape(-1).tolist()]
     assert len(log_probs) == len(expected)
-    # and non-streaming requests to the decoupled model still get one answer
-    single = streamed(decoupled, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id))
+    # and non-streaming requests to the default_models model still get one answer
+    single = streamed(default_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id))
     assert [p["output_ids"].tolist() for p in single] == [whole["output_ids"].tolist()]
 
 
@@ -172,8 +181,8 @@ def e2e_inputs(output_len=16, stream=False, **flags) -> dict:
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-def test_end_to_end_client(plain, model):
-    (answer,) = streamed(plain, model, e2e_inputs())
+def test_end_to_end_client(default_models, model):
+    (answer,) = streamed(default_models, model, e2e_inputs())
     assert answer["text_output"].shape == (1,)                      # flat: the client reads text_output[0]
     text_output = answer["text_output"][0].decode()
     assert text_output.startswith(PROMPT) and len(text_output) > len(PROMPT)
@@ -181,44 +190,44 @@ def test_end_to_end_client(plain, model):
              "presence_penalty": f32(0.1), "frequency_penalty": f32(0.1), "return_log_probs": b(True),
              "return_context_logits": b(True), "return_generation_logits": b(True), "return_perf_metrics": b(True),
              "end_id": i32(0), "pad_id": i32(1)}
-    (full,) = streamed(plain, model, e2e_inputs(**flags))
+    (full,) = streamed(default_models, model, e2e_inputs(**flags))
     assert full["output_log_probs"].ndim == 3 and full["cum_log_probs"].shape == (1, 1)
     assert full["generation_logits"].shape[2] == full["output_log_probs"].shape[2]
     for name in ("kv_cache_alloc_new_blocks", "first_token_time_ns", "acceptance_rate", "total_draft_tokens"):
         assert full[name].shape == (1, 1), name
 
 
-def test_ensemble_and_bls_agree_as_speculative_decoding_test_checks(plain):
+def test_ensemble_and_bls_agree_as_speculative_decoding_test_checks(default_models):
     """speculative_decoding_test.py --execute-bls-speculative-decoding: the same text from both."""
-    (control,) = streamed(plain, "ensemble", e2e_inputs(output_len=20))
-    (spec,) = streamed(plain, "tensorrt_llm_bls", e2e_inputs(output_len=20, num_draft_tokens=i32(3),
+    (control,) = streamed(default_models, "ensemble", e2e_inputs(output_len=20))
+    (spec,) = streamed(default_models, "tensorrt_llm_bls", e2e_inputs(output_len=20, num_draft_tokens=i32(3),
                                                               use_draft_logits=b(False), return_perf_metrics=b(True)))
     assert spec["text_output"][0] == control["text_output"][0]
     assert spec["total_draft_tokens"][0][0] > 0
 
 
-def test_streaming_through_the_ensemble_and_the_bls(decoupled):
-    whole = streamed(decoupled, "ensemble", e2e_inputs(output_len=12))[0]["text_output"][0].decode()
+def test_streaming_through_the_ensemble_and_the_bls(default_models):
+    whole = streamed(default_models, "ensemble", e2e_inputs(output_len=12))[0]["text_output"][0].decode()
     for model in ("ensemble", "tensorrt_llm_bls"):
-        parts = streamed(decoupled, model, e2e_inputs(output_len=12, stream=True, return_perf_metrics=b(True)))
+        parts = streamed(default_models, model, e2e_inputs(output_len=12, stream=True, return_perf_metrics=b(True)))
         assert len(parts) > 2
         assert PROMPT + "".join(p["text_output"][0].decode() for p in parts) == whole, model
         assert all("first_token_time_ns" in p for p in parts), model
 
 
-def test_a_batch_through_the_decoupled_ensemble(plain, decoupled):
+def test_a_batch_through_the_decoupled_ensemble(unary_models, default_models):
     """end_to_end_grpc_client.py --batch-inputs: rows concatenated on axis 0; each row answered on its own, placed
     by batch_index. A batch needs decoupled engine models, as TensorRT-LLM's backend requires."""
     prompts = [PROMPT, "Once upon a time"]
-    single = [streamed(decoupled, "ensemble", e2e_inputs(output_len=8) | {"text_input": text([p])})[0]["text_output"][0]
+    single = [streamed(default_models, "ensemble", e2e_inputs(output_len=8) | {"text_input": text([p])})[0]["text_output"][0]
               for p in prompts]
     batch = {name: np.concatenate([v, v]) for name, v in e2e_inputs(output_len=8).items()}
     batch["text_input"] = np.array([[p.encode()] for p in prompts], dtype=object)
-    parts = streamed(decoupled, "ensemble", batch)
+    parts = streamed(default_models, "ensemble", batch)
     assert sorted(int(p["batch_index"][0][0]) for p in parts) == [0, 1]
     assert {int(p["batch_index"][0][0]): p["text_output"][0] for p in parts} == dict(enumerate(single))
     with pytest.raises(InferenceServerException, match="batch of 2 requests needs a decoupled model"):
-        streamed(plain, "ensemble", batch)
+        streamed(unary_models, "ensemble", batch)
 
 
 @pytest.mark.parametrize("name,value", [
@@ -226,10 +235,10 @@ def test_a_batch_through_the_decoupled_ensemble(plain, decoupled):
     ("guided_decoding_guide_type", text(["json"])), ("lora_task_id", np.array([[3]], dtype=np.uint64)),
 ])
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
-def test_what_cannot_be_served_is_refused_by_name(plain, model, name, value):
+def test_what_cannot_be_served_is_refused_by_name(default_models, model, name, value):
     with pytest.raises(InferenceServerException, match=name.upper() if model == "ensemble" and name.startswith("embedding") else name):
-        streamed(plain, model, e2e_inputs(**{name: value}))
-    assert streamed(plain, model, e2e_inputs(output_len=2))  # and the server keeps serving
+        streamed(default_models, model, e2e_inputs(**{name: value}))
+    assert streamed(default_models, model, e2e_inputs(output_len=2))  # and the server keeps serving
 
 
 # ---- e2e_grpc_speculative_decoding_client.py: the loop on the client side ---------------------------------------
@@ -283,13 +292,13 @@ def _words(word_list: np.ndarray) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("k", [1, 4])
-def test_client_side_speculation_equals_the_ensemble(plain, k):
+def test_client_side_speculation_equals_the_ensemble(unary_models, k):
     """speculative_decoding_test.py's default mode: the client-side loop's text equals the ensemble's."""
-    control = streamed(plain, "ensemble", e2e_inputs(output_len=20))[0]["text_output"][0].decode()
-    assert client_side_speculation(plain, 20, k)[: len(control)] == control
+    control = streamed(unary_models, "ensemble", e2e_inputs(output_len=20))[0]["text_output"][0].decode()
+    assert client_side_speculation(unary_models, 20, k)[: len(control)] == control
 
 
-def test_client_side_speculation_with_word_lists(plain):
-    control = streamed(plain, "ensemble", e2e_inputs(output_len=16, bad_words=text(["the"]), stop_words=text(["."])))
-    got = client_side_speculation(plain, 16, 3, stop_words=["."], bad_words=["the"])
+def test_client_side_speculation_with_word_lists(unary_models):
+    control = streamed(unary_models, "ensemble", e2e_inputs(output_len=16, bad_words=text(["the"]), stop_words=text(["."])))
+    got = client_side_speculation(unary_models, 16, 3, stop_words=["."], bad_words=["the"])
     assert got[: len(control[0]["text_output"][0].decode())] == control[0]["text_output"][0].decode()

@@ -88,8 +88,8 @@ def test_every_model_declares_nvidias_tensors(model_repository, model):
     assert [(t.name, model_config_pb2.DataType.Name(t.data_type), tuple(t.dims)) for t in config.output] == [
         (s.name, f"TYPE_{s.dtype}", s.dims) for s in outputs]
     assert config.max_batch_size > 0  # like NVIDIA's: clients send [1, ...]-shaped tensors
-    # decoupled as NVIDIA's decoupled_mode (false by default) for the engine models; the BLS always streams
-    assert config.model_transaction_policy.decoupled == (model == "tensorrt_llm_bls")
+    # decoupled: the BLS always, the engine models by default (NVIDIA's decoupled_mode), so that they stream
+    assert config.model_transaction_policy.decoupled == (model in ("tensorrt_llm_bls", "tensorrt_llm", "tensorrt_llm_draft"))
 
 
 def test_nvidia_interface_facts():
@@ -228,7 +228,7 @@ def test_validate_finds_tensor_dtype_and_unfilled_field_problems(broken):
 def test_validate_finds_wiring_and_policy_problems(broken):
     edit(broken / "tensorrt_llm_bls" / "config.pbtxt", 'string_value: "tensorrt_llm_draft"', 'string_value: "tensorrt_llm_small"')
     edit(broken / "tensorrt_llm_bls" / "config.pbtxt", "decoupled: true", "decoupled: false")
-    edit(broken / "tensorrt_llm" / "config.pbtxt", "decoupled: false", "decoupled: true")
+    edit(broken / "tensorrt_llm" / "config.pbtxt", "decoupled: true", "decoupled: false")
     edit(broken / "ensemble" / "config.pbtxt", '{ name: "top_k" data_type: TYPE_INT32', '{ name: "top_k" data_type: TYPE_FP32')
     edit(broken / "ensemble" / "config.pbtxt", 'input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTH" }',
          'input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTHS" }')
@@ -238,7 +238,7 @@ def test_validate_finds_wiring_and_policy_problems(broken):
         "tensorrt_llm_bls/config.pbtxt parameter tensorrt_llm_draft_model_name = 'tensorrt_llm_small': names a model that is not in the repository",
         "tensorrt_llm_small/config.pbtxt",  # the model the BLS names is missing
         "tensorrt_llm_bls/config.pbtxt model_transaction_policy.decoupled = False: the BLS streams",
-        "tensorrt_llm/config.pbtxt model_transaction_policy.decoupled = True",
+        "tensorrt_llm/config.pbtxt model_transaction_policy.decoupled = False",
         "ensemble/config.pbtxt step 2 (tensorrt_llm) input_map 'runtime_top_k' = 'top_k': is TYPE_FP32 but tensorrt_llm input 'runtime_top_k' is TYPE_INT32",
         "ensemble/config.pbtxt step 3 (postprocessing) input_map 'SEQUENCE_LENGTH' = '_SEQUENCE_LENGTHS': is neither",
         "ensemble/config.pbtxt input 'top_k' data_type = 'TYPE_FP32': differs from NVIDIA's ensemble model",

@@ -195,7 +195,7 @@ def test_word_lists_round_trip_in_tensorrt_llm_layout():
     ("runtime_top_p_decay", np.float32(1.0), True), ("runtime_top_p_decay", np.float32(0.5), False),
     ("guided_decoding_guide_type", np.asarray([[b""]], dtype=object), True),
     ("guided_decoding_guide_type", np.asarray([[b"json"]], dtype=object), False),
-    ("stop", np.bool_(False), True), ("stop", np.bool_(True), False),
+    ("stop", np.bool_(False), True),  # stop: true is the engine model's stop request (tests/test_serving.py)
 ])
 def test_unsupported_inputs_are_taken_only_at_their_neutral_value(engine, name, value, ok):
     t = request_to_tensors(GenerationRequest(input_ids=list(PROMPT), request_output_len=2, end_id=-1))

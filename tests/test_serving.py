@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -261,3 +262,86 @@ def test_metrics_move(spec_server):
     assert any('position="0"' in k for k in after if k.startswith("trtspec_draft_tokens_by_position_total"))
     speculative = [k for k in after if k.startswith("trtspec_requests_total") and 'mode="speculative"' in k]
     assert speculative and sum(after[k] - before.get(k, 0) for k in speculative) == 1
+
+
+# ---- streamed plain decoding: one engine call per plain stretch ----------------------------------------------
+
+def engine_metric(server, name: str, model: str = "tensorrt_llm") -> float:
+    return read_metrics(server.metrics_url).get(f'{name}{{model="{model}"}}', 0.0)
+
+
+def test_a_streamed_plain_request_is_one_engine_call(spec_server):
+    fields = {"text_input": PROMPTS[0], "max_tokens": 40, "end_id": -1, "num_draft_tokens": 0}
+    whole = grpc_generate(spec_server.grpc_url, fields)
+    for stream in (lambda f: grpc_generate(spec_server.grpc_url, f),
+                   lambda f: http_generate(spec_server.http_base_url, f, stream=True)):
+        calls = engine_metric(spec_server, "trtspec_engine_calls_total")
+        parts = stream(fields | {"stream": True})
+        assert ids_of(parts) == ids_of(whole) and len(ids_of(whole)) == 40
+        assert len([p for p in parts if ids_of([p])]) == 40  # relayed token by token
+        assert engine_metric(spec_server, "trtspec_engine_calls_total") - calls == 1  # not 40
+
+
+def test_streamed_speculation_with_plain_stretches_equals_target_only(spec_server):
+    """Prompt lookup on text it cannot predict: the adaptive policy falls back to plain stretches and probes again;
+    each stretch is one engine call, and the tokens are the target's own."""
+    fields = {"text_input": PROMPTS[1], "max_tokens": 120, "end_id": -1}
+    reference = ids_of(grpc_generate(spec_server.grpc_url, fields | {"num_draft_tokens": 0}))
+    calls = engine_metric(spec_server, "trtspec_engine_calls_total")
+    parts = grpc_generate(spec_server.grpc_url, fields | {"num_draft_tokens": 4, "speculation": "prompt_lookup",
+                                                         "stream": True, "return_perf_metrics": True})
+    assert ids_of(parts) == reference
+    assert engine_metric(spec_server, "trtspec_engine_calls_total") - calls < len(reference) / 2
+
+
+def test_a_stop_word_ends_a_streamed_stretch_at_the_word(spec_server, references):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(spec_server.repo.parent / "engines" / "target"))  # the BLS's tokenizer
+    text = tok.decode(references[PROMPTS[0]])
+    word = text.strip().split()[3]
+    fields = {"text_input": PROMPTS[0], "max_tokens": 24, "stop_words": [word], "num_draft_tokens": 0}
+    whole = text_of(grpc_generate(spec_server.grpc_url, fields))
+    streamed = text_of(grpc_generate(spec_server.grpc_url, fields | {"stream": True}))
+    assert streamed == whole[len(PROMPTS[0]):] and streamed.endswith(word)
+
+
+def test_a_cancelled_stream_stops_its_engine_call(spec_server):
+    """The client leaves in the middle of a long plain stretch: the BLS stops the engine call (stop with the
+    request's id), so the engine's slot is free long before the stretch would have ended."""
+    from trtspec.client import SpecClient
+
+    tokens = engine_metric(spec_server, "trtspec_engine_tokens_total")
+    with SpecClient(spec_server.grpc_url, "grpc", timeout=120) as client:
+        got = client.generate(PROMPTS[0], max_tokens=480, end_id=-1, num_draft_tokens=0, stream=True, stop_after_s=0.5)
+    assert got.finish_reason == "cancelled" and 0 < len(got.token_ids) < 480
+    deadline = time.monotonic() + 30
+    while engine_metric(spec_server, "trtspec_engine_running_calls") > 0:
+        assert time.monotonic() < deadline, "the engine call went on after the client left"
+        time.sleep(0.05)
+    spent = engine_metric(spec_server, "trtspec_engine_tokens_total") - tokens
+    assert spent < 480, f"the stopped call still generated {spent} tokens"
+    assert ids_of(grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 4}))  # still serving
+
+
+def test_a_stop_request_needs_the_request_id(spec_server):
+    """As TensorRT-LLM's handleStopRequest: "Trying to stop a request but request ID is not provided"."""
+    client = grpcclient.InferenceServerClient(spec_server.grpc_url)
+    responses: queue.Queue = queue.Queue()
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        inputs = []
+        for name, value in (("input_ids", np.zeros((1, 1), np.int32)), ("input_lengths", np.zeros((1, 1), np.int32)),
+                            ("request_output_len", np.zeros((1, 1), np.int32)), ("stop", np.ones((1, 1), bool))):
+            t = grpcclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == bool else "INT32")
+            t.set_data_from_numpy(value)
+            inputs.append(t)
+        client.async_stream_infer("tensorrt_llm", inputs)
+        _, error = responses.get(timeout=60)
+        assert error is not None and "request ID is not provided" in str(error)
+        client.async_stream_infer("tensorrt_llm", inputs, request_id="nothing-runs-with-this-id")
+        result, error = responses.get(timeout=60)
+        assert error is None and not result.get_response().outputs  # an empty answer: nothing to stop is no error
+    finally:
+        client.stop_stream()
+        client.close()

@@ -183,7 +183,7 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
     assert result.exit_code == 0, result.output
     assert validate_repository(repo) == []
     target, draft, bls = parse(repo, "tensorrt_llm"), parse(repo, "tensorrt_llm_draft"), parse(repo, "tensorrt_llm_bls")
-    assert target.backend == draft.backend == "tensorrtllm" and not target.model_transaction_policy.decoupled
+    assert target.backend == draft.backend == "tensorrtllm" and target.model_transaction_policy.decoupled
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()
     t, d = params(target), params(draft)
     assert t["gpt_model_path"] == str(engines / "target") and d["gpt_model_path"] == str(engines / "draft")

@@ -145,8 +145,11 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
               help="Draft source of requests that name none [default: the build config's speculation.method].")
 @click.option("--portable", is_flag=True, help="Write engine and tokenizer dirs as given (relative paths resolve against "
               "the directory the server starts in) and keep the engines' configs in the marker: a repository to check in.")
-@click.option("--decoupled-mode", is_flag=True, help="Deploy tensorrt_llm and tensorrt_llm_draft decoupled, as NVIDIA's "
-              "decoupled_mode: they then stream (streaming: true) and answer over gRPC streams only.")
+@click.option("--decoupled-mode", type=click.BOOL, default=True, show_default=True, metavar="true|false",
+              help="Deploy tensorrt_llm and tensorrt_llm_draft decoupled, as NVIDIA's decoupled_mode: they stream "
+              "(streaming: true; the BLS reads each plain stretch from one call) and answer over gRPC streams only. "
+              "false: unary engine models, for clients that call them with plain infer (NVIDIA's "
+              "e2e_grpc_speculative_decoding_client.py); streamed requests then cost one engine call per token.")
 @click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
 @click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
 @click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")

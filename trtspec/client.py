@@ -8,8 +8,9 @@
   events when `stream` is true), with the standard library and JSON: each request field becomes the input
   tensor of that name. (tritonclient.http cannot talk to decoupled models.)
 
-`engine_logits`, `tokenize` and `detokenize` call the non-decoupled `tensorrt_llm`, `preprocessing` and
-`postprocessing` models with plain `infer` (tritonclient over either protocol). `metrics` reads the trtspec_*
+`engine_logits`, `tokenize` and `detokenize` call `tensorrt_llm`, `preprocessing` and `postprocessing` with one
+request each (`infer`: tritonclient's plain infer, or a gRPC stream for a decoupled model, as the engine models are
+by default). `metrics` reads the trtspec_*
 counters from Triton's Prometheus endpoint.
 
 A client holds at most one tritonclient connection per protocol and closes it in `close()` (or on leaving a
@@ -20,6 +21,7 @@ client per thread for concurrent requests.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import queue
@@ -273,6 +275,7 @@ class SpecClient:
         self._client = None      # its InferenceServerClient, made on first use
         self._lock = threading.Lock()
         self._batched: dict[str, bool] = {}
+        self._decoupled: dict[str, bool] = {}
 
     # lifecycle
     def __enter__(self) -> "SpecClient":
@@ -452,11 +455,23 @@ class SpecClient:
         finally:
             conn.close()
 
-    # plain (non-decoupled) models
+    # one request, one answer
+    def is_decoupled(self, model: str) -> bool:
+        if model not in self._decoupled:
+            policy = self.model_config(model).get("model_transaction_policy") or {}
+            self._decoupled[model] = bool(policy.get("decoupled", False))
+        return self._decoupled[model]
+
     def infer(self, model: str, tensors: dict[str, np.ndarray],
               outputs: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-        """Plain `infer` on a non-decoupled model; tensors go as given (shapes included). `outputs`: the outputs to
-        ask for; None asks for none by name and returns every output the model sent."""
+        """One request to `model`, its outputs merged over its responses; tensors go as given (shapes included).
+        `outputs`: the outputs to ask for; None asks for none by name and returns every output the model sent.
+        A decoupled model (the engine models by default) is called over a gRPC stream, which only gRPC has."""
+        if self.is_decoupled(model):
+            if self.protocol != "grpc":
+                raise ClientError(f"'{model}' is decoupled, and Triton serves decoupled models over gRPC streams "
+                                  "only; use --protocol grpc (and the gRPC port)")
+            return self._infer_stream(model, tensors, outputs)
         client = self._triton()
         tc = self._tc
         inputs = []
@@ -476,6 +491,37 @@ class SpecClient:
         names = [o.name for o in result.get_response().outputs] if self.protocol == "grpc" else \
             [o["name"] for o in result.get_response().get("outputs", [])]
         return {name: result.as_numpy(name) for name in names}
+
+    def _infer_stream(self, model: str, tensors: dict[str, np.ndarray], outputs: Iterable[str] | None) -> dict[str, np.ndarray]:
+        client, tc = self._triton(), self._tc
+        inputs = []
+        for name, value in tensors.items():
+            arr = np.asarray(value)
+            inp = tc.InferInput(name, list(arr.shape), _triton_dtype(arr))
+            inp.set_data_from_numpy(arr)
+            inputs.append(inp)
+        wanted = None if outputs is None else [tc.InferRequestedOutput(n) for n in outputs]
+        responses: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        merged: dict[str, np.ndarray] = {}
+        try:
+            client.async_stream_infer(model, inputs, outputs=wanted, request_id=uuid.uuid4().hex,
+                                      enable_empty_final_response=True)
+            while True:
+                try:
+                    result, error = responses.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise ClientError(f"{model} gave no final response within {self.timeout:g} s (grpc {self.url})") from None
+                if error is not None:
+                    raise self._error(error, model)
+                response = result.get_response()
+                merged.update({o.name: result.as_numpy(o.name) for o in response.outputs})
+                final = response.parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return merged
+        finally:
+            with contextlib.suppress(Exception):
+                client.stop_stream()
 
     def engine_logits(self, sequence_ids: list[int], model: str = "tensorrt_llm") -> np.ndarray:
         """The engine's logits [V] for the token after `sequence_ids` (one greedy step, generation logits on).

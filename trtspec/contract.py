@@ -188,7 +188,7 @@ def check_neutral(t: dict[str, np.ndarray], specs=ENGINE_INPUTS) -> None:
 
 def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
     """Tensors of one request (batch dim 1) -> GenerationRequest; raises RequestError naming the tensor."""
-    check_neutral(t)  # first: a stop request (stop: true) is refused as such, whatever else it carries
+    check_neutral(t)
     for spec in ENGINE_INPUTS:
         if not spec.optional and spec.name not in t:
             raise RequestError(spec.name, "is required")

@@ -53,5 +53,9 @@ class RequestError(EngineError):
         super().__init__(f"{field}: {message}")
 
 
+class Cancelled(Exception):
+    """The client went away: the request stops where it is (its engine calls are stopped) and nothing is returned."""
+
+
 class BenchError(TrtspecError):
     """A benchmark that cannot run: bad options, unreadable prompts, an unreachable deployment."""

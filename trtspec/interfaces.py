@@ -100,7 +100,7 @@ ENGINE_INPUTS = (
     _scalar("return_num_input_tokens", "BOOL"),
     _scalar("return_num_output_tokens", "BOOL"),
     _scalar("exclude_input_in_output", "BOOL"),
-    _scalar("stop", "BOOL", False),
+    _scalar("stop", "BOOL"),  # stops the calls with the same request id (handleStopRequest)
     _scalar("streaming", "BOOL"),
     _ragged("prompt_embedding_table", "FP16", (-1, -1), NEUTRAL_EMPTY),
     _ragged("prompt_table_extra_ids", "UINT64", (-1,), NEUTRAL_EMPTY),

@@ -171,9 +171,11 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "enable_kv_cache_reuse": True,
         "engine_inputs": tensor_block(ENGINE_INPUTS, inputs=True),
         "engine_outputs": tensor_block(ENGINE_OUTPUTS, inputs=False),
-        # NVIDIA's decoupled_mode: a decoupled engine model streams (one response per token with streaming
-        # true) and is served over gRPC streams only; a plain one answers unary calls, as the BLS needs by default
-        "decoupled_mode": False,
+        # NVIDIA's decoupled_mode. Decoupled engine models stream (streaming: true), so the BLS reads a plain
+        # stretch from one call and the ensemble streams; their clients need gRPC streams. `deploy --decoupled-mode
+        # false` writes unary ones, for clients that call them with plain `infer` (NVIDIA's client-side
+        # speculative loop); the BLS then asks for a plain stretch one call per token when it streams.
+        "decoupled_mode": True,
         "tensorrt_llm_model_name": TARGET_MODEL,
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if draft is not None else "",
         # A request without num_draft_tokens or speculation decodes plainly, as with NVIDIA's BLS;
@@ -549,7 +551,7 @@ def _check_engine_streaming(bls, engines: dict) -> list[Problem]:
     said = (_param(bls, "engine_decoupled_mode") or "false").strip().lower() in ("true", "1", "yes", "on")
     return [Problem(f"{name}/{CONFIG_FILE} model_transaction_policy.decoupled", _is_decoupled(config),
                     f"differs from {BLS_MODEL}'s parameter engine_decoupled_mode ({str(said).lower()})",
-                    "make them agree, or regenerate with `trtspec deploy` (--decoupled-mode for both)")
+                    "make them agree, or regenerate with `trtspec deploy` (--decoupled-mode sets both)")
             for name, config in sorted(engines.items()) if _is_decoupled(config) != said]
 
 

@@ -143,12 +143,17 @@ class Engine:
             self.scheduler.run(jobs)
         return [self._finished(r, out) for r, out in zip(requests, outcomes)]
 
-    def submit(self, request: GenerationRequest, done, on_token=None) -> None:
+    def submit(self, request: GenerationRequest, done, on_token=None, request_id: str = "") -> None:
         """Queue a call for the background worker; `done(result or exception)` is called from the worker, and
-        `on_token(result so far)` (streaming) at each token of a plain generation as it is chosen, but the last."""
-        job = self._job(request, lambda out: done(self._finished(request, out)))
+        `on_token(result so far)` (streaming) at each token of a plain generation as it is chosen, but the last.
+        `request_id`: what `cancel` stops it by."""
+        job = self._job(request, lambda out: done(self._finished(request, out)), request_id)
         job.on_token = on_token
         self.scheduler.submit(job)
+
+    def cancel(self, request_id: str) -> int:
+        """Stop the calls submitted with `request_id` within one step; each ends with the tokens it has so far."""
+        return self.scheduler.cancel(request_id)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -167,10 +172,10 @@ class Engine:
                                  input_tokens=len(request.input_ids) if request.return_num_input_tokens else None,
                                  output_tokens=request.return_num_output_tokens)
 
-    def _job(self, request: GenerationRequest, done) -> Job:
+    def _job(self, request: GenerationRequest, done, request_id: str = "") -> Job:
         self.check(request)
         return Job(request, done, end_id=self._end_id(request), generator=self._generator(request),
-                   vocab_size=self.info.vocab_size)
+                   vocab_size=self.info.vocab_size, request_id=request_id)
 
     def _finished(self, request: GenerationRequest, outcome):
         if isinstance(outcome, BaseException):

@@ -9,6 +9,10 @@ batching, at the granularity of one forward pass.
 
 Admission is first come, first served, up to `max_batch_size` running calls and within the KV budget
 (trtspec.engine.kv): a call that fits the budget but not beside the running ones waits for one to end.
+
+A call can be stopped (`cancel`, TensorRT-LLM's cancelRequest): a waiting one leaves the queue at once, a running
+one before the next step, so its batch slot and KV lease are free within one forward pass. It ends as TensorRT-LLM
+ends a cancelled request: a normal result holding the tokens chosen so far.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ class Job:
     """One engine call as it moves through the steps of the scheduler."""
 
     def __init__(self, request: GenerationRequest, done: Callable[[GenerationResult | BaseException], None], *,
-                 end_id: int | None, generator: torch.Generator | None, vocab_size: int):
-        self.request, self.done = request, done
+                 end_id: int | None, generator: torch.Generator | None, vocab_size: int, request_id: str = ""):
+        self.request, self.done, self.request_id = request, done, request_id
+        self.stopped = False                                 # cancelled: ends before the next step
         self.end_id, self.generator = end_id, generator
         self.seq = list(request.input_ids)
         # Never emit more than request_output_len tokens: a verification emits up to len(draft) + 1.
@@ -148,7 +153,10 @@ class Job:
     @property
     def kept_tokens(self) -> list[int]:
         """The tokens whose KV the cache holds when the call ends: all but the last emitted token, whose keys
-        the next call computes (a verification's rejected positions are dropped)."""
+        the next call computes (a verification's rejected positions are dropped); only the reused prefix for a
+        call stopped before its first step."""
+        if not self.computed:
+            return self.tokens[: self.lease.cached] if self.lease else []
         return (self.seq + self.new)[:-1]
 
     def result(self) -> GenerationResult:
@@ -174,12 +182,30 @@ class Scheduler:
         self._step_lock = threading.Lock()    # one driver at a time: the worker thread or a synchronous caller
         self._worker: threading.Thread | None = None
         self._stop = False
+        self.on_running: Callable[[int], None] | None = None  # hears the number of running calls when it changes
+        self._reported = 0
 
     # ---- feeding ------------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         with self._wake:
             self.waiting.append(job)
             self._wake.notify()
+
+    def cancel(self, request_id: str) -> int:
+        """Stop the calls of `request_id`: a waiting one ends now, a running one before the next step (the step in
+        progress, if any, completes first). Returns how many calls it stopped; an id with none is no error (its call
+        may have ended already), as for TensorRT-LLM's handleStopRequest."""
+        with self._wake:
+            queued = [job for job in self.waiting if job.request_id == request_id]
+            for job in queued:
+                self.waiting.remove(job)
+            running = [job for job in self.running if job.request_id == request_id and not job.stopped]
+            for job in running:
+                job.stopped = True
+            self._wake.notify()
+        for job in queued:
+            self._deliver(job, job.result())
+        return len(queued) + len(running)
 
     def run(self, jobs: list[Job]) -> None:
         """Submit `jobs` and drive steps in this thread until every one of them is done."""
@@ -209,7 +235,10 @@ class Scheduler:
     def step(self) -> bool:
         """Admit what fits, run one forward pass over every running call; False when there was nothing to do."""
         with self._step_lock:
+            for job in [job for job in self.running if job.stopped]:
+                self._finish(job, job.result())
             self._admit()
+            self._report()
             if not self.running:
                 return False
             jobs = list(self.running)
@@ -232,7 +261,13 @@ class Scheduler:
                     continue
                 if complete:
                     self._finish(job, job.result())
+            self._report()
             return True
+
+    def _report(self) -> None:
+        if self.on_running is not None and len(self.running) != self._reported:
+            self._reported = len(self.running)
+            self.on_running(self._reported)
 
     def _admit(self) -> None:
         with self._lock:
@@ -250,9 +285,14 @@ class Scheduler:
                 self.running.append(job)
 
     def _finish(self, job: Job, outcome) -> None:
-        self.running.remove(job)
+        with self._lock:
+            self.running.remove(job)
         if job.lease is not None:
             self.pool.release(job.lease, job.kept_tokens if not isinstance(outcome, BaseException) else [])
+        self._deliver(job, outcome)
+
+    @staticmethod
+    def _deliver(job: Job, outcome) -> None:
         try:
             job.done(outcome)
         except Exception as exc:  # a response that cannot be delivered (client gone) must not stop the others

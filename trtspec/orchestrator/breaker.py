@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from trtspec.errors import Cancelled
 from trtspec.orchestrator.drafters import Draft, DraftFailed, Drafter
 
 CALL, PROBE = "call", "probe"
@@ -59,6 +60,13 @@ class DraftBreaker:
             self.on_down(cause)
         self.on_failure(cause)
 
+    def released(self, admitted: str = CALL) -> None:
+        """A call that ended for its request's own reason (the client left): it says nothing about the model, and a
+        probe gives its turn to the next request."""
+        if admitted == PROBE:
+            with self._lock:
+                self._probing = False
+
     def succeeded(self, admitted: str = CALL) -> None:
         with self._lock:
             if self._down_until is not None and admitted != PROBE:
@@ -81,6 +89,9 @@ class GuardedDrafter:
             raise DraftFailed("the draft model is unavailable after a recent failure")
         try:
             draft = self.inner.propose(context, k)
+        except Cancelled:
+            self.breaker.released(admitted)
+            raise
         except Exception as exc:  # a failed probe, whatever the cause, must not leave the breaker waiting on it
             self.breaker.failed(exc, admitted)
             raise

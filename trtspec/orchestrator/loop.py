@@ -11,7 +11,10 @@ delays the first token. Then each iteration:
   4. stop rules: end_id, max_tokens, stop words, cancellation;
   5. yield the iteration's new tokens, so the caller can stream them.
 With no drafter the same loop is plain decoding: the target is asked for the remaining budget in one call
-(or what the policy allows before its next probe), or one token per call when streaming.
+(or what the policy allows before its next probe). A streamed request reads such a plain stretch from ONE
+streaming engine call (`StreamingEngineClient.stream`), relaying its tokens as they arrive, as NVIDIA's BLS streams
+plain decoding; a stop rule that fires on this side, or an error, stops that call at the engine. An engine that
+cannot stream is asked for one token per call instead.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
+from trtspec.errors import Cancelled
 from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import DraftFailed, Drafter
 from trtspec.orchestrator.stats import RequestStats
@@ -31,6 +35,22 @@ from trtspec.orchestrator.stats import RequestStats
 
 class EngineClient(Protocol):
     def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+
+class EngineStream(Protocol):
+    """A streaming engine call (TensorRT-LLM's `streaming`): each item holds the tokens since the previous one
+    (the last may hold none) and their log probs and logits; the other outputs come with the last."""
+
+    def __iter__(self) -> Iterator[GenerationResult]: ...
+
+    def stop(self) -> None:
+        """Stop the call at the engine (a no-op once its last response arrived)."""
+
+
+class StreamingEngineClient(EngineClient, Protocol):
+    streams: bool  # whether `stream` works (TensorRT-LLM streams from decoupled engine models only)
+
+    def stream(self, request: GenerationRequest) -> EngineStream: ...
 
 
 @dataclass
@@ -64,10 +84,6 @@ class Trace:
     kv_blocks: list[int] = field(default_factory=lambda: [0, 0, 0])  # new, reused, total, over the target calls
 
 
-class Cancelled(Exception):
-    """The client went away; raised out of the loop at the next iteration boundary."""
-
-
 def speculate(
     request: SpecRequest,
     target: EngineClient,
@@ -89,6 +105,7 @@ def speculate(
     sequence = list(request.prompt)
     generated = 0
     lost = None  # why speculation stopped for the rest of this request
+    streams = request.stream and getattr(target, "streams", False)
     while True:
         if cancelled():
             stats.finish_reason = "cancelled"
@@ -110,35 +127,74 @@ def speculate(
                 decision = Decision(0, plain_tokens=remaining, reason=lost)
                 on_draft_failed(exc)
         drafted_at = time.perf_counter()
-        plain = 1 if request.stream else max(1, min(decision.plain_tokens, remaining))
-        result = target.generate(_verify_request(request, sequence, draft, plain, generated))
-        verified_at = time.perf_counter()
-
-        new = result.new_tokens[:remaining]
+        plain = 1 if request.stream and not streams else max(1, min(decision.plain_tokens, remaining))
+        call = _verify_request(request, sequence, draft, plain, generated)
         drafted = len(draft.tokens) if draft else 0
-        accepted = accepted_prefix(draft.tokens, new) if drafted else 0
+        streamed = streams and not drafted
+        if streamed:  # the stretch's tokens are yielded as they arrive
+            new, reason = yield from _relay(request, target.stream(call), plain, sequence, generated, trace)
+            verified_at, accepted = time.perf_counter(), 0
+        else:
+            result = target.generate(call)
+            verified_at = time.perf_counter()
+            new = result.new_tokens[:remaining]
+            accepted = accepted_prefix(draft.tokens, new) if drafted else 0
+            # The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer tokens than it
+            # could have, a plain one fewer than asked, a verification no token of the target's own after the accepted
+            ended = len(new) < (accepted + 1 if drafted else plain)
+            new, reason = _apply_stop_rules(request, sequence, new, generated + len(new) >= request.max_tokens, ended)
+            if trace is not None:
+                _record(trace, result, len(new))
         if drafted:
             drafter.observe(accepted, drafted)
         if not first:
             policy.observe(drafted=drafted, accepted=accepted, draft_seconds=drafted_at - start,
                            verify_seconds=verified_at - drafted_at, tokens=len(new))
-        # The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer tokens than it
-        # could have, a plain one fewer than asked, a verification no token of the target's own after the accepted
-        ended = len(new) < (accepted + 1 if drafted else plain)
-        new, reason = _apply_stop_rules(request, sequence, new, generated + len(new) >= request.max_tokens, ended)
         stats.record(drafted=drafted, accepted=min(accepted, len(new)), emitted=len(new),
                      draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at,
                      fallback=decision.reason if not drafted else None)
-        if trace is not None:
-            _record(trace, result, len(new))
         sequence += new
         generated += len(new)
-        if new:
+        if new and not streamed:
             yield new
         if reason:
             stats.finish_reason = reason
             stats.fallbacks.update(getattr(policy, "fallbacks", {}))
             return
+
+
+def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: list[int], generated: int,
+           trace: Trace | None):
+    """Yield a plain stretch's tokens as the streaming call returns them, cut by the stop rules; stop the call
+    when a rule fires here first, or on any exit before its last response. Returns (the stretch's tokens, finish
+    reason or None)."""
+    got: list[int] = []
+    reason, last, received, complete = None, None, 0, False
+    try:
+        for part in stream:
+            last, received = part, received + len(part.new_tokens)
+            if reason:
+                continue  # the call's own end, after its last token: nothing to stop
+            budget = request.max_tokens - generated - len(got)
+            new, reason = _apply_stop_rules(request, sequence + got, part.new_tokens[:budget],
+                                            generated + len(got) + len(part.new_tokens) >= request.max_tokens, False)
+            if trace is not None:
+                _record(trace, part, len(new), kv=False)
+            got += new
+            if new:
+                yield new
+            if reason and received < asked:
+                break
+        else:
+            complete = True
+    finally:
+        if not complete:
+            stream.stop()
+    if trace is not None and last is not None and last.kv_blocks is not None:
+        trace.kv_blocks = [a + b for a, b in zip(trace.kv_blocks, last.kv_blocks)]  # the perf outputs are running totals
+    if reason is None and len(got) < asked:
+        reason = "end_id"  # the engine ended the call early: on the end token, which it does not return
+    return got, reason
 
 
 def accepted_prefix(draft: list[int], new: list[int]) -> int:
@@ -169,14 +225,14 @@ def _verify_request(request: SpecRequest, sequence: list[int], draft, plain_toke
     )
 
 
-def _record(trace: Trace, result: GenerationResult, kept: int) -> None:
+def _record(trace: Trace, result: GenerationResult, kept: int, kv: bool = True) -> None:
     if result.log_probs is not None:
         trace.log_probs += result.log_probs[:kept]
     if result.generation_logits is not None:
         trace.generation_logits += list(result.generation_logits[:kept])
     if result.context_logits is not None and trace.context_logits is None:
         trace.context_logits = result.context_logits
-    if result.kv_blocks is not None:
+    if kv and result.kv_blocks is not None:
         trace.kv_blocks = [a + b for a, b in zip(trace.kv_blocks, result.kv_blocks)]
 
 

@@ -23,76 +23,214 @@ from trtspec.contract import (
     BLS_INPUTS, ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, Penalties, SamplingParams, request_to_tensors,
     tensors_to_result,
 )
-from trtspec.errors import EngineError, RequestError
+from trtspec.errors import Cancelled, EngineError, RequestError
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
-from trtspec.orchestrator.loop import Cancelled, SpecRequest, Trace, speculate
+from trtspec.orchestrator.loop import SpecRequest, Trace, speculate
 from trtspec.orchestrator.stats import RequestStats
 from trtspec.triton.common import (
     bool_parameter, check_neutral_inputs, error_response, load_tokenizer, model_parameters, optional_input, parameter,
 )
 
 
+# How often a call that is waiting on its engine looks at the client and the request's deadline: a call given up
+# on is stopped at the engine at most this long after the reason arose (about one decode step).
+WATCH_SECONDS = 0.02
+# How long a stop request may take before the BLS gives up on it (a model whose process died never answers).
+STOP_TIMEOUT_SECONDS = 2.0
+
+
 class BlsEngineClient:
     """An engine client that calls a `tensorrt_llm`-contract model through BLS, on behalf of one request
     (`request_id`: its calls carry the client's request id, as NVIDIA's BLS passes its own to both engines, so
-    that the tensorrtllm backend can stop them by that id).
+    that the engine can stop them by that id).
 
-    A call may be bounded: by `call_timeout_ms` (the deployment's `draft_timeout_ms`, for the draft model) and by
-    `deadline` (a `time.monotonic()` instant: the request's `timeout_ms`, for the target; a draft call past the
-    request's deadline is not the draft model's failure, and the target call after it ends the request). A
-    bounded call runs on `calls`, and past its bound the request stops waiting and gets an EngineError naming the
-    bound. That is also what frees a request whose call went to a model whose process died while it ran: such a
-    call never returns."""
+    While a call runs, the request watches: `watch()` (the client cancelled: True; the request's deadline passed:
+    it raises), `call_timeout_ms` (the deployment's `draft_timeout_ms`, for the draft model) and `deadline` (a
+    `time.monotonic()` instant: the request's `timeout_ms`, for the target; a draft call past the request's
+    deadline is not the draft model's failure, and the target call after it ends the request). A call given up on
+    is stopped at the engine with a `stop` request carrying the same request id (NVIDIA's send_cancellation_request
+    in triton_decoder.py; the backend's handleStopRequest), so its batch slot and KV blocks are freed within an
+    engine step; the request gets Cancelled, or an EngineError naming the bound. A unary call runs on a thread of
+    `calls` while the request waits on it, which also frees a request whose call went to a model whose process died
+    (such a call never returns). A streamed call is read on the request's own thread, response by response."""
 
     def __init__(self, model_name: str, request_id: str = "", *, calls: ThreadPoolExecutor | None = None,
-                 call_timeout_ms: int = 0, deadline: float | None = None, decoupled: bool = False):
+                 call_timeout_ms: int = 0, deadline: float | None = None, decoupled: bool = False, watch=None):
         self.model_name, self.request_id = model_name, request_id
         self.calls, self.call_timeout_ms, self.deadline = calls, call_timeout_ms, deadline
         self.decoupled = decoupled  # the model streams its responses (NVIDIA's decoupled_mode)
+        self.watch = watch
+        # Every call and response of the request lives as long as the request: with Triton 2.51, freeing them
+        # while the request goes on corrupts the stub's memory ("malloc(): unaligned tcache chunk detected").
+        self.kept: list = []
 
-    def for_request(self, request_id: str, deadline: float | None = None) -> "BlsEngineClient":
+    @property
+    def streams(self) -> bool:
+        return self.decoupled
+
+    def for_request(self, request_id: str, deadline: float | None = None, watch=None) -> "BlsEngineClient":
         return BlsEngineClient(self.model_name, request_id, calls=self.calls, call_timeout_ms=self.call_timeout_ms,
-                               deadline=deadline, decoupled=self.decoupled)
+                               deadline=deadline, decoupled=self.decoupled, watch=watch)
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        inputs = [pb_utils.Tensor(name, value) for name, value in request_to_tensors(request).items()]
-        wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
-        call = pb_utils.InferenceRequest(
-            model_name=self.model_name, inputs=inputs, requested_output_names=wanted, request_id=self.request_id,
-        )
-        tensors = self._bounded(lambda: self._exec(call))
+        call = self._call(request, streaming=False)
+        if self._bound() is None and (request.draft_input_ids or request.request_output_len == 1):
+            tensors = self._exec(call)  # one engine step: nothing to watch, no thread hand-off to pay
+        else:
+            tensors = self._bounded(lambda: self._exec(call))
         return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
 
+    def stream(self, request: GenerationRequest) -> "_Stream":
+        if not self.decoupled:
+            raise EngineError(f"{self.model_name}: streaming needs a decoupled engine model")
+        return _Stream(self, self._call(request, streaming=True))
+
+    def _call(self, request: GenerationRequest, *, streaming: bool):
+        tensors = request_to_tensors(request)
+        if streaming:
+            tensors["streaming"] = np.ones((1, 1), np.bool_)
+        wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
+        return pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=wanted,
+                                         inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
+                                         request_id=self.request_id)
+
     def _exec(self, call) -> dict[str, np.ndarray]:
-        """The call's output tensors. A decoupled model answers a request without `streaming` with one response
+        """A unary call's output tensors. A decoupled model answers a request without `streaming` with one response
         and a final flag, which may come on an empty response of its own."""
-        responses = call.exec(decoupled=True) if self.decoupled else [call.exec()]
+        responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
+        self.kept.append((call, responses))
         tensors: dict[str, np.ndarray] = {}
         for response in responses:
             if response.has_error():
                 raise EngineError(f"{self.model_name}: {response.error().message()}")
-            tensors.update({t.name(): t.as_numpy() for t in response.output_tensors()})
+            # copies: a decoupled response's tensors are views of shared memory that is released with it
+            tensors.update({t.name(): t.as_numpy().copy() for t in response.output_tensors()})
         if "output_ids" not in tensors:
             raise EngineError(f"{self.model_name}: answered without output_ids")
         return tensors
 
     def _bounded(self, run):
+        if self.calls is None:
+            return run()
+        bound = self._bound()
+        expires = time.monotonic() + bound[0] if bound else None
+        future = self.calls.submit(run)
+        while True:
+            wait = WATCH_SECONDS if expires is None else min(WATCH_SECONDS, expires - time.monotonic())
+            try:
+                return future.result(timeout=max(wait, 0.0))
+            except FutureTimeout:
+                pass
+            self.check(future.done)
+            if expires is not None and time.monotonic() >= expires and not future.done():
+                self.send_stop()
+                raise EngineError(f"{self.model_name}: no answer within {bound[1]}; stopped it")
+
+    def check(self, done=lambda: False) -> None:
+        """Raise Cancelled (or the watch's own error) when the request is over, after stopping its call."""
+        try:
+            if self.watch is not None and self.watch():
+                raise Cancelled()
+        except BaseException:
+            if not done():
+                self.send_stop()
+            raise
+
+    def send_stop(self) -> None:
+        """Stop this request's call at the engine: the tensors of NVIDIA's send_cancellation_request (input_ids,
+        input_lengths, request_output_len 0, stop true) with the same request id. Waits for the stop's own answer,
+        so that the request's next call, which carries the same id, cannot be the one it stops."""
+        if not self.request_id:
+            return
+        inputs = [pb_utils.Tensor("input_ids", np.zeros((1, 1), np.int32)),
+                  pb_utils.Tensor("input_lengths", np.zeros((1, 1), np.int32)),
+                  pb_utils.Tensor("request_output_len", np.zeros((1, 1), np.int32)),
+                  pb_utils.Tensor("stop", np.ones((1, 1), np.bool_))]
+        call = pb_utils.InferenceRequest(model_name=self.model_name, inputs=inputs, requested_output_names=[],
+                                         request_id=self.request_id)
+
+        def run():
+            responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
+            self.kept.append((call, responses))
+            for response in responses:
+                if response.has_error():
+                    raise EngineError(response.error().message())
+
+        try:
+            if self.calls is None:
+                run()
+            else:
+                self.calls.submit(run).result(timeout=STOP_TIMEOUT_SECONDS)
+        except Exception as exc:  # the call it stops ends with its model anyway; the request goes on
+            pb_utils.Logger.log_warn(f"could not stop {self.model_name} request {self.request_id}: {exc}")
+
+    def _bound(self) -> tuple[float, str] | None:
+        """(seconds left, what bounds it) of the tightest bound on a call now, or None."""
         bounds = []
         if self.call_timeout_ms:
             bounds.append((self.call_timeout_ms / 1000, f"{self.call_timeout_ms} ms (draft_timeout_ms)"))
         if self.deadline is not None:
             bounds.append((self.deadline - time.monotonic(), "the request's timeout_ms"))
-        if not bounds or self.calls is None:
-            return run()
-        wait, bound = min(bounds)
-        future = self.calls.submit(run)
+        return min(bounds) if bounds else None
+
+
+class _Stream:
+    """A streaming call as the loop reads it (trtspec.orchestrator.loop.EngineStream), on the request's thread:
+    each response's tokens (a streaming engine sends only the tokens since its previous response). The client's
+    watch is checked between responses (at most every WATCH_SECONDS), and a timer stops the call at the request's
+    bound. A stopped call is still read to its final response, which the engine sends within a step."""
+
+    def __init__(self, client: BlsEngineClient, call):
+        self.client, self.call = client, call
+        self.finished = self.stopping = self.expired = False
+
+    def __iter__(self):
+        client = self.client
+        bound = client._bound()
+        timer = threading.Timer(max(bound[0], 0.0), self._expire) if bound else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        kept: list = []  # see BlsEngineClient.kept
+        client.kept.append((self.call, kept))
+        responses = self.call.exec(decoupled=True)
+        checked = time.monotonic()
         try:
-            return future.result(timeout=max(wait, 0.0))
-        except FutureTimeout:
-            raise EngineError(f"{self.model_name}: no answer within {bound}; stopped waiting for it") from None
+            for response in responses:
+                kept.append(response)
+                if response.has_error():
+                    raise EngineError(f"{client.model_name}: {response.error().message()}")
+                if self.stopping:
+                    continue  # read to the end
+                yield tensors_to_result({t.name(): t.as_numpy().copy() for t in response.output_tensors()}, [],
+                                        excluded=True)
+                if time.monotonic() - checked >= WATCH_SECONDS:
+                    checked = time.monotonic()
+                    try:
+                        client.check()  # stops the call first when the request is over
+                    except BaseException:
+                        self.stopping = True
+                        raise
+            self.finished = True
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if not self.finished and self.stopping:
+                kept += list(responses)  # the stopped call's last responses
+        if self.expired:
+            raise EngineError(f"{client.model_name}: no answer within {bound[1]}; stopped it")
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.stop()
+
+    def stop(self) -> None:
+        if not self.finished and not self.stopping:
+            self.stopping = True
+            self.client.send_stop()
 
 
 class Metrics:
@@ -249,7 +387,7 @@ class TritonPythonModel:
         if timeout_ms < 0:
             raise RequestError("timeout_ms", f"must be >= 0 (0: no limit), got {timeout_ms}")
 
-        def stop() -> bool:  # checked between iterations: cancelled by the client, or past the deadline
+        def stop() -> bool:  # checked between iterations and while a target call runs: cancelled, or past the deadline
             if timeout_ms and (time.monotonic() - arrived) * 1000 > timeout_ms:
                 raise RequestError("timeout_ms", f"the request ran past its {timeout_ms} ms; give it a longer "
                                    "timeout_ms, or fewer max_tokens")
@@ -264,7 +402,7 @@ class TritonPythonModel:
             stats.fallbacks["load"] = 1
         drafter = policy = None
         if spec.num_draft_tokens > 0:
-            drafter = self._drafter(plan)
+            drafter = self._drafter(plan, watch=sender.is_cancelled)
             policy = (self.costs.policy(spec.num_draft_tokens, model_drafts=plan.method == "draft_model", load=load)
                       if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
         detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
@@ -274,7 +412,7 @@ class TritonPythonModel:
         ids: list[int] = []
         text = []
         run = _Run(stats, Trace(), [int(arrived * 1e9), time.monotonic_ns(), 0, 0], len(spec.prompt))
-        target = self.target.for_request(plan.request_id, deadline)
+        target = self.target.for_request(plan.request_id, deadline, watch=stop)
         for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace):
             run.times_ns[2] = run.times_ns[2] or time.monotonic_ns()
             run.times_ns[3] = time.monotonic_ns()
@@ -298,11 +436,13 @@ class TritonPythonModel:
         else:
             sender.send(self._response(prompt_text + "".join(text) + rest, ids, plan, run, len(ids), final=True), flags=flags)
 
-    def _drafter(self, plan: "_Plan"):
+    def _drafter(self, plan: "_Plan", watch):
+        """`watch`: whether the client left (the request's deadline does not bound a draft call: see BlsEngineClient)."""
         if plan.method == "prompt_lookup":
             return make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
         s = plan.spec
-        drafter = make_drafter("draft_model", client=self.draft.for_request(plan.request_id), sampling=s.sampling,
+        client = self.draft.for_request(plan.request_id, watch=watch)
+        drafter = make_drafter("draft_model", client=client, sampling=s.sampling,
                                end_id=s.end_id, pad_id=s.pad_id, use_logits=plan.use_logits)
         return GuardedDrafter(drafter, self.draft_breaker)
 

@@ -6,7 +6,11 @@ every queued call into each forward pass (in-flight batching, trtspec.engine.sch
 answered through its response sender as soon as its call ends, so a short verification never waits for a
 long generation that shares its steps. As TensorRT-LLM's backend: a request of batch size B > 1 needs a decoupled
 model, and becomes B calls, each answered by its own response with its `batch_index`; `streaming` needs a
-decoupled model too, and then each token goes out as it is chosen.
+decoupled model too, and then each token goes out as it is chosen. A request with `stop` true stops the calls
+that carry its request id (TensorRT-LLM's handleStopRequest): they end within one step with the tokens they have.
+Metrics: `trtspec_engine_calls_total` (calls queued, one per row: TensorRT-LLM's executor requests),
+`trtspec_engine_tokens_total` (tokens the calls returned) and `trtspec_engine_running_calls` (calls holding a batch
+slot now).
 Parameters: `engine_dir`, `device` ("cpu" or "cuda[:N]"), `enable_kv_cache_reuse`, `forward` (auto, compact, hf).
 """
 
@@ -37,6 +41,16 @@ class TritonPythonModel:
         # One thread loads the engine and then runs every forward pass (see Scheduler.serve); `execute` only
         # checks and queues, so requests join the running batch at every step.
         self.engine = None
+        labels = {"model": self.name}
+        self._metric_families = [  # a family must outlive its metrics
+            pb_utils.MetricFamily(name="trtspec_engine_calls_total", kind=pb_utils.MetricFamily.COUNTER,
+                                  description="Engine calls queued (one per request row; stop requests not counted)"),
+            pb_utils.MetricFamily(name="trtspec_engine_tokens_total", kind=pb_utils.MetricFamily.COUNTER,
+                                  description="Tokens the engine's calls returned (a stopped call's included)"),
+            pb_utils.MetricFamily(name="trtspec_engine_running_calls", kind=pb_utils.MetricFamily.GAUGE,
+                                  description="Engine calls holding a batch slot"),
+        ]
+        self.calls_metric, self.tokens_metric, self.running_metric = (f.Metric(labels=labels) for f in self._metric_families)
         loaded, failure = threading.Event(), []
         threading.Thread(target=self._run, args=(params, device, loaded, failure), name="trtspec-engine", daemon=True).start()
         loaded.wait()
@@ -53,6 +67,7 @@ class TritonPythonModel:
             engine = Engine.load(parameter(params, "engine_dir"), device, forward=parameter(params, "forward", "auto"))
             if not bool_parameter(params, "enable_kv_cache_reuse", True):
                 engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
+            engine.scheduler.on_running = self.running_metric.set
             self.engine = engine
         except BaseException as exc:  # reported by initialize, which fails the model's load
             failure.append(exc)
@@ -71,23 +86,27 @@ class TritonPythonModel:
         return None
 
     def _submit(self, request, sender) -> None:
-        self._queue(engine_inputs(request), sender)
+        self._queue(engine_inputs(request), sender, request.request_id())
 
-    def _queue(self, tensors: dict[str, np.ndarray], sender) -> None:
+    def _queue(self, tensors: dict[str, np.ndarray], sender, request_id: str) -> None:
+        if "stop" in tensors and np.any(tensors["stop"]):
+            return self._stop(request_id, sender)
         calls = [tensors_to_request(row) for row in split_rows(tensors)]
         if len(calls) > 1 and not self.decoupled:
             # TensorRT-LLM's backend refuses it: "Batch size > 1 requires the tensorrt_llm backend to be using
             # decoupled transaction policy" (model_instance_state.cc, 1.2.0rc8)
             raise RequestError("input_ids", f"a batch of {len(calls)} requests needs a decoupled model, as TensorRT-LLM's "
                                             "backend does; send one request at a time, or redeploy with "
-                                            "`trtspec deploy --decoupled-mode`")
+                                            "`trtspec deploy --decoupled-mode true` (the default)")
         for call in calls:  # every row is checked before any is queued
             self.engine.check(call)
         if "streaming" in tensors and np.any(tensors["streaming"]):
-            return self._stream(calls, tensors, sender)
+            return self._stream(calls, tensors, sender, request_id)
+        self.calls_metric.increment(len(calls))
         if len(calls) == 1:
             self.engine.submit(calls[0], lambda outcome: sender.send(
-                self._response(calls[0], outcome), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL))
+                self._response(calls[0], outcome), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL),
+                request_id=request_id)
             return
         # a batch (decoupled only): one response per row as it ends, with its batch_index, as TensorRT-LLM answers
         left, lock = [len(calls)], threading.Lock()
@@ -102,14 +121,28 @@ class TritonPythonModel:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
         for i, call in enumerate(calls):
-            self.engine.submit(call, lambda outcome, i=i: done(i, outcome))
+            self.engine.submit(call, lambda outcome, i=i: done(i, outcome), request_id=request_id)
 
-    def _stream(self, calls, tensors, sender) -> None:
+    def _stop(self, request_id: str, sender) -> None:
+        """A stop request: the calls with this request id end within one step, each with a final response holding
+        what it has; the stop itself gets one empty final response. An id with no call running is no error (the
+        call may have ended), as TensorRT-LLM's handleStopRequest (model_instance_state.cc, 1.2.0rc8), which also
+        refuses a stop without an id: "Trying to stop a request but request ID is not provided"."""
+        if not request_id:
+            raise RequestError("request_id", "a stop request (stop: true) must carry the request id of the call to stop; "
+                                             "Trying to stop a request but request ID is not provided")
+        self.engine.cancel(request_id)
+        sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _stream(self, calls, tensors, sender, request_id: str) -> None:
         """streaming: one response per token, each with that token alone (output_ids [1, 1, 1], sequence_length 1),
-        the last one with the final flag and the request's other outputs, as TensorRT-LLM streams."""
-        if not self.decoupled:  # TensorRT-LLM refuses it too: a non-decoupled model answers once
+        the last one with the final flag and the request's other outputs (no token, when the call was stopped
+        between two), as TensorRT-LLM streams: only the tokens since the last response, exclude_input_in_output or
+        not (LlmRequest::createResult)."""
+        if not self.decoupled:  # TensorRT-LLM refuses it: "Streaming is only supported if model is deployed using
+            # decoupled mode." (utils.cc createRequestsFromInputTensors, 1.2.0rc8)
             raise RequestError("streaming", "needs a decoupled model; this one is deployed with decoupled_mode false "
-                                            "(redeploy with `trtspec deploy --decoupled-mode`, or leave streaming false)")
+                                            "(redeploy with `trtspec deploy --decoupled-mode true`, the default, or leave streaming false)")
         if len(calls) != 1:
             raise RequestError("streaming", f"streams one request at a time, got a batch of {len(calls)}; send each row alone")
         call, streamed = calls[0], [0]
@@ -136,16 +169,19 @@ class TritonPythonModel:
             if isinstance(outcome, BaseException):
                 sender.send(error_response(outcome, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
+                self.tokens_metric.increment(len(outcome.new_tokens))
                 part(outcome, True)
 
         def token(result):
             part(result, False)
 
-        self.engine.submit(call, done, on_token=None if call.draft_input_ids else token)
+        self.calls_metric.increment(1)
+        self.engine.submit(call, done, on_token=None if call.draft_input_ids else token, request_id=request_id)
 
     def _response(self, call, outcome, batch_index: int | None = None):
         if isinstance(outcome, BaseException):
             return error_response(outcome, self.name)
+        self.tokens_metric.increment(len(outcome.new_tokens))
         outputs = self.engine.result_tensors(call, outcome)
         if batch_index is not None:
             outputs["batch_index"] = np.asarray([[batch_index]], dtype=np.int32)

@@ -1,0 +1,160 @@
+"""Streamed plain decoding: one engine call per plain stretch, relayed token by token, and stopped at the engine
+when the request no longer needs it. Here the scheduler's stop and the loop's relay, in process; the same through
+the real tritonserver (both engine backends) is in tests/test_serving.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import MAX_SEQ_LEN
+from trtspec.contract import GenerationRequest, GenerationResult
+from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel
+from trtspec.orchestrator.loop import SpecRequest, speculate
+from trtspec.orchestrator.stats import RequestStats
+
+PROMPT = [5, 17, 42, 99, 7]
+
+
+@pytest.fixture(scope="module")
+def engine(built_none):
+    from trtspec.engine.runtime import Engine
+
+    return Engine.load(built_none.target)
+
+
+class StreamingClient:
+    """The embedded engine behind the streaming contract, counting calls: each `stream` is one engine call whose
+    parts come as the scheduler chooses the tokens (one per step), and `stop` is the engine's stop request."""
+
+    def __init__(self, engine):
+        self.engine, self.calls, self.stops = engine, 0, 0
+        self.streams = True  # StreamingEngineClient.streams
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.calls += 1
+        return self.engine.generate(request)
+
+    def stream(self, request: GenerationRequest):
+        self.calls += 1
+        return _Parts(self, request)
+
+
+class _Parts:
+    def __init__(self, client, request):
+        self.client, self.request, self.stopped = client, request, False
+
+    def __iter__(self):
+        parts, sent = [], [0]
+
+        def part(result, final):
+            parts.append(GenerationResult(result.new_tokens[sent[0]:], result.new_tokens[sent[0]:]))
+            sent[0] = len(result.new_tokens)
+
+        outcome = []
+        job_id = f"call-{self.client.calls}"
+        self.client.engine.submit(self.request, outcome.append, on_token=lambda r: part(r, False), request_id=job_id)
+        self.job_id = job_id
+        while not outcome:
+            self.client.engine.scheduler.step()
+            while parts:
+                yield parts.pop(0)
+                if self.stopped:
+                    return
+        part(outcome[0], True)
+        yield from parts
+
+    def stop(self):
+        self.stopped = True
+        self.client.stops += 1
+        self.client.engine.cancel(self.job_id)
+
+
+def tokens_of(request, client, drafter=None, **kw):
+    stats = RequestStats()
+    chunks = list(speculate(request, client, drafter, stats=stats, **kw))
+    return [t for c in chunks for t in c], chunks, stats
+
+
+def test_a_streamed_plain_request_is_one_engine_call_and_equals_the_unstreamed(engine):
+    client = StreamingClient(engine)
+    whole, _, _ = tokens_of(SpecRequest(PROMPT, 40, end_id=-1), client)
+    assert client.calls == 1
+    client.calls = 0
+    streamed, chunks, stats = tokens_of(SpecRequest(PROMPT, 40, end_id=-1, stream=True), client)
+    assert streamed == whole and len(whole) == 40
+    assert client.calls == 1 and client.stops == 0  # one call, read to its end
+    assert len(chunks) == 40 and stats.finish_reason == "length"
+
+
+def test_an_engine_that_cannot_stream_is_asked_one_token_per_call(engine):
+    client = StreamingClient(engine)
+    client.streams = False
+    whole, _, _ = tokens_of(SpecRequest(PROMPT, 12, end_id=-1), StreamingClient(engine))
+    streamed, _, _ = tokens_of(SpecRequest(PROMPT, 12, end_id=-1, stream=True), client)
+    assert streamed == whole and client.calls == 12
+
+
+def test_a_consumer_that_stops_reading_stops_the_engine_call(engine):
+    client = StreamingClient(engine)
+    whole, _, _ = tokens_of(SpecRequest(PROMPT, 30, end_id=-1), client)
+    word = whole[9:11]
+    cut = next(i + 2 for i in range(len(whole) - 1) if whole[i:i + 2] == word)
+    generation = speculate(SpecRequest(PROMPT, 30, end_id=-1, stream=True), client, None)
+    tokens = []
+    for chunk in generation:
+        tokens += chunk
+        if tokens[-2:] == word:
+            break
+    generation.close()  # the consumer stops reading (the client left): the relay must stop the call
+    assert tokens == whole[:cut] and client.stops == 1
+    engine.scheduler.step()  # the next step ends it, before any forward pass
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_stop_words_cut_a_streamed_stretch_at_the_word(engine):
+    client = StreamingClient(engine)
+    whole, _, _ = tokens_of(SpecRequest(PROMPT, 30, end_id=-1), client)
+    word = whole[6:8]
+    cut = next(i + 2 for i in range(len(whole) - 1) if whole[i:i + 2] == word)
+    tokens, _, stats = tokens_of(SpecRequest(PROMPT, 30, end_id=-1, stream=True, stop_words=[word]), client)
+    assert tokens == whole[:cut] and stats.finish_reason == "stop_words"
+
+
+def test_alternating_plain_stretches_and_speculation_stream_the_target_s_tokens(engine):
+    """An adaptive policy whose costs make drafting lose: plain stretches, probes, stretches again."""
+    from trtspec.orchestrator.drafters import make_drafter
+
+    client = StreamingClient(engine)
+    whole, _, _ = tokens_of(SpecRequest(PROMPT, 60, end_id=-1), client)
+    drafter = make_drafter("draft_model", client=client, sampling=SpecRequest(PROMPT, 1).sampling, end_id=-1, pad_id=None)
+    policy = AdaptiveDraftLength(3, costs=CostModel(draft_cost_ratio=2.0), plain_stretch=4)
+    client.calls = 0
+    tokens, _, stats = tokens_of(SpecRequest(PROMPT, 60, num_draft_tokens=3, end_id=-1, stream=True), client,
+                                 drafter, policy=policy)
+    assert tokens == whole
+    assert stats.fallbacks.get("low_acceptance", 0) >= 1 and client.calls < 60
+
+
+def test_a_stop_frees_the_slot_within_one_step(engine):
+    scheduler = engine.scheduler
+    ended = []
+    engine.submit(GenerationRequest(PROMPT, MAX_SEQ_LEN - len(PROMPT) - 1, end_id=-1), ended.append, request_id="long")
+    engine.submit(GenerationRequest(PROMPT[:3], 50, end_id=-1), ended.append, request_id="waiting")
+    scheduler.max_batch_size, saved = 1, scheduler.max_batch_size
+    try:
+        for _ in range(5):
+            scheduler.step()
+        assert [j.request_id for j in scheduler.running] == ["long"]
+        assert engine.cancel("waiting") == 1  # a queued call ends at once, with nothing
+        assert ended[-1].new_tokens == []
+        assert engine.cancel("long") == 1 and engine.cancel("unknown") == 0
+        steps = scheduler.stats.steps
+        scheduler.step()
+        assert not scheduler.running and scheduler.stats.steps == steps  # gone before the next forward pass
+        assert len(ended[-1].new_tokens) == 5  # the tokens it had: a normal result, as TensorRT-LLM's cancel
+        assert engine.cache.running_bytes == 0
+        # its KV stays for reuse: the same sequence again computes only the last token
+        again = engine.generate(GenerationRequest(PROMPT + ended[-1].new_tokens, 1, end_id=-1))
+        assert again.computed_tokens == 1
+    finally:
+        scheduler.max_batch_size = saved
