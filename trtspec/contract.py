@@ -274,9 +274,10 @@ def result_to_tensors(r: GenerationResult, *, with_logits: bool, with_perf: bool
 
 def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: bool = False) -> GenerationResult:
     """Engine outputs -> GenerationResult; `prompt` is what was sent (to split off the new tokens)."""
-    out = np.asarray(t["output_ids"]).reshape(-1, np.asarray(t["output_ids"]).shape[-1])[0]
+    out = np.asarray(t["output_ids"])
     length = int(np.asarray(t["sequence_length"]).reshape(-1)[0])
-    ids = out[:length].astype(int).tolist()
+    # [batch, beam, len]; a streamed response may hold no token at all (a stopped call's last)
+    ids = out.reshape(-1, out.shape[-1])[0][:length].astype(int).tolist() if out.size else []
     new = ids if excluded else ids[len(prompt):]
     logits = t.get("generation_logits")
     if logits is not None:

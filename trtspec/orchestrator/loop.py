@@ -214,7 +214,8 @@ def _verify_request(request: SpecRequest, sequence: list[int], draft, plain_toke
     has_draft = draft is not None and bool(draft.tokens)
     return GenerationRequest(
         input_ids=sequence, request_output_len=len(draft.tokens) + 1 if has_draft else plain_tokens,
-        end_id=request.end_id, pad_id=request.pad_id, sampling=request.sampling,
+        end_id=-1 if request.end_id is None else request.end_id,  # -1: none (an absent end_id is the engine's own)
+        pad_id=request.pad_id, sampling=request.sampling,
         draft_input_ids=draft.tokens if has_draft else None,
         draft_logits=draft.logits if has_draft else None,
         min_tokens=max(0, request.min_tokens - generated), penalties=request.penalties,
