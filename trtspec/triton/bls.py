@@ -55,7 +55,8 @@ class BlsEngineClient:
     in triton_decoder.py; the backend's handleStopRequest), so its batch slot and KV blocks are freed within an
     engine step; the request gets Cancelled, or an EngineError naming the bound. A unary call runs on a thread of
     `calls` while the request waits on it, which also frees a request whose call went to a model whose process died
-    (such a call never returns). A streamed call is read on the request's own thread, response by response."""
+    (such a call never returns); only an unbounded call of one engine step (a verification, one token) runs on the
+    request's thread. A streamed call is read on the request's own thread, response by response."""
 
     def __init__(self, model_name: str, request_id: str = "", *, calls: ThreadPoolExecutor | None = None,
                  call_timeout_ms: int = 0, deadline: float | None = None, decoupled: bool = False, watch=None):
