@@ -10,6 +10,7 @@ from pathlib import Path
 from trtspec.config import load_config
 from trtspec.engine.manifest import read_engine
 from trtspec.repository import (
+    _apply_overrides,
     CONFIG_FILE, DRAFT_MODEL, ENGINE_TEMPLATES, TARGET_MODEL, TEMPLATES_DIR, Raw, render, template_values, write_repository,
 )
 
@@ -24,6 +25,7 @@ def write_standin_repository(config_path, engines: Path, out: Path, *, edit=None
     target = read_engine(engines / "target")
     draft = read_engine(engines / "draft") if (engines / "draft").is_dir() else None
     values = template_values(config, target, draft, device="cpu")
+    _apply_overrides(values, kw.get("overrides") or {})  # decoupled_mode among them, as deploy applies them
     for name, info in ((TARGET_MODEL, target), (DRAFT_MODEL, draft)):
         if info is None:
             continue

@@ -108,3 +108,26 @@ def test_logits_of_another_dtype_than_declared_fail_the_response(root):
         assert set(_infer(server, GenerationRequest([5, 6, 7], 2))) == {"output_ids", "sequence_length"}
     finally:
         server.stop()
+
+
+def test_unary_engine_models_refuse_streaming_and_the_bls_still_streams(root):
+    """`trtspec deploy --decoupled-mode false` on the stand-in: the backend refuses `streaming` on a model that is
+    not decoupled ("Streaming is only supported if model is deployed using decoupled mode.", utils.cc), so a
+    streamed BLS request asks the target for one token per call, and its tokens are the same."""
+    from standin_repo import write_standin_repository
+    from tiny import served_pair
+
+    server = served_pair(root / "unary", write=lambda config, engines, repo, overrides: write_standin_repository(
+        config, engines, repo, overrides={"decoupled_mode": False}))
+    server.start(timeout=300)
+    try:
+        request = GenerationRequest(input_ids=[5, 9, 23], request_output_len=4, end_id=-1)
+        tensors = request_to_tensors(request) | {"streaming": np.ones((1, 1), np.bool_)}
+        with SpecClient(server.grpc_url, "grpc") as client, pytest.raises(ClientError, match="decoupled"):
+            client.infer("tensorrt_llm", tensors)
+        with SpecClient(server.grpc_url, "grpc") as client:
+            whole = client.generate(PROMPT, max_tokens=12, num_draft_tokens=0, end_id=-1)
+            streamed = client.generate(PROMPT, max_tokens=12, num_draft_tokens=0, end_id=-1, stream=True)
+        assert streamed.token_ids == whole.token_ids and len([c for c in streamed.chunks if c.token_ids]) == 12
+    finally:
+        server.stop()
