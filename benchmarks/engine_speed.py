@@ -100,22 +100,15 @@ def served_rate(url: str, prompts: list[list[int]], concurrency: int, tokens: in
     """The same through Triton: `concurrency` requests sent at once to the `tensorrt_llm` model (gRPC)."""
     import concurrent.futures as cf
 
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
-
+    from trtspec.client import SpecClient
     from trtspec.contract import request_to_tensors
 
     def one(prompt: list[int]) -> int:
-        client = grpcclient.InferenceServerClient(url)
-        try:
-            inputs = []
-            for name, value in request_to_tensors(GenerationRequest(input_ids=prompt, request_output_len=tokens, end_id=-1)).items():
-                t = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
-                t.set_data_from_numpy(value)
-                inputs.append(t)
-            return int(client.infer("tensorrt_llm", inputs).as_numpy("sequence_length").item()) - len(prompt)
-        finally:
-            client.close()
+        # SpecClient.infer: a plain infer, or a gRPC stream for decoupled engine models (the default deployment)
+        with SpecClient(url, protocol="grpc", timeout=600) as client:
+            out = client.infer("tensorrt_llm", request_to_tensors(
+                GenerationRequest(input_ids=prompt, request_output_len=tokens, end_id=-1)), ["sequence_length"])
+        return int(out["sequence_length"].reshape(-1)[0]) - len(prompt)
 
     t = time.perf_counter()
     with cf.ThreadPoolExecutor(concurrency) as pool:
