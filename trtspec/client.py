@@ -473,14 +473,7 @@ class SpecClient:
                                   "only; use --protocol grpc (and the gRPC port)")
             return self._infer_stream(model, tensors, outputs)
         client = self._triton()
-        tc = self._tc
-        inputs = []
-        for name, value in tensors.items():
-            arr = np.asarray(value)
-            inp = tc.InferInput(name, list(arr.shape), _triton_dtype(arr))
-            inp.set_data_from_numpy(arr)
-            inputs.append(inp)
-        wanted = None if outputs is None else [tc.InferRequestedOutput(n) for n in outputs]
+        inputs, wanted = self._request_tensors(tensors, outputs)
         try:
             if self.protocol == "grpc":
                 result = client.infer(model, inputs, outputs=wanted, client_timeout=self.timeout)
@@ -492,15 +485,19 @@ class SpecClient:
             [o["name"] for o in result.get_response().get("outputs", [])]
         return {name: result.as_numpy(name) for name in names}
 
-    def _infer_stream(self, model: str, tensors: dict[str, np.ndarray], outputs: Iterable[str] | None) -> dict[str, np.ndarray]:
-        client, tc = self._triton(), self._tc
-        inputs = []
+    def _request_tensors(self, tensors: dict[str, np.ndarray], outputs: Iterable[str] | None):
+        """tritonclient's inputs (shapes and dtypes as given) and requested outputs (None: every one)."""
+        tc, inputs = self._tc, []
         for name, value in tensors.items():
             arr = np.asarray(value)
             inp = tc.InferInput(name, list(arr.shape), _triton_dtype(arr))
             inp.set_data_from_numpy(arr)
             inputs.append(inp)
-        wanted = None if outputs is None else [tc.InferRequestedOutput(n) for n in outputs]
+        return inputs, None if outputs is None else [tc.InferRequestedOutput(n) for n in outputs]
+
+    def _infer_stream(self, model: str, tensors: dict[str, np.ndarray], outputs: Iterable[str] | None) -> dict[str, np.ndarray]:
+        client = self._triton()
+        inputs, wanted = self._request_tensors(tensors, outputs)
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         merged: dict[str, np.ndarray] = {}
