@@ -418,3 +418,76 @@ def test_validate_outputs_with_each_draft_source(bench_server, tmp_path, specula
         "--num-draft-tokens", "2", "--max-tokens", "8", "--speculation", speculation])
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output
+
+
+# ---- Spec-Bench -------------------------------------------------------------------------------------------------
+
+SPEC_BENCH = [  # Spec-Bench's format (question_id, category, turns), a few short questions per task
+    {"question_id": 81, "category": "writing", "turns": ["A haiku on the sea.", "Now in French."]},
+    {"question_id": 101, "category": "reasoning", "turns": ["What is three?", "And four?"]},
+    {"question_id": 161, "category": "translation", "turns": ["Translate: Guten Morgen."]},
+    {"question_id": 162, "category": "translation", "turns": ["Translate: Das Haus."]},
+    {"question_id": 241, "category": "summarization", "turns": ["Summarize: the fox ran."]},
+    {"question_id": 321, "category": "qa", "turns": ["Who wrote Hamlet?"]},
+    {"question_id": 401, "category": "math_reasoning", "turns": ["Tom has 3 apples."]},
+    {"question_id": 481, "category": "rag", "turns": ["Triton serves models. Why?"]},
+    {"question_id": 482, "category": "rag", "turns": ["Context: " + "very long text " * 400 + "Question: why?"]},
+]
+
+
+def write_spec_bench(path):
+    path.write_text("".join(json.dumps(q) + "\n" for q in SPEC_BENCH))
+    return path
+
+
+def test_spec_bench_reader(tmp_path):
+    from trtspec.bench import specbench as sb
+
+    questions = sb.load_questions(write_spec_bench(tmp_path / "question.jsonl"))
+    assert [q.task for q in questions][:3] == ["multi-turn conversation", "multi-turn conversation", "translation"]
+    assert questions[0].text == "A haiku on the sea." and questions[0].id == "81"
+    assert {q.task for q in questions} == set(sb.TASKS)
+    one_each = sb.select(questions, 1)  # the tasks in turn, the first question of each
+    assert [q.id for q in one_each] == ["81", "161", "241", "321", "401", "481"]
+    assert [q.id for q in sb.select(questions, None)][:7] == ["81", "161", "241", "321", "401", "481", "101"]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(SPEC_BENCH[0]) + "\n" + json.dumps({"question_id": 2, "turns": "not a list"}) + "\n")
+    with pytest.raises(b.BenchError, match="line 2: not a Spec-Bench question"):
+        sb.load_questions(bad)
+    with pytest.raises(b.BenchError, match="question.jsonl"):
+        sb.load_questions(tmp_path / "missing.jsonl")
+
+
+def test_spec_bench_through_trtspec_bench(bench_server, tmp_path):
+    """Every draft source against target-only on each task, greedy outputs compared, the long question skipped."""
+    from tiny import chat_tokenizer
+
+    from trtspec.cli import cli
+
+    questions, report = write_spec_bench(tmp_path / "question.jsonl"), tmp_path / "spec.json"
+    tokenizer = chat_tokenizer(bench_server.repo, tmp_path / "tokenizer")
+    result = CliRunner().invoke(cli, [
+        "bench", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", f"spec-bench:{questions}",
+        "--tokenizer", str(tokenizer), "--concurrency", "1,2", "--max-tokens", "8", "--output", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "Spec-Bench, C=1" in result.output and "Spec-Bench, C=2" in result.output and "1 skipped" in result.output
+    data = json.loads(report.read_text())
+    assert data["settings"]["skipped"] == {"rag": 1} and data["settings"]["questions"] == 8
+    assert data["settings"]["methods"] == ["none", "draft_model", "prompt_lookup", "auto"]
+    for entry in data["summary"]:
+        assert entry["errors"] == 0 and entry["requests"] == 8
+        assert entry["identical"] == entry["compared"] == 8  # greedy: every method's output is the target's
+        assert set(entry["tasks"]) == set(SPEC_BENCH_TASKS) | {"overall"}
+        overall = entry["tasks"]["overall"]
+        if entry["method"] == "none":
+            assert overall["speedup"] == 1.0 and overall["mean_accepted_tokens"] == 1.0
+        else:
+            assert overall["speedup"] > 0 and overall["mean_accepted_tokens"] >= 1.0
+    drafted = {e["method"]: e["sources"] for e in data["summary"] if e["concurrency"] == 1}
+    assert set(drafted["draft_model"]) == {"draft_model"} and set(drafted["prompt_lookup"]) <= {"prompt_lookup"}
+    assert drafted["auto"]
+    assert len(data["requests"]) == 2 * 4 * 8
+
+
+SPEC_BENCH_TASKS = ("multi-turn conversation", "translation", "summarization", "qa", "math_reasoning", "rag")

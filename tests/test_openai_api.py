@@ -56,6 +56,8 @@ def test_stop_text_cuts_before_the_first_stop_string_across_chunks():
     ({"model": "m", "prompt": "x", "speculation": "medusa"}, "speculation"),
     ({"model": "m", "prompt": "x", "num_draft_tokens": -1}, "num_draft_tokens"),
     ({"model": "m", "prompt": "x", "frobnicate": 1}, "frobnicate"),
+    ({"model": "m", "prompt": "x", "ignore_eos": "yes"}, "ignore_eos"),
+    ({"model": "m", "prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
 ])
 def test_bad_completion_fields_are_named(body, param):
     with pytest.raises(APIError) as err:
@@ -216,6 +218,30 @@ def test_speculation_fields_reach_the_bls(client, bls):
     plain = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0,
                                       extra_body={"num_draft_tokens": 0})
     assert plain.speculation["draft_tokens"] == 0 and plain.choices[0].text == reference
+
+
+def test_ignore_eos_generates_max_tokens_and_min_tokens_holds_the_end(client, bls):
+    """Benchmark clients (AIPerf, guidellm) send ignore_eos for fixed output lengths: the end token is then an ordinary
+    token. Of these prompts, some end on the end token well before the limit; with ignore_eos every one runs to it."""
+    prompts = [f"{word} {n}" for word in ("alpha", "beta", "gamma", "delta") for n in range(6)]
+    ended = []
+    for prompt in prompts:
+        default = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0)
+        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 40 and out.choices[0].finish_reason == "length"
+        if default.choices[0].finish_reason == "stop":
+            ended.append(prompt)
+            n = default.usage.completion_tokens
+            held = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
+                                             extra_body={"min_tokens": n + 2})
+            assert held.usage.completion_tokens >= n + 2
+            assert held.choices[0].text.startswith(default.choices[0].text)
+    assert ended, "no prompt ended on the end token: choose prompts that do"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=30, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 30
 
 
 def test_seeded_sampling_repeats(client):

@@ -299,3 +299,95 @@ def test_calls_from_before_an_outage_do_not_stretch_its_cool_down():
     probe = breaker.admit()
     breaker.succeeded(probe)
     assert not breaker.down and breaker.admit() == CALL
+
+
+# ---- speculation: auto ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def copier(tmp_path_factory):
+    """A target that copies (a bigram model: see tiny.make_bigram_copy) and a draft of its vocabulary."""
+    from tiny import make_bigram_copy
+    from trtspec.build import run_build
+    from trtspec.engine.runtime import Engine, InProcessClient
+
+    root = tmp_path_factory.mktemp("copier")
+    base = make_checkpoint(root / "base", layers=1, seed=3)
+    target = make_bigram_copy(base, root / "target")
+    draft = make_perturbed_copy(base, root / "draft", noise=0.01)
+    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 8},
+                          engine={"max_input_len": 96, "max_seq_len": 160})
+    out = run_build(config, root / "engines")
+    return InProcessClient(Engine.load(out / "target")), InProcessClient(Engine.load(out / "draft"))
+
+
+def auto_drafter(model_client):
+    model = RecordingDrafter(drafter_for(model_client))
+    return make_drafter("auto", model=model, lookup=make_drafter("prompt_lookup")), model
+
+
+def test_auto_copies_a_passage_with_prompt_lookup(copier):
+    """The prompt holds the passage the target is about to write: auto drafts it from the prompt, and the
+    draft model is not called."""
+    from trtspec.orchestrator.adaptive import AdaptiveDraftLength
+
+    target, draft = copier
+    start = [17, 90, 211, 45, 8]
+    passage, _ = run(SpecRequest(start, 24, end_id=-1), target)
+    prompt = start + passage + start
+    reference, _ = run(SpecRequest(prompt, 24, end_id=-1), target)
+    assert reference == passage  # the copier copies
+    auto, model = auto_drafter(draft)
+    tokens, stats = run(SpecRequest(prompt, 24, num_draft_tokens=4, end_id=-1), target, auto,
+                        policy=AdaptiveDraftLength(4))
+    assert tokens == reference
+    assert stats.sources.get("prompt_lookup", 0) >= 4 and model.asked == []
+    assert stats.acceptance_rate == 1.0
+
+
+def test_auto_drafts_free_text_with_the_model(engines):
+    """On text that repeats nothing, auto calls the draft model, and only where prompt lookup has nothing."""
+    from trtspec.orchestrator.adaptive import AdaptiveDraftLength
+
+    target, draft = engines
+    for prompt in PROMPTS:
+        reference, _ = run(SpecRequest(prompt, 30, end_id=-1), target)
+        auto, model = auto_drafter(draft)
+        tokens, stats = run(SpecRequest(prompt, 30, num_draft_tokens=4, end_id=-1), target, auto,
+                            policy=AdaptiveDraftLength(4, margin=-1.0))  # never falls back: every iteration drafts
+        assert tokens == reference
+        assert len(model.asked) == stats.sources["draft_model"] > stats.sources.get("prompt_lookup", 0)
+
+
+def test_auto_with_a_fixed_length_takes_a_found_continuation_first(copier):
+    target, draft = copier
+    start = [17, 90, 211, 45, 8]
+    passage, _ = run(SpecRequest(start, 16, end_id=-1), target)
+    auto, model = auto_drafter(draft)
+    tokens, stats = run(SpecRequest(start + passage + start, 16, num_draft_tokens=4, end_id=-1), target, auto)
+    assert tokens == passage and model.asked == [] and stats.sources == {"prompt_lookup": stats.speculative_iterations}
+
+
+def test_auto_keeps_prompt_lookup_when_the_draft_model_fails(engines):
+    """A draft model that fails ends drafting from the model for the request, not speculation: prompt lookup goes on."""
+    from trtspec.orchestrator.drafters import DraftFailed
+
+    class Failing:
+        calls = 0
+
+        def propose(self, context, k):
+            Failing.calls += 1
+            raise DraftFailed("the draft model is down")
+
+        def observe(self, num_accepted, num_drafted):
+            pass
+
+    target, _ = engines
+    prompt = PROMPTS[1] * 6  # repeats itself: prompt lookup finds continuations
+    reference, _ = run(SpecRequest(prompt, 40, end_id=-1), target)
+    auto = make_drafter("auto", model=Failing(), lookup=make_drafter("prompt_lookup"))
+    failures = []
+    tokens, stats = run(SpecRequest(prompt, 40, num_draft_tokens=4, end_id=-1), target, auto,
+                        on_draft_failed=failures.append)
+    assert tokens == reference
+    assert Failing.calls == len(failures) == stats.fallbacks["draft_error"] == 1
+    assert stats.sources.get("prompt_lookup", 0) > 0 and "draft_model" not in stats.sources

@@ -61,8 +61,8 @@ def test_deploy_writes_every_model_filled_and_valid(model_repository, built_fp8)
     bls = params(parse(model_repository, "tensorrt_llm_bls"))
     assert bls == bls | {
         "tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_draft_model_name": "tensorrt_llm_draft",
-        "tokenizer_dir": str(built_fp8.target.resolve()), "default_num_draft_tokens": "0",
-        "speculation_num_draft_tokens": "3", "default_speculation": "draft_model", "adaptive_draft_length": "true",
+        "tokenizer_dir": str(built_fp8.target.resolve()), "default_num_draft_tokens": "3",
+        "speculation_num_draft_tokens": "3", "default_speculation": "auto", "adaptive_draft_length": "true",
         "max_draft_len": str(target.max_draft_len), "max_input_len": str(target.max_input_len),
         "max_seq_len": str(target.max_output_seq_len), "use_draft_logits_default": "false",
     }

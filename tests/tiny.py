@@ -95,6 +95,24 @@ def make_perturbed_copy(source: Path, path: Path, *, noise: float, seed: int = 0
     return path
 
 
+def make_bigram_copy(source: Path, path: Path) -> Path:
+    """A copy of `source` whose decoder layers add nothing (attention and MLP outputs zeroed): each position's
+    logits depend on its own token alone, so its greedy text after a token is what followed that token before,
+    a target that copies a passage the prompt already holds."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, path)
+    weights = path / "model.safetensors"
+    state = load_file(str(weights))
+    for name in state:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            state[name] = torch.zeros_like(state[name])
+    save_file(state, str(weights), metadata={"format": "pt"})
+    return path
+
+
 def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None = None, write=None):
     """A 2-layer target and a perturbed copy as its draft (max_draft_len 4), built and deployed under `root`,
     as a TritonServer not yet started. `write(config_path, engines, repo, overrides=...)` writes the repository
@@ -114,3 +132,22 @@ def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None 
     else:
         repo = write(config, engines, root / "repo", overrides=overrides or {})
     return TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def chat_tokenizer(repo: Path, out: Path) -> Path:
+    """The tokenizer a deployed repository's BLS uses, saved to `out` with a tiny chat template (tiny tokenizers
+    have none)."""
+    import re
+
+    from transformers import AutoTokenizer
+
+    config = (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
+    source = re.search(r'key: "tokenizer_dir" value: \{ string_value: "([^"]*)" \}', config).group(1)
+    tok = AutoTokenizer.from_pretrained(source)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(out)
+    return out

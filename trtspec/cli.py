@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 import sys
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from rich.markup import escape
 
 from trtspec import __version__
 from trtspec.errors import TrtspecError
+from trtspec.interfaces import SPECULATION_METHODS
 
 console = Console(stderr=True)
 
@@ -139,9 +142,10 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
 @click.option("--repo", required=True, type=click.Path(file_okay=False), help="Model repository to write.")
 @click.option("--device", default="auto", show_default=True, help="Where the engine models run: auto, cpu, cuda, cuda:N.")
 @click.option("--force", is_flag=True, help="Replace --repo even if it is not a repository written by trtspec.")
-@click.option("--default-num-draft-tokens", type=click.IntRange(0), default=0, show_default=True,
-              help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding, as NVIDIA's BLS).")
-@click.option("--speculation", type=click.Choice(["draft_model", "prompt_lookup", "none"]),
+@click.option("--default-num-draft-tokens", type=click.IntRange(0),
+              help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding unless a "
+                   "request asks, as NVIDIA's BLS) [default: the build config's speculation.num_draft_tokens].")
+@click.option("--speculation", type=click.Choice(SPECULATION_METHODS),
               help="Draft source of requests that name none [default: the build config's speculation.method].")
 @click.option("--portable", is_flag=True, help="Write engine and tokenizer dirs as given (relative paths resolve against "
               "the directory the server starts in) and keep the engines' configs in the marker: a repository to check in.")
@@ -153,7 +157,7 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
 @click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
 @click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
 @click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")
-def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int,
+def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int | None,
            speculation: str | None, portable: bool, decoupled_mode: bool, k8s_dir: str | None, image: str, pvc: str) -> None:
     """Check the built engines, write the Triton model repository for them, then validate it."""
     from trtspec.build import default_output
@@ -164,7 +168,9 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
     loaded = load_config(config_path)
     engines_dir = Path(engines) if engines else default_output(loaded)
     _report_problems(f"engines {engines_dir}", validate_for_config(loaded, engines_dir))
-    overrides: dict[str, object] = {"default_num_draft_tokens": default_num_draft_tokens, "decoupled_mode": decoupled_mode}
+    overrides: dict[str, object] = {"decoupled_mode": decoupled_mode}
+    if default_num_draft_tokens is not None:
+        overrides["default_num_draft_tokens"] = default_num_draft_tokens
     if speculation:
         if speculation == "draft_model" and loaded.config.draft is None:
             raise click.UsageError("--speculation draft_model: the build config has no draft; use prompt_lookup or none")
@@ -297,7 +303,7 @@ def _print_completion(result) -> None:
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), help="Tokenizer dir for prompt ids [default: the deployment's preprocessing model].")
 @click.option("--tie-tolerance", default=1e-2, show_default=True, type=click.FloatRange(min=0.0), help="A difference is a near-tie when the logit gap <= this x max(1, max |logit|).")
 @click.option("--allow-near-ties", is_flag=True, help="Pass when the only differences are near-ties.")
-@click.option("--speculation", type=click.Choice(["draft_model", "prompt_lookup"]), help="Draft source of the speculative requests [default: the deployment's].")
+@click.option("--speculation", type=click.Choice(SPECULATION_METHODS[:-1]), help="Draft source of the speculative requests [default: the deployment's].")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
 def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_tokens, tokenizer_dir, tie_tolerance, allow_near_ties,
                      speculation, timeout) -> None:
@@ -337,7 +343,9 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model to measure.")
 @click.option("--prompts", "prompts_source", default="builtin:chat", show_default=True,
               help="builtin:chat, builtin:code-edit, builtin:summarize, builtin:random (random tokens of --tokenizer), "
-                   "or a JSONL file with {\"prompt\": ...} per line.")
+                   "a JSONL file with {\"prompt\": ...} per line, or spec-bench:PATH (Spec-Bench's question.jsonl: "
+                   "each draft source against target-only, per task).")
+@click.option("--per-task", type=click.IntRange(min=1), help="spec-bench: the first N questions of each task [default: all].")
 @click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True),
               help="Send each prompt in this tokenizer's chat template (e.g. the target engine dir) [default: as written].")
 @click.option("--concurrency", "concurrencies", default="1,4,8", show_default=True, help="Requests in flight, e.g. 1,4,8.")
@@ -347,7 +355,7 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--requests", default=8, show_default=True, type=click.IntRange(min=1), help="Requests per cell (rounded up to a multiple of the concurrency).")
 @click.option("--stream", is_flag=True, help="Stream the responses (needed for time to first token and inter-token latency).")
-@click.option("--speculation", type=click.Choice(["draft_model", "prompt_lookup"]), help="Draft source of the K > 0 cells [default: the deployment's].")
+@click.option("--speculation", type=click.Choice(SPECULATION_METHODS[:-1]), help="Draft source of the K > 0 cells [default: the deployment's].")
 @click.option("--reuse-prompts", is_flag=True, help="Send prompts as written, without a request number: repeats hit the engines' prefix KV cache.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the interleaving order.")
 @click.option("--output", type=click.Path(dir_okay=False), default="bench-report.json", show_default=True, help="The JSON report.")
@@ -355,14 +363,37 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
 @click.option("--apply", "apply_repo", type=click.Path(file_okay=False, exists=True),
               help="Write the best K, the speculation limit and the cost model into this deployed repository's BLS config.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
-def bench(url, protocol, model, prompts_source, tokenizer_dir, concurrencies, ks, draft_length, max_tokens, requests,
-          stream, speculation, reuse_prompts, seed, output, plot, apply_repo, timeout) -> None:
-    """Measure latency, throughput, acceptance and speedup for every (concurrency, K), interleaved, against K=0."""
+def bench(url, protocol, model, prompts_source, per_task, tokenizer_dir, concurrencies, ks, draft_length, max_tokens,
+          requests, stream, speculation, reuse_prompts, seed, output, plot, apply_repo, timeout) -> None:
+    """Measure latency, throughput, acceptance and speedup for every (concurrency, K), interleaved, against K=0;
+    with spec-bench:PATH, each draft source against target-only on Spec-Bench's tasks."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from trtspec import bench as b
     from trtspec.client import SpecClient
     from trtspec.validate import deployment_max_draft_len
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    if prompts_source.startswith("spec-bench:"):
+        ctx = click.get_current_context()
+        given = {name for name in ("ks", "draft_length") if ctx.get_parameter_source(name).name != "DEFAULT"}
+        for name in ("apply_repo", "plot"):
+            if ctx.params[name]:
+                raise click.UsageError(f"--{name.split('_')[0]}: not with spec-bench (it measures draft sources, not K)")
+        settings = b.BenchSettings(
+            url=url, protocol=protocol, model=model, prompts_source=prompts_source, tokenizer=tokenizer_dir,
+            concurrencies=tuple(b.parse_int_list(concurrencies, "--concurrency", minimum=1)), max_tokens=max_tokens,
+            stream=stream, numbered=not reuse_prompts, seed=seed, timeout=timeout)
+        with Progress(*columns, console=console, transient=True) as progress:
+            report = _spec_bench(settings, per_task=per_task, speculation=speculation, progress=progress,
+                                 ks=b.parse_int_list(ks, "--num-draft-tokens", minimum=1) if "ks" in given else None,
+                                 adaptive=draft_length != "fixed" if "draft_length" in given else None,
+                                 command=b.command_line(ctx))
+        from trtspec.bench.specbench import render as render_spec_bench
+
+        render_spec_bench(report, b.table_console())
+        console.print(f"report: {escape(str(b.write_report(report, output)))}", highlight=False)
+        return
 
     draft_lengths = b.parse_int_list(ks, "--num-draft-tokens", minimum=0)
     if 0 not in draft_lengths:
@@ -384,7 +415,6 @@ def bench(url, protocol, model, prompts_source, tokenizer_dir, concurrencies, ks
     console.print(f"{len(prompts)} prompts from {escape(prompts_source)}, C = {', '.join(map(str, settings.concurrencies))}, "
                   f"K = {', '.join(map(str, settings.ks))} ({draft_length}), {max_tokens} tokens, {requests} requests per cell, "
                   "interleaved", highlight=False)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         report = b.run_bench(settings, prompts, progress=progress, command=b.command_line(click.get_current_context()))
     b.render(report, b.table_console())
@@ -393,6 +423,40 @@ def bench(url, protocol, model, prompts_source, tokenizer_dir, concurrencies, ks
         console.print(f"plot: {escape(str(b.write_plot(report, plot)))}", highlight=False)
     if apply_repo:
         _apply_bench_tuning(apply_repo, report["tuning"])
+
+
+def _spec_bench(settings, *, per_task, speculation, ks, adaptive, progress, command) -> dict:
+    """Spec-Bench through the deployment: its questions in the target's chat template, each draft source the
+    deployment has (with its own K and adaptive policy unless given) against target-only."""
+    from trtspec.bench import Prompts
+    from trtspec.bench import specbench as sb
+    from trtspec.client import SpecClient
+
+    with SpecClient(settings.url, protocol=settings.protocol, model=settings.model, timeout=settings.timeout) as client:
+        params = {k: v.get("string_value", "") for k, v in client.model_config(settings.model).get("parameters", {}).items()}
+        tokenizer = settings.tokenizer or params.get("tokenizer_dir")
+        if not tokenizer or not Path(tokenizer).is_dir():
+            raise click.UsageError("--tokenizer: spec-bench sends each question in the target's chat template; give "
+                                   "the target engine dir (the deployment's tokenizer_dir is not on this machine)")
+        questions = sb.select(sb.load_questions(settings.prompts_source[len(sb.PREFIX):]), per_task)
+        prompts = Prompts([q.text for q in questions], tokenizer_dir=tokenizer, numbered=settings.numbered)
+        limit = params.get("max_input_len", "")
+        kept, skipped = sb.fit(questions, prompts, lambda text: len(prompts.tokenizer(text)["input_ids"]),
+                               int(limit) if limit.isdigit() else None)
+    if not kept:
+        raise click.UsageError(f"--prompts: every question is longer than the deployment's max_input_len {limit}")
+    methods = [m for m in sb.METHODS if m in ("none", speculation or m)]
+    if not params.get("tensorrt_llm_draft_model_name"):  # (auto without a draft model is prompt lookup alone)
+        methods = [m for m in methods if m != "draft_model"]
+    k = max(ks) if ks else int(params.get("speculation_num_draft_tokens", "4") or 4)
+    adaptive = adaptive if adaptive is not None else params.get("adaptive_draft_length", "true") == "true"
+    console.print(f"Spec-Bench: {len(kept)} questions ({sum(skipped.values())} longer than max_input_len skipped), "
+                  f"C = {', '.join(map(str, settings.concurrencies))}, {', '.join(methods)}, K≤{k}"
+                  f"{' adaptive' if adaptive else ''}, {settings.max_tokens} tokens, interleaved", highlight=False)
+    prompts = Prompts([q.text for q in kept], tokenizer_dir=tokenizer, numbered=settings.numbered)
+    settings = dataclasses.replace(settings, tokenizer=tokenizer)
+    return sb.run_spec_bench(settings, kept, prompts, methods=tuple(methods), k=k, adaptive=adaptive, skipped=skipped,
+                             progress=progress, command=shlex.join(command))
 
 
 def _apply_bench_tuning(repo: str, tuning: dict) -> None:

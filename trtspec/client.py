@@ -91,6 +91,7 @@ class Completion:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
+    sources: dict[str, int] = field(default_factory=dict)    # draft source -> iterations it drafted
     finish_reason: str | None = None
 
     @property
@@ -131,15 +132,15 @@ def _hostport(host: str, port: int) -> str:
 
 
 def request_fields(prompt: str, *, max_tokens: int, num_draft_tokens=None, use_draft_logits=None, temperature=None,
-                   top_k=None, top_p=None, seed=None, stop_words=None, end_id=None, return_perf_metrics=True,
-                   stream=False, speculation=None, adaptive_draft_length=None) -> dict[str, object]:
+                   top_k=None, top_p=None, seed=None, stop_words=None, end_id=None, min_tokens=None,
+                   return_perf_metrics=True, stream=False, speculation=None, adaptive_draft_length=None) -> dict[str, object]:
     """The `tensorrt_llm_bls` request fields (tensor name -> value) for one generation; None leaves a field out.
 
     `exclude_input_in_output` is always set, so the text is the generated text alone, streamed or not."""
     fields = {
         "text_input": prompt, "max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens,
         "use_draft_logits": use_draft_logits, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-        "seed": seed, "end_id": end_id, "stop_words": list(stop_words) if stop_words else None,
+        "seed": seed, "end_id": end_id, "min_tokens": min_tokens, "stop_words": list(stop_words) if stop_words else None,
         "return_perf_metrics": return_perf_metrics, "stream": stream, "exclude_input_in_output": True,
         "speculation": speculation, "adaptive_draft_length": adaptive_draft_length,
     }
@@ -233,10 +234,11 @@ class _Collector:
         for name, attr in _PER_POSITION.items():
             if name in outputs:
                 setattr(c, attr, [int(v) for v in _flat(outputs[name])])
-        for entry in _flat(outputs.get("fallback_reasons")):  # "reason:count"
-            reason, _, count = (entry.decode() if isinstance(entry, bytes) else str(entry)).rpartition(":")
-            if reason and count.isdigit():
-                c.fallbacks[reason] = int(count)
+        for name, counts in (("fallback_reasons", c.fallbacks), ("draft_sources", c.sources)):
+            for entry in _flat(outputs.get(name)):  # "name:count"
+                key, _, count = (entry.decode() if isinstance(entry, bytes) else str(entry)).rpartition(":")
+                if key and count.isdigit():
+                    counts[key] = int(count)
         reason = _text(outputs.get("finish_reason")) if "finish_reason" in outputs else ""
         if reason:
             c.finish_reason = reason
@@ -347,21 +349,22 @@ class SpecClient:
     def generate(self, prompt: str, *, max_tokens: int, num_draft_tokens: int | None = None,
                  use_draft_logits: bool | None = None, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, stop_words: Iterable[str] | None = None,
-                 end_id: int | None = None, return_perf_metrics: bool = True, stream: bool = False,
-                 on_chunk: Callable[[Chunk], None] | None = None, stop_after_s: float | None = None,
+                 end_id: int | None = None, min_tokens: int | None = None, return_perf_metrics: bool = True,
+                 stream: bool = False, on_chunk: Callable[[Chunk], None] | None = None, stop_after_s: float | None = None,
                  speculation: str | None = None, adaptive_draft_length: bool | None = None) -> Completion:
         """Generate from `prompt` with the BLS; None leaves a field to the deployment's default.
 
         `stream`: the BLS sends one response per iteration (each passed to `on_chunk` as it arrives) instead
         of one at the end. `stop_after_s`: give up after that many seconds and return what arrived, with
         finish_reason "cancelled"; the request is cancelled (gRPC: stop_stream(cancel_requests=True); HTTP: the
-        connection is closed, on which Triton cancels it). `speculation` ("draft_model", "prompt_lookup", "none")
+        connection is closed, on which Triton cancels it). `end_id` -1: no end token (generate max_tokens);
+        `min_tokens`: no end before that many. `speculation` (trtspec.interfaces.SPECULATION_METHODS)
         and `adaptive_draft_length` (false: draft exactly num_draft_tokens each iteration) go to deployments
         that have those inputs; None leaves them out.
         """
         fields = request_fields(prompt, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
                                 use_draft_logits=use_draft_logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                seed=seed, stop_words=stop_words, end_id=end_id,
+                                seed=seed, stop_words=stop_words, end_id=end_id, min_tokens=min_tokens,
                                 return_perf_metrics=return_perf_metrics, stream=stream, speculation=speculation,
                                 adaptive_draft_length=adaptive_draft_length)
         with self._lock:

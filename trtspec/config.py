@@ -42,9 +42,10 @@ class SpeculationSpec(_Strict):
     max_draft_len: int = Field(8, ge=1, le=64)
     num_draft_tokens: int = Field(4, ge=0)
     use_draft_logits: bool = False
-    # The deployment's draft source for requests that do not name one; prompt_lookup needs no draft model.
-    # Without a draft section, the default draft_model means no speculation unless requests ask for prompt lookup.
-    method: Literal["draft_model", "prompt_lookup", "none"] = "draft_model"
+    # The deployment's draft source for requests that do not name one: auto drafts from prompt lookup where the
+    # text repeats earlier text and from the draft model elsewhere (prompt lookup alone without a draft section);
+    # prompt_lookup needs no draft model; none: requests decode plainly unless they ask.
+    method: Literal["auto", "draft_model", "prompt_lookup", "none"] = "auto"
     adaptive: bool = True               # draft length follows each request's measured acceptance
     max_matching_ngram_size: int = Field(3, ge=1, le=16)
 

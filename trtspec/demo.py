@@ -22,12 +22,13 @@ from trtspec.server import TritonServer, free_port
 
 @dataclass(frozen=True)
 class Workload:
-    """What one row (or two) of the demo's table measures: a prompt set, its draft source and K, the concurrencies."""
+    """What one row (or two) of the demo's table measures: a prompt set and the concurrencies, speculated as a
+    request that names no speculation field is: the deployment's draft source and K, the adaptive draft length."""
 
     name: str
     prompts: str          # a `trtspec bench` prompt set
-    speculation: str      # the draft source of the speculative requests
-    k: int
+    speculation: str      # the deployment's default draft source
+    k: int                # the deployment's default K (auto: the draft model's; prompt lookup drafts up to max_draft_len)
     max_tokens: int
     concurrencies: tuple[int, ...] = (1,)
     requests: int = 4     # per cell
@@ -35,12 +36,12 @@ class Workload:
 
 
 def workloads(config, *, max_tokens: int, num_draft_tokens: int | None) -> list[Workload]:
-    """Chat with the draft model (at concurrency 1 and 4), and code editing with prompt lookup, whose answers
-    copy long runs of the prompt, so it drafts the most the deployment allows."""
+    """Chat (at concurrency 1 and 4), and code editing, whose answers copy long runs of the prompt: both with the
+    deployment's defaults, as a client that names no speculation field gets them."""
     spec = config.speculation
-    chat = Workload("chat", "builtin:chat", "draft_model", num_draft_tokens or spec.num_draft_tokens, max_tokens, (1, 4))
-    code = Workload("code editing", "builtin:code-edit", "prompt_lookup", spec.max_draft_len, 2 * max_tokens)
-    return [chat, code] if config.draft is not None else [code]  # without a draft model, prompt lookup alone
+    k = num_draft_tokens or spec.num_draft_tokens
+    return [Workload("chat", "builtin:chat", spec.method, k, max_tokens, (1, 4)),
+            Workload("code editing", "builtin:code-edit", spec.method, k, 2 * max_tokens)]
 
 
 def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft_tokens: int | None = None) -> int:
@@ -78,9 +79,8 @@ def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft
 
 def _stream_one(console: Console, client, w: Workload, prompts) -> None:
     question = prompts.texts[0].splitlines()[0]
-    console.rule(f"[bold]{w.name}, {w.speculation}, K={w.k}: {question}", characters="─")
-    client.generate(prompts.text(0), max_tokens=w.max_tokens // 2, num_draft_tokens=w.k, stream=True,
-                    speculation=w.speculation, on_chunk=lambda c: console.print(c.text, end="", markup=False, highlight=False))
+    console.rule(f"[bold]{w.name}, the deployment's defaults ({w.speculation}, adaptive): {question}", characters="─")
+    client.generate(prompts.text(0), max_tokens=w.max_tokens // 2, stream=True, on_chunk=lambda c: console.print(c.text, end="", markup=False, highlight=False))
     console.print()
 
 
@@ -92,15 +92,15 @@ def _measure(console: Console, url: str, w: Workload, prompts, tokenizer_dir: Pa
     from trtspec.validate import Tokens, run_validation
 
     settings = b.BenchSettings(url=url, protocol="grpc", prompts_source=w.prompts, tokenizer=str(tokenizer_dir),
-                               concurrencies=w.concurrencies, ks=(0, w.k), max_tokens=w.max_tokens,
-                               requests=w.requests, stream=True, speculation=w.speculation)
+                               concurrencies=w.concurrencies, ks=(0, w.k), draft_length="adaptive",
+                               max_tokens=w.max_tokens, requests=w.requests, stream=True, speculation=w.speculation)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         report = b.run_bench(settings, prompts, progress=progress)
         task = progress.add_task(f"{w.name}: comparing outputs with target-only", total=None)
         with SpecClient(url, protocol="grpc") as client:
             checked = run_validation(client, [prompts.text(i) for i in range(w.checked)], [w.k], max_tokens=w.max_tokens,
-                                     speculation=w.speculation, tokens=Tokens(client, tokenizer_dir),
+                                     speculation=w.speculation, fixed_k=False, tokens=Tokens(client, tokenizer_dir),
                                      progress=lambda msg: progress.update(task, description=f"{w.name}: {msg}"))
     result = checked.results[0]
     identical = checked.passed(allow_near_ties=True) and not result.errors

@@ -180,6 +180,10 @@ RESULT_OUTPUTS = (
     _out("num_output_tokens", "INT32", (1,)),
 )
 
+# The values of the BLS's `speculation` input: auto (prompt lookup where the text repeats, the draft model elsewhere),
+# one source alone, or none.
+SPECULATION_METHODS = ("auto", "draft_model", "prompt_lookup", "none")
+
 # ---- tensorrt_llm_bls (commit bff88ea886779f832686acb3f165e2b919c95b77) ---------------------------------------------
 BLS_INPUTS = (
     _opt("text_input", "STRING", optional=False),
@@ -226,7 +230,7 @@ BLS_INPUTS = (
     _opt("guided_decoding_guide_type", "STRING", support=NEUTRAL_EMPTY),
     _opt("guided_decoding_guide", "STRING", support=NEUTRAL_EMPTY),
     # trtspec's own
-    _opt("speculation", "STRING", extension=True),            # "draft_model" | "prompt_lookup" | "none"
+    _opt("speculation", "STRING", extension=True),            # one of SPECULATION_METHODS
     _opt("adaptive_draft_length", "BOOL", extension=True),    # false: draft exactly num_draft_tokens every iteration
     _opt("timeout_ms", "INT32", extension=True),              # the request ends with an error past this many ms
 )
@@ -243,6 +247,7 @@ BLS_OUTPUTS = (
     _out("finish_reason", "STRING", (1,), True),
     _out("fallbacks", "INT32", (1,), True),              # times speculation was switched off for this request
     _out("fallback_reasons", "STRING", (-1,), True),     # "reason:count" for each reason
+    _out("draft_sources", "STRING", (-1,), True),        # "source:iterations" for each source that drafted (auto)
 )
 
 # ---- ensemble (commit 2a9abd9536aa62ad3e4b9314be9286b1b1be523b; NVIDIA declares kv_cache_alloc_total_blocks twice,

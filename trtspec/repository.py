@@ -29,7 +29,7 @@ from typing import Iterable, Mapping
 from trtspec import __version__
 from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, PERF_OUTPUTS, TensorSpec
-from trtspec.interfaces import MODEL_TENSORS
+from trtspec.interfaces import MODEL_TENSORS, SPECULATION_METHODS
 from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
 from trtspec.launch import engine_model_values, launch_for
 from trtspec.marker import MARKER_FILE
@@ -178,11 +178,12 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "decoupled_mode": True,
         "tensorrt_llm_model_name": TARGET_MODEL,
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if draft is not None else "",
-        # A request without num_draft_tokens or speculation decodes plainly, as with NVIDIA's BLS;
-        # `trtspec bench --apply` (or `deploy --default-num-draft-tokens`) changes that.
-        "default_num_draft_tokens": 0,
+        # A request that names neither num_draft_tokens nor speculation speculates with the build config's K and
+        # method (auto: prompt lookup where the text repeats, the draft model elsewhere), bounded by the adaptive
+        # draft length; `trtspec bench --apply` and `deploy --default-num-draft-tokens` (0: off) change K.
+        "default_num_draft_tokens": config.speculation.num_draft_tokens,
         "speculation_num_draft_tokens": config.speculation.num_draft_tokens,
-        "default_speculation": config.speculation.method if (draft is not None or config.speculation.method != "draft_model") else "none",
+        "default_speculation": config.speculation.method,
         "adaptive_draft_length": config.speculation.adaptive,
         "max_matching_ngram_size": config.speculation.max_matching_ngram_size,
         # Above this many requests in flight new requests decode plainly (0: no limit); `bench --apply` measures it,
@@ -570,9 +571,9 @@ def _check_bls(config, present: set[str]) -> list[Problem]:
             problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter {key}", value, "names a model that is not in the repository",
                                     f"add the model or set {key} to one of: {', '.join(sorted(present))}"))
     method = _param(config, "default_speculation")
-    if method and method not in ("draft_model", "prompt_lookup", "none"):
+    if method and method not in SPECULATION_METHODS:
         problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter default_speculation", method,
-                                "is not a draft source", "set it to draft_model, prompt_lookup or none"))
+                                "is not a draft source", f"set it to one of {', '.join(SPECULATION_METHODS)}"))
     elif method == "draft_model" and not _param(config, "tensorrt_llm_draft_model_name"):
         problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter default_speculation", method,
                                 "needs a draft model, and tensorrt_llm_draft_model_name is empty",

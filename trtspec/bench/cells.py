@@ -4,6 +4,7 @@ target-only cell of its concurrency, and the speculative bound of a fixed-K cell
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -40,7 +41,9 @@ class RequestRecord:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
+    sources: dict[str, int] = field(default_factory=dict)    # draft source -> iterations it drafted
     finish_reason: str | None = None
+    output_digest: str | None = None  # a fingerprint of the token ids, when kept (Spec-Bench compares outputs)
     first_ms: float | None = None   # the prefill probe of this prompt (same round and concurrency)
     started_s: float | None = None  # when its block started, in seconds since the run started
     error: str | None = None
@@ -62,7 +65,12 @@ def record_from_completion(completion, *, concurrency: int, k: int, round: int, 
         draft_ms=completion.draft_ms or 0.0, verify_ms=completion.verify_ms or 0.0,
         accepted_per_position=list(completion.accepted_per_position),
         drafted_per_position=list(completion.drafted_per_position), fallbacks=dict(completion.fallbacks),
-        finish_reason=completion.finish_reason)
+        sources=dict(completion.sources), finish_reason=completion.finish_reason)
+
+
+def output_digest(token_ids) -> str:
+    """A short fingerprint of an output's token ids, to compare outputs without keeping them."""
+    return hashlib.sha1(",".join(map(str, token_ids)).encode()).hexdigest()[:16]
 
 
 def _sum_positions(rows: Iterable[Sequence[int]]) -> list[int]:
@@ -90,9 +98,12 @@ def summarize_cell(records: Sequence[RequestRecord], wall_seconds: float, *, con
     plain = iterations - speculative
     ttfts = [r.ttft * 1e3 for r in ok if r.ttft is not None]
     fallbacks: dict[str, int] = {}
+    sources: dict[str, int] = {}
     for r in ok:
         for reason, n in r.fallbacks.items():
             fallbacks[reason] = fallbacks.get(reason, 0) + n
+        for source, n in r.sources.items():
+            sources[source] = sources.get(source, 0) + n
     return {
         "concurrency": concurrency, "k": k, "adaptive": adaptive,
         "requests": len(ok), "errors": len(records) - len(ok),
@@ -104,7 +115,7 @@ def summarize_cell(records: Sequence[RequestRecord], wall_seconds: float, *, con
         "tokens_per_s": distribution([r.tokens / r.seconds for r in ok if r.seconds > 0]),
         "tokens_per_s_aggregate": tokens / wall_seconds if wall_seconds > 0 else None,
         "accepted": accepted, "drafted": drafted, "iterations": iterations, "speculative_iterations": speculative,
-        "fallbacks": fallbacks, "requests_with_fallback": sum(bool(r.fallbacks) for r in ok),
+        "fallbacks": fallbacks, "requests_with_fallback": sum(bool(r.fallbacks) for r in ok), "sources": sources,
         "acceptance_rate": _ratio(accepted, drafted),
         "accepted_per_iteration": _ratio(accepted, speculative),
         "tokens_per_iteration": _ratio(tokens - plain, speculative),

@@ -163,17 +163,17 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
 # ---- the summary: each speculative cell against target-only, in one table --------------------------------------
 
 def summary_rows(report: dict, workload: str, identical: dict[int, bool] | None = None) -> list[dict]:
-    """One row per fixed-K cell of `report`: its figures against the target-only cell of its concurrency, and a
-    sentence on why it paid or did not. `identical`: concurrency -> whether greedy outputs matched target-only
+    """One row per speculative cell of `report` (fixed K, or the adaptive draft length bounded by K): its figures
+    against the target-only cell of its concurrency, and a sentence on why it paid or did not. `identical`: concurrency -> whether greedy outputs matched target-only
     there (a row of a concurrency not in it says "not checked")."""
     cells = report["cells"]
     base = {c["concurrency"]: c for c in cells if c["k"] == 0}
     rows = []
-    for c in sorted((c for c in cells if c["k"] > 0 and not c.get("adaptive")), key=lambda c: (c["concurrency"], c["k"])):
+    for c in sorted((c for c in cells if c["k"] > 0), key=lambda c: (c["concurrency"], c["k"], c.get("adaptive", False))):
         b0 = base.get(c["concurrency"]) or {}
         rows.append({
             "workload": workload, "speculation": report["settings"].get("speculation") or "deployment default",
-            "concurrency": c["concurrency"], "k": c["k"], "requests": c["requests"],
+            "concurrency": c["concurrency"], "k": c["k"], "adaptive": c.get("adaptive", False), "requests": c["requests"],
             "target_only_tokens_per_s": b0.get("tokens_per_s_aggregate"), "speculative_tokens_per_s": c["tokens_per_s_aggregate"],
             "speedup": c["speedup"], "acceptance": c["acceptance_rate"], "tokens_per_call": c["tokens_per_iteration"],
             "bound": (c.get("bound") or {}).get("predicted_speedup"),
@@ -184,17 +184,22 @@ def summary_rows(report: dict, workload: str, identical: dict[int, bool] | None 
 
 
 def _why(c: dict) -> str:
-    """Why a fixed-K cell paid or did not, in one sentence, from its measured counts and costs."""
+    """Why a cell paid or did not, in one sentence, from its measured counts and costs."""
     b = c.get("bound") or {}
-    name = f"C={c['concurrency']}, K={c['k']}"
+    name = f"C={c['concurrency']}, K={cell_label(c['k'], c.get('adaptive', False))}"
     if not c["drafted"]:
         return f"{name}: nothing was drafted in {c['iterations']} target calls, so there was nothing to gain."
     drafted_calls = f"{c['speculative_iterations']} of {c['iterations']} target calls verified drafts"
+    sources = c.get("sources") or {}
+    if len(sources) > 1:
+        total = sum(sources.values())
+        drafted_calls += " (" + ", ".join(f"{SOURCE_NAMES.get(s, s)} {n / total:.0%}" for s, n in sorted(sources.items())) + ")"
     if c.get("requests_with_fallback"):
         drafted_calls += f" ({_fallback_text(c)} fell back)"
     tokens, paid = c["tokens_per_iteration"] or 0.0, (c["speedup"] or 0.0) >= 1.0
     if not b:
-        return f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted, {tokens:.2f} tokens per call."
+        return (f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} "
+                f"tokens per call, {'so it paid' if paid else 'so it did not pay'}: {_fmt(c['speedup'], '.2f', 'x')}.")
     cost = b["verify_cost"] + b["mean_draft_length"] * b["draft_cost_ratio"]
     verdict = "so it paid" if paid else "so it did not pay"
     return (f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} tokens "
@@ -218,7 +223,7 @@ def render_summary(rows: list[dict], console, title: str = "speculative vs targe
         ttft = "/".join(_fmt(x, ".0f") for x in r["ttft_ms"])
         identical = {None: "not checked", True: "yes", False: "[red]NO[/]"}[r["identical"]]
         table.add_row(f"{r['workload']}\n{SOURCE_NAMES.get(r['speculation'], r['speculation'])}", str(r["concurrency"]),
-                      str(r["k"]), _fmt(r["target_only_tokens_per_s"]), _fmt(r["speculative_tokens_per_s"]),
+                      cell_label(r["k"], r.get("adaptive", False)), _fmt(r["target_only_tokens_per_s"]), _fmt(r["speculative_tokens_per_s"]),
                       _fmt(r["speedup"], ".2f", "x"), _fmt(r["acceptance"], ".0%"), _fmt(r["tokens_per_call"], ".2f"),
                       _fmt(r["bound"], ".2f", "x"), ttft, identical + (f" [red]({r['errors']} failed)[/]" if r["errors"] else ""))
     console.print(table)

@@ -20,6 +20,7 @@ from trtspec import __version__
 from trtspec.bench.cells import (
     RequestRecord,
     analyse,
+    output_digest,
     record_from_completion,
     summarize_cell,
 )
@@ -137,8 +138,10 @@ class _Numbers:
 
 def run_block(clients: _Clients, block: Block, prompts: Prompts, settings: BenchSettings, *, numbers: _Numbers,
               request_fields: Mapping[str, object] | None = None,
-              on_done: Callable[[RequestRecord], None] | None = None) -> tuple[list[RequestRecord], float]:
-    """Send the block's requests at once (one thread and client each); return their records and the wall time."""
+              on_done: Callable[[RequestRecord], None] | None = None,
+              keep_ids: bool = False) -> tuple[list[RequestRecord], float]:
+    """Send the block's requests at once (one thread and client each); return their records and the wall time.
+    `keep_ids`: record a fingerprint of each output's token ids."""
     from trtspec.client import ClientError
 
     probe = block.k == PROBE
@@ -147,7 +150,7 @@ def run_block(clients: _Clients, block: Block, prompts: Prompts, settings: Bench
     fields = dict(request_fields or {})
     if "adaptive_draft_length" in fields:
         fields["adaptive_draft_length"] = block.adaptive
-    if k > 0 and settings.speculation:
+    if settings.speculation and (k > 0 or settings.speculation == "none"):
         fields["speculation"] = settings.speculation
     stream = settings.stream and not probe
 
@@ -159,6 +162,8 @@ def run_block(clients: _Clients, block: Block, prompts: Prompts, settings: Bench
                 return_perf_metrics=True, **fields)
             rec = record_from_completion(completion, concurrency=block.concurrency, k=block.k, round=block.round,
                                          prompt=index, streamed=stream, adaptive=block.adaptive)
+            if keep_ids:
+                rec.output_digest = output_digest(completion.token_ids)
         except ClientError as exc:
             rec = RequestRecord(block.concurrency, block.k, block.round, index, block.adaptive, error=str(exc))
         if on_done is not None:

@@ -9,9 +9,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from trtspec.client import ClientError, Completion
+from trtspec.interfaces import SPECULATION_METHODS
 
 COMPLETION, CHAT = "text_completion", "chat.completion"
-SPECULATION_METHODS = ("draft_model", "prompt_lookup", "none")
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
 # Accepted and ignored: they change nothing in the generated text.
@@ -39,6 +39,9 @@ _UNSUPPORTED = {
     "prediction": (lambda v: False, "leave it out: predicted outputs are not supported"),
 }
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
+           # what vLLM, SGLang and trtllm-serve accept beyond OpenAI's fields, and benchmark clients (AIPerf,
+           # guidellm) send for fixed output lengths
+           "ignore_eos", "min_tokens",
            # trtspec's additions, sent with the openai package's extra_body
            "num_draft_tokens", "speculation", "adaptive_draft_length"}
 _FIELDS = {
@@ -80,6 +83,8 @@ class Request:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    ignore_eos: bool = False             # generate max_tokens: the end token is an ordinary token
+    min_tokens: int | None = None        # no end token before this many tokens (the engine's min_tokens)
     num_draft_tokens: int | None = None
     speculation: str | None = None
     adaptive_draft_length: bool | None = None
@@ -92,7 +97,8 @@ class Request:
         if temperature > 0 and top_p is None:
             top_p = 1.0  # OpenAI's default; the BLS, as TensorRT-LLM, reads top_k 0 with top_p 0 as greedy
         return {"temperature": temperature, "top_p": top_p if temperature > 0 else None, "seed": self.seed,
-                "stop_words": self.stop or None, "num_draft_tokens": self.num_draft_tokens,
+                "stop_words": self.stop or None, "end_id": -1 if self.ignore_eos else None,
+                "min_tokens": self.min_tokens, "num_draft_tokens": self.num_draft_tokens,
                 "speculation": self.speculation, "adaptive_draft_length": self.adaptive_draft_length}
 
 
@@ -234,6 +240,10 @@ def parse_request(body, kind: str) -> Request:
         if not isinstance(options, dict) or set(options) - {"include_usage"}:
             raise bad("stream_options", f"must be {{\"include_usage\": true|false}}, got {options!r}")
         req.include_usage = bool(_bool(options, "include_usage"))
+    req.ignore_eos = bool(_bool(body, "ignore_eos"))
+    req.min_tokens = _int(body, "min_tokens", 0)
+    if req.min_tokens is not None and req.max_tokens is not None and req.min_tokens > req.max_tokens:
+        raise bad("min_tokens", f"{req.min_tokens} exceeds {req.max_tokens_param} {req.max_tokens}; lower it")
     req.num_draft_tokens = _int(body, "num_draft_tokens", 0)
     speculation = body.get("speculation")
     if speculation is not None and speculation not in SPECULATION_METHODS:
@@ -261,7 +271,7 @@ def bls_error(exc: Exception, req: Request) -> APIError:
     names = {"text_input": "prompt" if req.kind == COMPLETION else "messages", "max_tokens": req.max_tokens_param,
              "stop_words": "stop", "num_draft_tokens": "num_draft_tokens", "speculation": "speculation",
              "temperature": "temperature", "top_p": "top_p", "seed": "seed",
-             "adaptive_draft_length": "adaptive_draft_length"}
+             "adaptive_draft_length": "adaptive_draft_length", "min_tokens": "min_tokens"}
     m = _FIELD.match(message)
     if m and m.group(1) in names:
         param = names[m.group(1)]
@@ -328,7 +338,8 @@ def speculation(completion: Completion) -> dict:
     """The BLS's acceptance figures for this request (trtspec's addition to OpenAI's response)."""
     return {"acceptance_rate": completion.acceptance_rate, "accepted_draft_tokens": completion.accepted,
             "draft_tokens": completion.drafted, "iterations": completion.iterations,
-            "tokens_per_iteration": completion.tokens_per_iteration, "fallbacks": dict(completion.fallbacks)}
+            "tokens_per_iteration": completion.tokens_per_iteration, "fallbacks": dict(completion.fallbacks),
+            "draft_sources": dict(completion.sources)}
 
 
 def response(req: Request, model: str, text: str, reason: str, prompt_tokens: int, completion: Completion) -> dict:

@@ -17,6 +17,11 @@ probes. The acceptance `a` is the geometric model's estimate (accepted / (accept
 iterations with exponential forgetting, starting from a prior; c, v0 and b start from the deployment's costs
 and follow what this request measures.
 
+With `speculation: auto` a request has two draft sources, and each iteration is offered what each can draft now
+(prompt lookup: the continuation it found, if any; the draft model: up to k_max). Each source has its own
+acceptance; prompt lookup's draft cost is c = 0 (no model call). The policy drafts from the source and k with the
+largest gain, and falls back to plain decoding only when neither gains.
+
 The deployment's costs (`DeploymentCosts`) start from what `trtspec bench --apply` measured and learn from
 every finished request at its load, so a deployment that was never benchmarked stops over-estimating speculation
 after its first requests, and each request can refine its costs from its first speculative iteration on.
@@ -60,6 +65,10 @@ class Decision:
     k: int                   # tokens to draft; 0 = plain decoding this iteration
     plain_tokens: int = 1    # when k == 0: how many tokens to ask the target for in one call
     reason: str | None = None  # why this iteration decodes plainly, when it is a fallback
+    source: str | None = None  # which of the offered draft sources drafts (None: the drafter's own choice)
+
+
+LOOKUP = "prompt_lookup"  # the draft source that costs no model call
 
 
 class FixedDraftLength:
@@ -68,10 +77,11 @@ class FixedDraftLength:
     def __init__(self, k: int):
         self.k_max = k
 
-    def decide(self, remaining: int) -> Decision:
+    def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
         return Decision(min(self.k_max, remaining - 1), plain_tokens=remaining)
 
-    def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int) -> None:
+    def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int,
+                source: str | None = None) -> None:
         pass
 
 
@@ -85,8 +95,10 @@ class AdaptiveDraftLength:
     margin: float = 0.05          # speculate only when the best gain exceeds 1 + margin
     plain_stretch: int = 8        # tokens decoded plainly after a fallback before probing again
     max_plain_stretch: int = 256  # the longest stretch that doubling reaches
-    successes: float = 0.0
+    successes: float = 0.0        # of the sole draft source (or the draft model, with several)
     failures: float = 0.0
+    lookup_successes: float = 0.0  # prompt lookup's, when it is offered beside the draft model (auto)
+    lookup_failures: float = 0.0
     step_seconds: float | None = None   # measured time of one plain target step
     fallbacks: dict = field(default_factory=dict)
     _plain_left: int = 0
@@ -96,15 +108,29 @@ class AdaptiveDraftLength:
 
     @property
     def alpha(self) -> float:
-        return (self.successes + self.prior_alpha * self.prior_weight) / (self.successes + self.failures + self.prior_weight)
+        return self.alpha_of(None)
 
-    def decide(self, remaining: int) -> Decision:
+    def alpha_of(self, source: str | None) -> float:
+        """The acceptance estimate of a draft source (None or anything but prompt lookup: the main one)."""
+        hits, misses = (self.lookup_successes, self.lookup_failures) if source == LOOKUP else (self.successes, self.failures)
+        return (hits + self.prior_alpha * self.prior_weight) / (hits + misses + self.prior_weight)
+
+    def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
+        """`offers`: source -> the longest draft it can give now, when the drafter has several sources (auto); the
+        decision then names the source. Prompt lookup costs no draft step."""
         bound = min(self.k_max, remaining - 1)
         if bound <= 0:
             return Decision(0, plain_tokens=remaining)
         if self._plain_left > 0:
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
-        k, gain = self.costs.best(self.alpha, bound)
+        if offers is not None and not any(offers.values()):
+            return Decision(0, plain_tokens=1)  # nothing to draft from right now: one token, then look again
+        source, k, gain = None, 0, 1.0
+        for name, longest in (offers.items() if offers is not None else [(None, bound)]):
+            costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if name == LOOKUP else self.costs
+            k_here, gain_here = costs.best(self.alpha_of(name), min(bound, longest))
+            if k_here and (not k or gain_here > gain):
+                source, k, gain = name, k_here, gain_here
         if gain < 1.0 + self.margin:
             self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
             failed_probe = self._stretch and self._accepted_since_stretch == 0
@@ -113,27 +139,33 @@ class AdaptiveDraftLength:
             self._in_stretch = True
             self._accepted_since_stretch = 0
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
-        return Decision(k)
+        return Decision(k, source=source)
 
-    def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int) -> None:
+    def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int,
+                source: str | None = None) -> None:
         if drafted == 0:
             self._plain_left = max(0, self._plain_left - tokens)
             if self._plain_left == 0 and self._in_stretch:
                 # the stretch is over: the probe judges the text as it is now, from the prior, not by the
                 # failures that led to the stretch (acceptance comes in runs: a copied passage, a predictable phrase)
                 self._in_stretch = False
-                self.successes = self.failures = 0.0
+                self.successes = self.failures = self.lookup_successes = self.lookup_failures = 0.0
             if tokens > 0:
                 self.step_seconds = _ewma(self.step_seconds, verify_seconds / tokens)
             return
-        self.successes = self.successes * self.decay + accepted
-        self.failures = self.failures * self.decay + (accepted < drafted)
+        if source == LOOKUP:
+            self.lookup_successes = self.lookup_successes * self.decay + accepted
+            self.lookup_failures = self.lookup_failures * self.decay + (accepted < drafted)
+        else:
+            self.successes = self.successes * self.decay + accepted
+            self.failures = self.failures * self.decay + (accepted < drafted)
         self._accepted_since_stretch += accepted
         if self.step_seconds:
             # refine the costs from this request's own timings (relative to its plain step): c directly; the
             # verification's extra cost goes to v0 beyond what b predicts, and lowers b when below it
             costs = self.costs
-            costs.draft_cost_ratio = _ewma(costs.draft_cost_ratio, draft_seconds / drafted / self.step_seconds)
+            if source != LOOKUP:  # a lookup draft says nothing of the draft model's step
+                costs.draft_cost_ratio = _ewma(costs.draft_cost_ratio, draft_seconds / drafted / self.step_seconds)
             extra = max(verify_seconds / self.step_seconds - 1.0, 0.0)
             if extra < costs.verify_cost_per_token * drafted:
                 costs.verify_cost_per_token = _ewma(costs.verify_cost_per_token, extra / drafted)

@@ -4,8 +4,9 @@ The first iteration is the target's own prefill and first token, sent at once, s
 delays the first token. Then each iteration:
   1. choose k with the draft-length policy (fixed K, or adaptive: see adaptive.py), never more than the
      remaining budget minus one (the target always adds a token of its own); k = 0 decodes plainly;
-  2. draft: the drafter proposes up to k tokens for the whole current sequence; a drafter that fails
-     (DraftFailed) ends speculation for the request, which goes on decoding plainly from where it was;
+  2. draft: the drafter proposes up to k tokens for the whole current sequence (a drafter with several sources,
+     auto, first offers what each can draft, and the policy picks one); a drafter that fails (DraftFailed) ends
+     drafting from the model for the request, which goes on from where it was with prompt lookup (auto) or plainly;
   3. verify: ONE target call with the sequence, `draft_input_ids` (and `draft_logits`), asking for
      len(draft) + 1 tokens; the engine accepts a prefix of the draft and adds its own next token;
   4. stop rules: end_id, max_tokens, stop words, cancellation;
@@ -28,7 +29,7 @@ import numpy as np
 
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
 from trtspec.errors import Cancelled
-from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
+from trtspec.orchestrator.adaptive import LOOKUP, Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import DraftFailed, Drafter
 from trtspec.orchestrator.stats import RequestStats
 
@@ -112,22 +113,34 @@ def speculate(
             raise Cancelled()
         remaining = request.max_tokens - generated
         first = generated == 0 and speculative
-        decision = Decision(0, plain_tokens=1) if first else policy.decide(remaining)
+        start = time.perf_counter()
+        offers = None
+        if first:
+            decision = Decision(0, plain_tokens=1)
+        else:
+            offers = drafter.offers(sequence, remaining - 1) if speculative and hasattr(drafter, "offers") else None
+            decision = policy.decide(remaining, offers)
         if not speculative:
             decision = Decision(0, plain_tokens=remaining if lost else decision.plain_tokens, reason=lost)
 
-        start = time.perf_counter()
         draft = None
         if decision.k > 0:
             try:
-                draft = drafter.propose(sequence, decision.k)
+                draft = _propose(drafter, sequence, decision)
             except DraftFailed as exc:
-                speculative, lost = False, "draft_error"
-                stats.fallbacks[lost] = stats.fallbacks.get(lost, 0) + 1
-                decision = Decision(0, plain_tokens=remaining, reason=lost)
+                stats.fallbacks["draft_error"] = stats.fallbacks.get("draft_error", 0) + 1
                 on_draft_failed(exc)
+                # a drafter with another source goes on with it (auto: prompt lookup); else plain decoding
+                drafter = drafter.without_model() if hasattr(drafter, "without_model") else None
+                if drafter is None:
+                    speculative, lost = False, "draft_error"
+                    decision = Decision(0, plain_tokens=remaining, reason=lost)
+                else:
+                    draft = _propose(drafter, sequence, Decision(decision.k, source=LOOKUP))
         drafted_at = time.perf_counter()
-        plain = 1 if request.stream and not streams else max(1, min(decision.plain_tokens, remaining))
+        # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
+        asked = decision.plain_tokens if decision.k == 0 else 1
+        plain = 1 if request.stream and not streams else max(1, min(asked, remaining))
         call = _verify_request(request, sequence, draft, plain, generated)
         drafted = len(draft.tokens) if draft else 0
         streamed = streams and not drafted
@@ -145,14 +158,16 @@ def speculate(
             new, reason = _apply_stop_rules(request, sequence, new, generated + len(new) >= request.max_tokens, ended)
             if trace is not None:
                 _record(trace, result, len(new))
+        source = draft.source if drafted else None
         if drafted:
             drafter.observe(accepted, drafted)
-        if not first:
+        if not first:  # a policy tells sources apart only where it was offered several (auto)
             policy.observe(drafted=drafted, accepted=accepted, draft_seconds=drafted_at - start,
-                           verify_seconds=verified_at - drafted_at, tokens=len(new))
+                           verify_seconds=verified_at - drafted_at, tokens=len(new),
+                           source=source if offers is not None else None)
         stats.record(drafted=drafted, accepted=min(accepted, len(new)), emitted=len(new),
                      draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at,
-                     fallback=decision.reason if not drafted else None)
+                     fallback=decision.reason if not drafted else None, source=source)
         sequence += new
         generated += len(new)
         if new and not streamed:
@@ -161,6 +176,12 @@ def speculate(
             stats.finish_reason = reason
             stats.fallbacks.update(getattr(policy, "fallbacks", {}))
             return
+
+
+def _propose(drafter: Drafter, sequence: list[int], decision: Decision):
+    if decision.source is None:
+        return drafter.propose(sequence, decision.k)
+    return drafter.propose(sequence, decision.k, source=decision.source)
 
 
 def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: list[int], generated: int,

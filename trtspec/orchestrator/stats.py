@@ -25,10 +25,13 @@ class RequestStats:
     finish_reason: str | None = None
     fallbacks: dict[str, int] = field(default_factory=dict)            # reason -> times speculation was switched off
     fallback_iterations: dict[str, int] = field(default_factory=dict)  # reason -> plain iterations it cost
+    sources: dict[str, int] = field(default_factory=dict)  # draft source -> iterations it drafted (auto)
 
     def record(self, *, drafted: int, accepted: int, emitted: int, draft_seconds: float, verify_seconds: float,
-               fallback: str | None = None) -> None:
+               fallback: str | None = None, source: str | None = None) -> None:
         self.iterations += 1
+        if source and drafted:
+            self.sources[source] = self.sources.get(source, 0) + 1
         if fallback:
             self.fallback_iterations[fallback] = self.fallback_iterations.get(fallback, 0) + 1
         self.speculative_iterations += drafted > 0

@@ -24,6 +24,7 @@ from trtspec.contract import (
     tensors_to_result,
 )
 from trtspec.errors import Cancelled, EngineError, RequestError
+from trtspec.interfaces import SPECULATION_METHODS
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.detok import IncrementalDetokenizer
@@ -404,7 +405,9 @@ class TritonPythonModel:
         drafter = policy = None
         if spec.num_draft_tokens > 0:
             drafter = self._drafter(plan, watch=sender.is_cancelled)
-            policy = (self.costs.policy(spec.num_draft_tokens, model_drafts=plan.method == "draft_model", load=load)
+            # auto: prompt lookup, which costs no draft call, drafts up to max_draft_len (the model up to K)
+            bound = max(spec.num_draft_tokens, self.max_draft_len) if plan.method == "auto" else spec.num_draft_tokens
+            policy = (self.costs.policy(bound, model_drafts=plan.model_drafts, load=load)
                       if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
         detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
         # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
@@ -429,7 +432,7 @@ class TritonPythonModel:
             # the costs it measured belong to the most requests it ran beside, not to those at its start or end
             with self._active_lock:
                 load = peak_load()
-            self.costs.learn(policy, model_drafts=plan.method == "draft_model", load=load)
+            self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
         self.metrics.record(stats)
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if spec.stream:
@@ -439,13 +442,17 @@ class TritonPythonModel:
 
     def _drafter(self, plan: "_Plan", watch):
         """`watch`: whether the client left (the request's deadline does not bound a draft call: see BlsEngineClient)."""
-        if plan.method == "prompt_lookup":
-            return make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
-        s = plan.spec
-        client = self.draft.for_request(plan.request_id, watch=watch)
-        drafter = make_drafter("draft_model", client=client, sampling=s.sampling,
-                               end_id=s.end_id, pad_id=s.pad_id, use_logits=plan.use_logits)
-        return GuardedDrafter(drafter, self.draft_breaker)
+        lookup = make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
+        model = None
+        if plan.model_drafts:
+            s = plan.spec
+            client = self.draft.for_request(plan.request_id, watch=watch)
+            model = GuardedDrafter(make_drafter("draft_model", client=client, sampling=s.sampling, end_id=s.end_id,
+                                                pad_id=s.pad_id, use_logits=plan.use_logits), self.draft_breaker)
+        if plan.method != "auto":
+            return model or lookup
+        return make_drafter("auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens,
+                            lookup_k=self.max_draft_len)
 
     # ---- the draft model's health ----------------------------------------------------------------------------
     def _draft_down(self, cause: Exception) -> None:
@@ -555,6 +562,7 @@ class TritonPythonModel:
             request_id=f.request_id,
             input_tokens=f.scalar("return_num_input_tokens", bool, False),
             output_tokens=f.scalar("return_num_output_tokens", bool, False),
+            has_draft_model=self.draft is not None,
         )
 
     def _response(self, text: str, ids: list[int], plan: "_Plan", run: "_Run", generated: int, final: bool = False):
@@ -604,6 +612,7 @@ class TritonPythonModel:
                 out("finish_reason", [(stats.finish_reason or "").encode()], np.object_),
                 out("fallbacks", [sum(stats.fallbacks.values())], np.int32),
                 out("fallback_reasons", [f"{r}:{n}".encode() for r, n in stats.fallbacks.items()], np.object_),
+                out("draft_sources", [f"{r}:{n}".encode() for r, n in stats.sources.items()], np.object_),
             ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
@@ -619,7 +628,7 @@ class _Run:
     sent: int = 0                    # tokens whose log probs / logits went out in earlier responses
 
 
-SPECULATION_METHODS = ("draft_model", "prompt_lookup", "none")
+
 
 
 @dataclasses.dataclass
@@ -635,6 +644,12 @@ class _Plan:
     request_id: str
     input_tokens: bool = False   # return_num_input_tokens
     output_tokens: bool = False  # return_num_output_tokens
+    has_draft_model: bool = False  # the deployment has one
+
+    @property
+    def model_drafts(self) -> bool:
+        """Whether the draft model drafts (alone, or in auto beside prompt lookup)."""
+        return self.has_draft_model and self.method in ("draft_model", "auto")
 
 
 class _Fields:

@@ -19,6 +19,7 @@ class DraftFailed(Exception):
 class Draft:
     tokens: list[int]
     logits: np.ndarray | None = None   # [len(tokens), V], for modified rejection sampling
+    source: str | None = None          # which source drafted it (auto has several)
 
 
 class Drafter(Protocol):
@@ -40,10 +41,11 @@ def make_drafter(name: str, **options) -> Drafter:
 
 
 def _registry() -> dict[str, type]:
+    from trtspec.orchestrator.drafters.auto import AutoDrafter
     from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
     from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter
 
-    return {"draft_model": DraftModelDrafter, "prompt_lookup": PromptLookupDrafter}
+    return {"draft_model": DraftModelDrafter, "prompt_lookup": PromptLookupDrafter, "auto": AutoDrafter}
 
 
 _REGISTRY = _registry()

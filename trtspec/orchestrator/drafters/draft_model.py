@@ -30,7 +30,7 @@ class DraftModelDrafter:
         except EngineError as exc:  # the draft model failed: speculation is lost, the answer is not
             raise DraftFailed(str(exc)) from exc
         logits = result.generation_logits[:k] if self.use_logits and result.generation_logits is not None else None
-        return Draft(result.new_tokens[:k], logits)
+        return Draft(result.new_tokens[:k], logits, source="draft_model")
 
     def observe(self, num_accepted: int, num_drafted: int) -> None:
         pass

@@ -36,7 +36,7 @@ class PromptLookupDrafter:
         self.max_ngram = max_matching_ngram_size
 
     def propose(self, context: list[int], k: int) -> Draft:
-        return Draft(find_continuation(context, k, self.max_ngram))
+        return Draft(find_continuation(context, k, self.max_ngram), source="prompt_lookup")
 
     def observe(self, num_accepted: int, num_drafted: int) -> None:
         pass

@@ -1,0 +1,57 @@
+"""`speculation: auto`: prompt lookup where the text repeats earlier text, the draft model elsewhere.
+
+Each iteration the drafter offers what each source can draft now (`offers`): prompt lookup the continuation it
+found (none when the recent tokens match nothing earlier), up to `lookup_k`; the draft model up to `model_k`.
+Prompt lookup costs no draft call, so its bound is the engine's (max_draft_len) where the draft model keeps the
+request's K. The adaptive policy picks the source and k by expected tokens per unit of cost (adaptive.py); a fixed
+draft length leaves the choice here, and here a found continuation wins. If the draft model fails, the request
+keeps drafting from prompt lookup (`without_model`).
+"""
+
+from __future__ import annotations
+
+from trtspec.orchestrator.adaptive import LOOKUP
+from trtspec.orchestrator.drafters import Draft, Drafter
+from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
+
+MODEL = "draft_model"
+
+
+class AutoDrafter:
+    def __init__(self, model: Drafter | None, lookup: PromptLookupDrafter, *, model_k: int | None = None,
+                 lookup_k: int | None = None):
+        self.model, self.lookup = model, lookup
+        self.model_k, self.lookup_k = model_k, lookup_k   # None: whatever the caller asks
+        self._found: tuple[int, int, list[int]] | None = None  # (len(context), cap, continuation) of the last lookup
+
+    def _continuation(self, context: list[int], k: int) -> list[int]:
+        # where the match is does not depend on k: look once per sequence, as far as either caller may ask
+        length = len(context)
+        if self._found is None or self._found[0] != length or (k > self._found[1] and len(self._found[2]) == self._found[1]):
+            cap = max(k, self.lookup_k or 0)
+            self._found = (length, cap, find_continuation(context, cap, self.lookup.max_ngram))
+        return self._found[2][:k]
+
+    def offers(self, context: list[int], limit: int) -> dict[str, int]:
+        """Source -> the longest draft it can give now, none longer than `limit`."""
+        offers = {LOOKUP: len(self._continuation(context, min(self.lookup_k or limit, limit)))}
+        if self.model is not None:
+            offers[MODEL] = min(self.model_k or limit, limit)
+        return offers
+
+    def propose(self, context: list[int], k: int, source: str | None = None) -> Draft:
+        found = self._continuation(context, k)
+        if source is None:
+            source = LOOKUP if found or self.model is None else MODEL
+        if source == LOOKUP:
+            return Draft(found, source=LOOKUP)
+        return self.model.propose(context, k)
+
+    def without_model(self) -> "AutoDrafter":
+        """The same request's drafter once its draft model failed: prompt lookup alone."""
+        self.model = None
+        return self
+
+    def observe(self, num_accepted: int, num_drafted: int) -> None:
+        if self.model is not None:
+            self.model.observe(num_accepted, num_drafted)
