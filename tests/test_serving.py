@@ -116,7 +116,9 @@ def spec_server(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def references(spec_server):
-    return {p: ids_of(grpc_generate(spec_server.grpc_url, {"text_input": p, "max_tokens": 24})) for p in PROMPTS}
+    """Target-only outputs (num_draft_tokens 0: a request without it speculates)."""
+    return {p: ids_of(grpc_generate(spec_server.grpc_url, {"text_input": p, "max_tokens": 24, "num_draft_tokens": 0}))
+            for p in PROMPTS}
 
 
 def test_references_are_full_length(references):
@@ -175,15 +177,30 @@ def test_eight_concurrent_streams(spec_server, references):
     assert 1 <= sum("load:1" in r for r in reasons.values()) <= 4
 
 
-def test_prompt_lookup_equals_target_only(spec_server):
+def test_prompt_lookup_and_auto_equal_target_only(spec_server):
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
-    reference = ids_of(grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24}))
-    for adaptive in (False, True):
-        responses = grpc_generate(spec_server.grpc_url, {
-            "text_input": prompt, "max_tokens": 24, "speculation": "prompt_lookup", "num_draft_tokens": 4,
-            "adaptive_draft_length": adaptive, "return_perf_metrics": True})
-        assert ids_of(responses) == reference
-    assert int(responses[-1]["total_draft_tokens"].reshape(-1)[0]) >= 0
+    reference = ids_of(grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": 0}))
+    for method in ("prompt_lookup", "auto"):
+        for adaptive in (False, True):
+            responses = grpc_generate(spec_server.grpc_url, {
+                "text_input": prompt, "max_tokens": 24, "speculation": method, "num_draft_tokens": 4,
+                "adaptive_draft_length": adaptive, "return_perf_metrics": True})
+            assert ids_of(responses) == reference
+            sources = {s.decode().split(":")[0] for s in responses[-1]["draft_sources"].reshape(-1)}
+            assert sources <= ({"prompt_lookup"} if method == "prompt_lookup" else {"prompt_lookup", "draft_model"})
+            assert int(responses[-1]["total_draft_tokens"].reshape(-1)[0]) > 0
+
+
+def test_a_request_without_speculation_fields_speculates(spec_server, references):
+    """The deployment's default (the build config's K, auto, adaptive) applies to clients that know nothing of
+    trtspec; num_draft_tokens 0 turns it off."""
+    for prompt in PROMPTS:
+        default = grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "return_perf_metrics": True})
+        assert ids_of(default) == references[prompt]
+        assert int(default[-1]["total_draft_tokens"].reshape(-1)[0]) > 0
+        off = grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": 0,
+                                                   "return_perf_metrics": True})
+        assert int(off[-1]["total_draft_tokens"].reshape(-1)[0]) == 0 and off[-1]["draft_sources"].size == 0
 
 
 def test_unknown_speculation_method_is_refused(spec_server):
