@@ -188,7 +188,8 @@ def test_prompt_lookup_and_auto_equal_target_only(spec_server):
             assert ids_of(responses) == reference
             sources = {s.decode().split(":")[0] for s in responses[-1]["draft_sources"].reshape(-1)}
             assert sources <= ({"prompt_lookup"} if method == "prompt_lookup" else {"prompt_lookup", "draft_model"})
-            assert int(responses[-1]["total_draft_tokens"].reshape(-1)[0]) > 0
+            if method == "auto" and not adaptive:  # where lookup finds nothing, the draft model drafts
+                assert int(responses[-1]["total_draft_tokens"].reshape(-1)[0]) > 0
 
 
 def test_a_request_without_speculation_fields_speculates(spec_server, references):
@@ -197,10 +198,13 @@ def test_a_request_without_speculation_fields_speculates(spec_server, references
     for prompt in PROMPTS:
         default = grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "return_perf_metrics": True})
         assert ids_of(default) == references[prompt]
-        assert int(default[-1]["total_draft_tokens"].reshape(-1)[0]) > 0
+        # it drafted, or its adaptive policy judged drafting not to pay here (the costs this server learned)
+        reasons = [r.decode() for r in default[-1]["fallback_reasons"].reshape(-1)]
+        assert int(default[-1]["total_draft_tokens"].reshape(-1)[0]) > 0 or any(r.startswith("low_acceptance") for r in reasons)
         off = grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": 0,
                                                    "return_perf_metrics": True})
         assert int(off[-1]["total_draft_tokens"].reshape(-1)[0]) == 0 and off[-1]["draft_sources"].size == 0
+        assert off[-1]["fallback_reasons"].size == 0
 
 
 def test_unknown_speculation_method_is_refused(spec_server):
