@@ -469,12 +469,14 @@ def test_spec_bench_through_trtspec_bench(bench_server, tmp_path):
     tokenizer = chat_tokenizer(bench_server.repo, tmp_path / "tokenizer")
     result = CliRunner().invoke(cli, [
         "bench", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", f"spec-bench:{questions}",
-        "--tokenizer", str(tokenizer), "--concurrency", "1,2", "--max-tokens", "8", "--output", str(report)])
+        "--tokenizer", str(tokenizer), "--concurrency", "1,2", "--max-tokens", "8", "--output", str(report),
+        "--draft-length", "fixed"])  # every iteration drafts (the adaptive policy may judge drafting not to pay)
     assert result.exit_code == 0, result.output
     assert "Spec-Bench, C=1" in result.output and "Spec-Bench, C=2" in result.output and "1 skipped" in result.output
     data = json.loads(report.read_text())
     assert data["settings"]["skipped"] == {"rag": 1} and data["settings"]["questions"] == 8
     assert data["settings"]["methods"] == ["none", "draft_model", "prompt_lookup", "auto"]
+    assert data["settings"]["adaptive_draft_length"] is False
     for entry in data["summary"]:
         assert entry["errors"] == 0 and entry["requests"] == 8
         assert entry["identical"] == entry["compared"] == 8  # greedy: every method's output is the target's
