@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import sys
 from pathlib import Path
 
@@ -453,10 +452,10 @@ def _spec_bench(settings, *, per_task, speculation, ks, adaptive, progress, comm
     console.print(f"Spec-Bench: {len(kept)} questions ({sum(skipped.values())} longer than max_input_len skipped), "
                   f"C = {', '.join(map(str, settings.concurrencies))}, {', '.join(methods)}, K≤{k}"
                   f"{' adaptive' if adaptive else ''}, {settings.max_tokens} tokens, interleaved", highlight=False)
-    prompts = Prompts([q.text for q in kept], tokenizer_dir=tokenizer, numbered=settings.numbered)
+    prompts.texts = [q.text for q in kept]  # the same tokenizer, the questions that fit
     settings = dataclasses.replace(settings, tokenizer=tokenizer)
     return sb.run_spec_bench(settings, kept, prompts, methods=tuple(methods), k=k, adaptive=adaptive, skipped=skipped,
-                             progress=progress, command=shlex.join(command))
+                             progress=progress, command=command)
 
 
 def _apply_bench_tuning(repo: str, tuning: dict) -> None:

@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
+import shlex
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
+from trtspec.bench.arithmetic import _ratio
 from trtspec.bench.prompts import Prompts
+from trtspec.bench.report import SOURCE_NAMES, _fmt
 from trtspec.bench.run import Block, _Clients, _Numbers, deployment_info, environment, finish_environment, run_block
 from trtspec.errors import BenchError
 
@@ -88,17 +91,14 @@ def select(questions: list[Question], per_task: int | None) -> list[Question]:
     for q in questions:
         by_task.setdefault(q.task, []).append(q)
     lists = [qs[:per_task] if per_task else qs for qs in by_task.values()]
-    return [q for row in zip_longest_skip(lists) for q in row]
-
-
-def zip_longest_skip(lists: list[list]) -> list[list]:
-    return [[lst[i] for lst in lists if i < len(lst)] for i in range(max((len(x) for x in lists), default=0))]
+    return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
 
 
 def fit(questions: list[Question], prompts: Prompts, count_tokens, max_input_len: int | None) -> tuple[list[Question], dict[str, int]]:
     """The questions whose templated first turn fits max_input_len, and the skipped count per task."""
     kept, skipped = [], {}
     for i, q in enumerate(questions):
+        # counted with a request number as long as the run's (see bench/run.py _Numbers), since it is sent
         if max_input_len is not None and count_tokens(prompts.text(i, 99_999_999)) > max_input_len:
             skipped[q.task] = skipped.get(q.task, 0) + 1
         else:
@@ -109,7 +109,7 @@ def fit(questions: list[Question], prompts: Prompts, count_tokens, max_input_len
 # ---- the run ------------------------------------------------------------------------------------------------
 
 def run_spec_bench(settings, questions: list[Question], prompts: Prompts, *, methods: tuple[str, ...], k: int,
-                   adaptive: bool, skipped: dict[str, int], progress=None, command: str | None = None) -> dict:
+                   adaptive: bool, skipped: dict[str, int], progress=None, command: Sequence[str] | None = None) -> dict:
     """Measure every method on every question at each concurrency of `settings` (a BenchSettings), interleaved;
     `prompts` holds the questions' first turns in the same order. Returns the report (JSON-able)."""
     env = environment()
@@ -155,7 +155,7 @@ def run_spec_bench(settings, questions: list[Question], prompts: Prompts, *, met
         clients.close()
     finish_environment(env, started)
     return {
-        "command": command, "benchmark": "Spec-Bench",
+        "command": shlex.join(command) if command else None, "benchmark": "Spec-Bench",
         "settings": {"url": settings.url, "protocol": settings.protocol, "model": settings.model,
                      "prompts": settings.prompts_source, "questions": len(questions), "skipped": skipped,
                      "concurrency": list(settings.concurrencies), "methods": list(methods), "num_draft_tokens": k,
@@ -171,7 +171,7 @@ def summarize(rows: list[dict], walls: dict, concurrencies, methods) -> list[dic
     """One entry per (concurrency, method): speed-up and mean accepted tokens per task and overall (module doc)."""
     out = []
     for c in concurrencies:
-        base_ok = {(r["question"]): r for r in rows if r["concurrency"] == c and r["method"] == "none" and not r["error"]}
+        base_ok = {r["question"]: r for r in rows if r["concurrency"] == c and r["method"] == "none" and not r["error"]}
         for m in methods:
             mine = [r for r in rows if r["concurrency"] == c and r["method"] == m]
             ok = [r for r in mine if not r["error"] and r["question"] in base_ok]
@@ -209,10 +209,6 @@ def _rate_wall(rows, walls, c, method) -> float | None:
                   walls.get((c, method), 0.0))
 
 
-def _ratio(a, b) -> float | None:
-    return a / b if a is not None and b and not math.isclose(b, 0.0) else None
-
-
 # ---- the table ----------------------------------------------------------------------------------------------
 
 NAMES = {"none": "target-only", "draft_model": "draft model (SpS)", "prompt_lookup": "prompt lookup (PLD)",
@@ -239,23 +235,15 @@ def render(report: dict, console) -> None:
         for e in entries:
             overall = e["tasks"].get("overall", {})
             total = sum(e["sources"].values())
-            drafted_by = ", ".join(f"{name.split('_')[-1]} {n / total:.0%}" for name, n in sorted(e["sources"].items())) if total else "-"
+            drafted_by = ", ".join(f"{SOURCE_NAMES.get(name, name)} {n / total:.0%}" for name, n in sorted(e["sources"].items())) if total else "-"
             identical = f"{e['identical']}/{e['compared']}" if e["method"] != "none" else "-"
             if e["errors"]:
                 identical += f" [red]({e['errors']} failed)[/]"
             table.add_row(NAMES.get(e["method"], e["method"]),
-                          *(_x(e["tasks"].get(t, {}).get("speedup")) for t in tasks),
-                          _x(overall.get("speedup")), _f(overall.get("mean_accepted_tokens")),
-                          _x(e["throughput_ratio"]), identical, drafted_by)
+                          *(_fmt(e["tasks"].get(t, {}).get("speedup"), ".2f", "x") for t in tasks),
+                          _fmt(overall.get("speedup"), ".2f", "x"), _fmt(overall.get("mean_accepted_tokens"), ".2f"),
+                          _fmt(e["throughput_ratio"], ".2f", "x"), identical, drafted_by)
         console.print(table)
     console.print("speed-up: tokens per request-second against target-only on the same questions; mean accepted "
                   "tokens: tokens per target forward pass; drafted by: the speculative iterations each source drafted.",
                   style="dim", highlight=False)
-
-
-def _x(v) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def _f(v) -> str:
-    return "-" if v is None else f"{v:.2f}"

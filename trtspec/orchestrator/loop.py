@@ -29,7 +29,7 @@ import numpy as np
 
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
 from trtspec.errors import Cancelled
-from trtspec.orchestrator.adaptive import LOOKUP, Decision, FixedDraftLength
+from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import DraftFailed, Drafter
 from trtspec.orchestrator.stats import RequestStats
 
@@ -136,7 +136,7 @@ def speculate(
                     speculative, lost = False, "draft_error"
                     decision = Decision(0, plain_tokens=remaining, reason=lost)
                 else:
-                    draft = _propose(drafter, sequence, Decision(decision.k, source=LOOKUP))
+                    draft = drafter.propose(sequence, decision.k)
         drafted_at = time.perf_counter()
         # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
         asked = decision.plain_tokens if decision.k == 0 else 1

@@ -27,7 +27,7 @@ class AutoDrafter:
     def _continuation(self, context: list[int], k: int) -> list[int]:
         # where the match is does not depend on k: look once per sequence, as far as either caller may ask
         length = len(context)
-        if self._found is None or self._found[0] != length or (k > self._found[1] and len(self._found[2]) == self._found[1]):
+        if self._found is None or self._found[0] != length or k > self._found[1]:
             cap = max(k, self.lookup_k or 0)
             self._found = (length, cap, find_continuation(context, cap, self.lookup.max_ngram))
         return self._found[2][:k]
