@@ -163,11 +163,28 @@ def test_deployment_costs_are_kept_per_load():
     busy = shared.policy(4, model_drafts=False, load=8)
     busy.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
     for _ in range(10):  # under load a verification of 4 costs 2.6 plain steps
-        busy.observe(drafted=4, accepted=3, draft_seconds=0.0, verify_seconds=0.026, tokens=4)
+        busy.observe(drafted=4, accepted=2, draft_seconds=0.0, verify_seconds=0.026, tokens=3)
     shared.learn(busy, model_drafts=False, load=8)
     assert shared.costs_at(6).verify_cost_fixed > 0.5
     alone = shared.policy(4, model_drafts=False, load=1)
     assert alone.costs == CostModel(0.0, 0.05, 0.0) and alone.step_seconds is None
-    # prompt lookup on text to copy (prior acceptance 0.6): drafts alone, falls back under the learned load
+    # prompt lookup on text to copy (learned acceptance 2/3): drafts alone, falls back under the learned load
     assert alone.decide(64).k > 0
     assert shared.policy(4, model_drafts=False, load=7).decide(64).k == 0
+
+
+def test_an_unseen_load_starts_from_the_nearest_lighter_one():
+    from trtspec.orchestrator.adaptive import DeploymentCosts
+
+    shared = DeploymentCosts(CostModel(0.3, 0.1, 0.0), weight=1.0)
+    assert shared.costs_at(4) == CostModel(0.3, 0.1, 0.0)  # nothing learned: the configured costs
+    for load, v0 in ((1, 0.2), (8, 1.5)):
+        request = shared.policy(2, model_drafts=True, load=load)
+        request.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
+        for _ in range(10):
+            request.observe(drafted=1, accepted=1, draft_seconds=0.003, verify_seconds=0.010 * (1.1 + v0), tokens=2)
+        shared.learn(request, model_drafts=True, load=load)
+    assert shared.costs_at(4).verify_cost_fixed == pytest.approx(shared.costs_at(1).verify_cost_fixed)
+    assert shared.costs_at(16).verify_cost_fixed == pytest.approx(shared.costs_at(8).verify_cost_fixed)
+    assert shared.costs_at(16).verify_cost_fixed > 1.0 > shared.costs_at(2).verify_cost_fixed
+    assert shared.policy(2, model_drafts=True, load=4).step_seconds is None  # its own step, not a lighter load's

@@ -135,6 +135,65 @@ def test_alternating_plain_stretches_and_speculation_stream_the_target_s_tokens(
     assert stats.fallbacks.get("low_acceptance", 0) >= 1 and client.calls < 60
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_plain_stretches_go_on_in_one_call_while_the_policy_keeps_choosing_plain(engine, stream):
+    """A speculative request whose drafting never pays: its first token, then ONE streaming call for the rest,
+    whose stretches end in decisions, not in new calls (each new call waits for a forward pass to join), streamed
+    to the client or not."""
+    from trtspec.orchestrator.drafters import make_drafter
+
+    client = StreamingClient(engine)
+    whole, _, _ = tokens_of(SpecRequest(PROMPT, 60, end_id=-1), client)
+    drafter = make_drafter("draft_model", client=client, sampling=SpecRequest(PROMPT, 1).sampling, end_id=-1, pad_id=None)
+    policy = AdaptiveDraftLength(3, costs=CostModel(draft_cost_ratio=2.0), plain_stretch=4)
+    client.calls = 0
+    tokens, _, stats = tokens_of(SpecRequest(PROMPT, 60, num_draft_tokens=3, end_id=-1, stream=stream), client,
+                                 drafter, policy=policy)
+    assert tokens == whole
+    assert client.calls == 2 and client.stops == 0 and stats.iterations == 2
+    assert policy.fallbacks["low_acceptance"] >= 4  # stretches of 4, 8, 16, 32: each ended in a decision
+    assert stats.fallbacks["low_acceptance"] == policy.fallbacks["low_acceptance"]
+
+
+class Scripted:
+    """A policy that decodes plainly in stretches of 5 for its first `plain` decisions, then drafts 2 (counting
+    what it observes)."""
+
+    def __init__(self, plain: int):
+        self.left, self.observed, self.fallbacks = plain, [], {}
+
+    def decide(self, remaining, offers=None):
+        from trtspec.orchestrator.adaptive import Decision
+
+        if remaining <= 1:
+            return Decision(0, plain_tokens=remaining)
+        if self.left:
+            self.left -= 1
+            return Decision(0, plain_tokens=5, reason="low_acceptance")
+        return Decision(2)
+
+    def observe(self, *, drafted, tokens, **_):
+        self.observed.append((drafted, tokens))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_drafting_coming_back_stops_the_stretch_s_call(engine, stream):
+    from trtspec.orchestrator.drafters import make_drafter
+
+    client = StreamingClient(engine)
+    whole, _, _ = tokens_of(SpecRequest(PROMPT, 40, end_id=-1), client)
+    drafter = make_drafter("draft_model", client=client, sampling=SpecRequest(PROMPT, 1).sampling, end_id=-1, pad_id=None)
+    policy = Scripted(plain=3)
+    client.calls = 0
+    tokens, _, stats = tokens_of(SpecRequest(PROMPT, 40, num_draft_tokens=2, end_id=-1, stream=stream), client,
+                                 drafter, policy=policy)
+    assert tokens == whole
+    assert client.stops == 1  # the stretch's call, stopped where drafting came back
+    plain = [n for drafted, n in policy.observed if not drafted]
+    assert plain[:3] == [5, 5, 5]  # three stretches of one call, each observed where it ended
+    assert stats.speculative_iterations >= 1 and stats.iterations == 2 + stats.speculative_iterations
+
+
 def test_a_stop_frees_the_slot_within_one_step(engine):
     scheduler = engine.scheduler
     ended = []

@@ -69,6 +69,7 @@ class Decision:
 
 
 LOOKUP = "prompt_lookup"  # the draft source that costs no model call
+MODEL = "draft_model"
 
 
 class FixedDraftLength:
@@ -186,7 +187,8 @@ class DeploymentCosts:
     Costs are kept per load, the requests in flight when a request starts, in powers of two (1, 2, 3-4, 5-8,
     ...): a verification costs more plain steps the more requests share each pass (their rows add up to a
     compute-bound pass where a lone request's is bound by its weights' bytes), so costs learned under load would
-    stop a lone request from speculating where it pays, and the other way round."""
+    stop a lone request from speculating where it pays, and the other way round. A load not seen yet starts from
+    the nearest lighter load that was (costs grow with load), not from the configured costs."""
 
     def __init__(self, costs: CostModel, weight: float = 0.2):
         self._initial = dataclasses.replace(costs)
@@ -200,7 +202,12 @@ class DeploymentCosts:
         return (max(load, 1) - 1).bit_length()
 
     def _entry(self, load: int) -> tuple[CostModel, float | None]:
-        return self._loads.get(self.bucket(load), (self._initial, None))
+        bucket = self.bucket(load)
+        if bucket in self._loads:
+            return self._loads[bucket]
+        lighter = [b for b in self._loads if b < bucket]
+        # a lighter load's step time is not this one's: the request measures its own before refining costs
+        return (self._loads[max(lighter)][0], None) if lighter else (self._initial, None)
 
     def policy(self, k_max: int, *, model_drafts: bool, load: int = 1) -> AdaptiveDraftLength:
         with self._lock:

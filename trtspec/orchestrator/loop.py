@@ -16,6 +16,12 @@ With no drafter the same loop is plain decoding: the target is asked for the rem
 streaming engine call (`StreamingEngineClient.stream`), relaying its tokens as they arrive, as NVIDIA's BLS streams
 plain decoding; a stop rule that fires on this side, or an error, stops that call at the engine. An engine that
 cannot stream is asked for one token per call instead.
+
+A speculative request's plain stretches (the policy's fallbacks, or nothing to draft from) are read from one
+streaming call for the whole remaining budget, streamed to the client or not: where the stretch ends the policy
+decides again while the call goes on, and the call is stopped only when drafting comes back. A new engine call
+joins the batch at the next forward pass at the earliest, so under load each one costs its request about a step;
+a request whose drafting never pays is one call after its first token, as it would be without speculation.
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ def speculate(
     sequence = list(request.prompt)
     generated = 0
     lost = None  # why speculation stopped for the rest of this request
-    streams = request.stream and getattr(target, "streams", False)
+    can_stream = getattr(target, "streams", False)
     while True:
         if cancelled():
             stats.finish_reason = "cancelled"
@@ -118,7 +124,7 @@ def speculate(
         if first:
             decision = Decision(0, plain_tokens=1)
         else:
-            offers = drafter.offers(sequence, remaining - 1) if speculative and hasattr(drafter, "offers") else None
+            offers = _offers(drafter, sequence, remaining) if speculative else None
             decision = policy.decide(remaining, offers)
         if not speculative:
             decision = Decision(0, plain_tokens=remaining if lost else decision.plain_tokens, reason=lost)
@@ -138,14 +144,18 @@ def speculate(
                 else:
                     draft = drafter.propose(sequence, decision.k)
         drafted_at = time.perf_counter()
+        drafted = len(draft.tokens) if draft else 0
         # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
         asked = decision.plain_tokens if decision.k == 0 else 1
-        plain = 1 if request.stream and not streams else max(1, min(asked, remaining))
-        call = _verify_request(request, sequence, draft, plain, generated)
-        drafted = len(draft.tokens) if draft else 0
-        streamed = streams and not drafted
+        plain = 1 if request.stream and not can_stream else max(1, min(asked, remaining))
+        # a speculative request's plain stretch goes on in one streaming call while the policy keeps choosing plain
+        extend = _Extension(policy, drafter, sequence, remaining, plain, drafted_at) \
+            if can_stream and speculative and not first and not drafted else None
+        streamed = can_stream and not drafted and (request.stream or extend is not None)
+        call = _verify_request(request, sequence, draft, remaining if extend else plain, generated)
         if streamed:  # the stretch's tokens are yielded as they arrive
-            new, reason = yield from _relay(request, target.stream(call), plain, sequence, generated, trace)
+            new, reason = yield from _relay(request, target.stream(call), call.request_output_len, sequence, generated,
+                                            trace, extend)
             verified_at, accepted = time.perf_counter(), 0
         else:
             result = target.generate(call)
@@ -162,8 +172,9 @@ def speculate(
         if drafted:
             drafter.observe(accepted, drafted)
         if not first:  # a policy tells sources apart only where it was offered several (auto)
+            tail, tail_from = (len(new) - extend.observed, extend.since) if extend else (len(new), drafted_at)
             policy.observe(drafted=drafted, accepted=accepted, draft_seconds=drafted_at - start,
-                           verify_seconds=verified_at - drafted_at, tokens=len(new),
+                           verify_seconds=verified_at - tail_from, tokens=tail,
                            source=source if offers is not None else None)
         stats.record(drafted=drafted, accepted=min(accepted, len(new)), emitted=len(new),
                      draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at,
@@ -178,6 +189,34 @@ def speculate(
             return
 
 
+def _offers(drafter, sequence: list[int], remaining: int) -> dict[str, int] | None:
+    """What each draft source can give now, from a drafter with several (auto); None from one with a single source."""
+    return drafter.offers(sequence, remaining - 1) if hasattr(drafter, "offers") else None
+
+
+class _Extension:
+    """Where a plain stretch read from a streaming call ends, the policy decides again (the stretch's tokens
+    observed as a plain iteration): plain again extends the stretch in the same call, drafting ends it."""
+
+    def __init__(self, policy, drafter, sequence: list[int], remaining: int, stretch: int, since: float):
+        self.policy, self.drafter, self.sequence, self.remaining = policy, drafter, sequence, remaining
+        self.end = stretch              # the stretch ends after this many of the call's tokens
+        self.observed, self.since = 0, since  # tokens the policy has seen, and when the unseen ones began
+
+    def __call__(self, got: list[int]) -> bool:
+        """Called with the call's tokens so far once they reach the stretch's end; True: read on."""
+        now = time.perf_counter()
+        self.policy.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=now - self.since,
+                            tokens=len(got) - self.observed)
+        self.observed, self.since = len(got), now
+        left = self.remaining - len(got)
+        decision = self.policy.decide(left, _offers(self.drafter, self.sequence + got, left))
+        if decision.k > 0:
+            return False  # decided again, the same way, at the next iteration (a drafting decision changes nothing)
+        self.end = len(got) + decision.plain_tokens
+        return True
+
+
 def _propose(drafter: Drafter, sequence: list[int], decision: Decision):
     if decision.source is None:
         return drafter.propose(sequence, decision.k)
@@ -185,10 +224,10 @@ def _propose(drafter: Drafter, sequence: list[int], decision: Decision):
 
 
 def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: list[int], generated: int,
-           trace: Trace | None):
+           trace: Trace | None, extend: _Extension | None = None):
     """Yield a plain stretch's tokens as the streaming call returns them, cut by the stop rules; stop the call
-    when a rule fires here first, or on any exit before its last response. Returns (the stretch's tokens, finish
-    reason or None)."""
+    when a rule fires here first, when `extend` ends the stretch, or on any exit before its last response.
+    Returns (the stretch's tokens, finish reason or None)."""
     got: list[int] = []
     reason, last, received, complete = None, None, 0, False
     try:
@@ -206,6 +245,8 @@ def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: lis
                 yield new
             if reason and received < asked:
                 break
+            if extend is not None and not reason and len(got) >= extend.end and not extend(got):
+                break
         else:
             complete = True
     finally:
@@ -213,7 +254,7 @@ def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: lis
             stream.stop()
     if trace is not None and last is not None and last.kv_blocks is not None:
         trace.kv_blocks = [a + b for a, b in zip(trace.kv_blocks, last.kv_blocks)]  # the perf outputs are running totals
-    if reason is None and len(got) < asked:
+    if reason is None and complete and len(got) < asked:
         reason = "end_id"  # the engine ended the call early: on the end token, which it does not return
     return got, reason
 
