@@ -148,9 +148,10 @@ def speculate(
         # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
         asked = decision.plain_tokens if decision.k == 0 else 1
         plain = 1 if request.stream and not can_stream else max(1, min(asked, remaining))
-        # a speculative request's plain stretch goes on in one streaming call while the policy keeps choosing plain
+        # a stretch the policy chose plain goes on in one streaming call while it keeps choosing plain (not an empty
+        # draft: a drafter of one source says only by proposing that it has nothing, so that is one token and a look)
         extend = _Extension(policy, drafter, sequence, remaining, plain, drafted_at) \
-            if can_stream and speculative and not first and not drafted else None
+            if can_stream and speculative and not first and decision.k == 0 else None
         streamed = can_stream and not drafted and (request.stream or extend is not None)
         call = _verify_request(request, sequence, draft, remaining if extend else plain, generated)
         if streamed:  # the stretch's tokens are yielded as they arrive
