@@ -217,3 +217,18 @@ def test_a_stop_frees_the_slot_within_one_step(engine):
         assert again.computed_tokens == 1
     finally:
         scheduler.max_batch_size = saved
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_empty_prompt_lookup_draft_is_one_token_not_a_stopped_stream(engine, stream):
+    """Prompt lookup alone says it has nothing only by proposing nothing: that costs one plain token and a new
+    look, never a stretch's stream stopped after its first token."""
+    from trtspec.orchestrator.drafters import make_drafter
+
+    client = StreamingClient(engine)
+    whole, _, _ = tokens_of(SpecRequest(PROMPT, 24, end_id=-1), client)
+    client.calls = 0
+    tokens, _, stats = tokens_of(SpecRequest(PROMPT, 24, num_draft_tokens=4, end_id=-1, stream=stream), client,
+                                 make_drafter("prompt_lookup", max_matching_ngram_size=3))
+    assert tokens == whole
+    assert client.stops == 0 and client.calls == stats.iterations
