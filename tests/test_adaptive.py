@@ -163,12 +163,12 @@ def test_deployment_costs_are_kept_per_load():
     busy = shared.policy(4, model_drafts=False, load=8)
     busy.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
     for _ in range(10):  # under load a verification of 4 costs 2.6 plain steps
-        busy.observe(drafted=4, accepted=2, draft_seconds=0.0, verify_seconds=0.026, tokens=3)
+        busy.observe(drafted=4, accepted=3, draft_seconds=0.0, verify_seconds=0.026, tokens=4)
     shared.learn(busy, model_drafts=False, load=8)
     assert shared.costs_at(6).verify_cost_fixed > 0.5
     alone = shared.policy(4, model_drafts=False, load=1)
     assert alone.costs == CostModel(0.0, 0.05, 0.0) and alone.step_seconds is None
-    # prompt lookup on text to copy (learned acceptance 2/3): drafts alone, falls back under the learned load
+    # prompt lookup on text to copy (prior acceptance 0.6): drafts alone, falls back under the learned load
     assert alone.decide(64).k > 0
     assert shared.policy(4, model_drafts=False, load=7).decide(64).k == 0
 

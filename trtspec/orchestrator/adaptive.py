@@ -69,7 +69,6 @@ class Decision:
 
 
 LOOKUP = "prompt_lookup"  # the draft source that costs no model call
-MODEL = "draft_model"
 
 
 class FixedDraftLength:

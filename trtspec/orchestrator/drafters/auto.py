@@ -10,9 +10,11 @@ keeps drafting from prompt lookup (`without_model`).
 
 from __future__ import annotations
 
-from trtspec.orchestrator.adaptive import LOOKUP, MODEL
+from trtspec.orchestrator.adaptive import LOOKUP
 from trtspec.orchestrator.drafters import Draft, Drafter
 from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
+
+MODEL = "draft_model"
 
 
 class AutoDrafter:
