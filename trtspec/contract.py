@@ -117,9 +117,10 @@ def request_to_tensors(r: GenerationRequest) -> dict[str, np.ndarray]:
         "temperature": np.asarray([[r.sampling.temperature]], dtype=np.float32),
         "runtime_top_k": np.asarray([[r.sampling.top_k]], dtype=np.int32),
         "runtime_top_p": np.asarray([[r.sampling.top_p]], dtype=np.float32),
-        "return_generation_logits": np.asarray([[r.return_generation_logits]], dtype=np.bool_),
         "exclude_input_in_output": np.asarray([[r.exclude_input_in_output]], dtype=np.bool_),
     }
+    if r.return_generation_logits:  # false when absent, here as in TensorRT-LLM (utils.cc getOutputConfigFromTensors)
+        t["return_generation_logits"] = np.asarray([[True]], dtype=np.bool_)
     if r.return_perf_metrics:
         t["return_perf_metrics"] = np.asarray([[True]], dtype=np.bool_)
     if r.end_id is not None:

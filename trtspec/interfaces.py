@@ -156,6 +156,7 @@ ENGINE_OUTPUTS = (
     TensorSpec("num_output_tokens", "INT32", (1,)),
 )
 ENGINE_OUTPUT_NAMES = tuple(t.name for t in ENGINE_OUTPUTS)
+ENGINE_INPUT_NAMES = frozenset(t.name for t in ENGINE_INPUTS)
 
 
 def _opt(name: str, dtype: str, dims: tuple[int, ...] = (1,), support: object = USED, **kw) -> TensorSpec:

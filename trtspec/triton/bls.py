@@ -20,8 +20,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.contract import (
-    BLS_INPUTS, ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, Penalties, SamplingParams, request_to_tensors,
-    tensors_to_result,
+    BLS_INPUTS, ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, Penalties, SamplingParams, check_neutral,
+    request_to_tensors, tensors_to_result,
 )
 from trtspec.errors import Cancelled, EngineError, RequestError
 from trtspec.interfaces import SPECULATION_METHODS
@@ -32,7 +32,7 @@ from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.loop import SpecRequest, Trace, speculate
 from trtspec.orchestrator.stats import RequestStats
 from trtspec.triton.common import (
-    bool_parameter, check_neutral_inputs, error_response, load_tokenizer, model_parameters, optional_input, parameter,
+    bool_parameter, error_response, input_arrays, load_tokenizer, model_parameters, parameter,
 )
 
 
@@ -389,11 +389,16 @@ class TritonPythonModel:
         if timeout_ms < 0:
             raise RequestError("timeout_ms", f"must be >= 0 (0: no limit), got {timeout_ms}")
 
+        asked = [0.0, False]  # when Triton was last asked whether the client cancelled, and its answer
+
         def stop() -> bool:  # checked between iterations and while a target call runs: cancelled, or past the deadline
-            if timeout_ms and (time.monotonic() - arrived) * 1000 > timeout_ms:
+            now = time.monotonic()
+            if timeout_ms and (now - arrived) * 1000 > timeout_ms:
                 raise RequestError("timeout_ms", f"the request ran past its {timeout_ms} ms; give it a longer "
                                    "timeout_ms, or fewer max_tokens")
-            return sender.is_cancelled()
+            if now - asked[0] >= WATCH_SECONDS:  # each question is an IPC round trip to the server process
+                asked[:] = [now, sender.is_cancelled()]
+            return asked[1]
 
         deadline = arrived + timeout_ms / 1000 if timeout_ms else None
         plan = self._parse(fields)
@@ -489,7 +494,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")
 
     def _parse(self, f: "_Fields") -> "_Plan":
-        check_neutral_inputs(f.request, BLS_INPUTS)
+        check_neutral(f.inputs, BLS_INPUTS)
         text = f.text("text_input")
         if not text:
             raise RequestError("text_input", "is required and must not be empty")
@@ -656,12 +661,12 @@ class _Fields:
     """Typed access to a request's optional input tensors (batch dim, if any, is one request)."""
 
     def __init__(self, request):
-        self.request = request
+        self.inputs = input_arrays(request)
         # the client's id, or a new one as NVIDIA's BLS makes (uuid4): the engine calls of one request share it
         self.request_id = request.request_id() or str(uuid.uuid4())
 
     def _get(self, name):
-        return optional_input(self.request, name)
+        return self.inputs.get(name)
 
     def has(self, name: str) -> bool:
         return self._get(name) is not None

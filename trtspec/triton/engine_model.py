@@ -22,9 +22,10 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.contract import ENGINE_INPUTS, tensors_to_request
+from trtspec.contract import tensors_to_request
 from trtspec.errors import EngineError, RequestError
-from trtspec.triton.common import bool_parameter, error_response, model_parameters, optional_input, parameter
+from trtspec.interfaces import ENGINE_INPUT_NAMES
+from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
 
 
 class TritonPythonModel:
@@ -196,12 +197,7 @@ class TritonPythonModel:
 
 def engine_inputs(request) -> dict[str, np.ndarray]:
     """The `tensorrt_llm` inputs a request carries, by name."""
-    tensors = {}
-    for spec in ENGINE_INPUTS:
-        value = optional_input(request, spec.name)
-        if value is not None:
-            tensors[spec.name] = value
-    return tensors
+    return {name: value for name, value in input_arrays(request).items() if name in ENGINE_INPUT_NAMES}
 
 
 def split_rows(tensors: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:

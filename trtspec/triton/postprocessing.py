@@ -10,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from trtspec.errors import RequestError
-from trtspec.triton.common import bool_parameter, load_tokenizer, model_parameters, parameter, required_input, respond_each
+from trtspec.triton.common import (
+    bool_parameter, input_arrays, load_tokenizer, model_parameters, parameter, required, respond_each,
+)
 
 
 class TritonPythonModel:
@@ -23,8 +25,9 @@ class TritonPythonModel:
         return respond_each(requests, self._postprocess, "postprocessing")
 
     def _postprocess(self, request) -> dict[str, np.ndarray]:
-        tokens = required_input(request, "TOKENS_BATCH")
-        lengths = required_input(request, "SEQUENCE_LENGTH")
+        inputs = input_arrays(request)
+        tokens = required(inputs, "TOKENS_BATCH")
+        lengths = required(inputs, "SEQUENCE_LENGTH")
         if tokens.ndim == 2:  # [B, L]: one beam
             tokens = tokens[:, None, :]
         if lengths.size != tokens.shape[0] * tokens.shape[1]:

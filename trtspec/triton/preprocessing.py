@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from trtspec.contract import check_neutral
 from trtspec.errors import RequestError
 from trtspec.interfaces import PREPROCESSING_INPUTS
 from trtspec.triton.common import (
-    bool_parameter, check_neutral_inputs, load_tokenizer, model_parameters, optional_input, parameter, required_input,
-    respond_each,
+    bool_parameter, input_arrays, load_tokenizer, model_parameters, parameter, required, respond_each,
 )
 
 
@@ -34,13 +34,14 @@ class TritonPythonModel:
         return respond_each(requests, self._preprocess, "preprocessing")
 
     def _preprocess(self, request) -> dict[str, np.ndarray]:
-        check_neutral_inputs(request, PREPROCESSING_INPUTS)
-        query = required_input(request, "QUERY")
+        inputs = input_arrays(request)
+        check_neutral(inputs, PREPROCESSING_INPUTS)
+        query = required(inputs, "QUERY")
         batch = query.shape[0]
         texts = [_text(q) for q in query.reshape(batch, -1)[:, 0]]
-        output_len = required_input(request, "REQUEST_OUTPUT_LEN").astype(np.int32).reshape(batch, 1)
-        end_id = _per_row(optional_input(request, "END_ID"), self.end_id, batch, "END_ID")
-        pad_id = _per_row(optional_input(request, "PAD_ID"), self.pad_id, batch, "PAD_ID")
+        output_len = required(inputs, "REQUEST_OUTPUT_LEN").astype(np.int32).reshape(batch, 1)
+        end_id = _per_row(inputs.get("END_ID"), self.end_id, batch, "END_ID")
+        pad_id = _per_row(inputs.get("PAD_ID"), self.pad_id, batch, "PAD_ID")
         rows = [self.tokenizer.encode(t, add_special_tokens=self.add_special_tokens) for t in texts]
         width = max(len(r) for r in rows)
         ids = np.empty((batch, width), dtype=np.int32)
@@ -52,8 +53,8 @@ class TritonPythonModel:
             "REQUEST_INPUT_LEN": np.asarray([[len(r)] for r in rows], dtype=np.int32),
             "DECODER_INPUT_ID": np.zeros((batch, 0), dtype=np.int32),
             "REQUEST_DECODER_INPUT_LEN": np.zeros((batch, 1), dtype=np.int32),
-            "BAD_WORDS_IDS": self._word_lists(optional_input(request, "BAD_WORDS_DICT"), batch),
-            "STOP_WORDS_IDS": self._word_lists(optional_input(request, "STOP_WORDS_DICT"), batch),
+            "BAD_WORDS_IDS": self._word_lists(inputs.get("BAD_WORDS_DICT"), batch),
+            "STOP_WORDS_IDS": self._word_lists(inputs.get("STOP_WORDS_DICT"), batch),
             "EMBEDDING_BIAS": np.zeros((batch, 0), dtype=np.float32),
             "REQUEST_OUTPUT_LEN": output_len,
             "OUT_END_ID": end_id,
