@@ -194,13 +194,17 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
         assert p["tokenizer_dir"] == p["guided_decoding_backend"] == p["xgrammar_tokenizer_info_path"] == ""
         assert "logits_datatype" not in p and "encoder_input_features_data_type" not in p   # not backend parameters
         assert "participant_ids" not in p
+        # orchestrator mode: the executor's receiving thread sleeps between polls instead of spinning a core
+        # (model_instance_state.cc: "recv_poll_period_ms is not set, will use busy loop")
+        assert p["recv_poll_period_ms"] == "1"
     assert t["gpu_device_ids"] == "0,1,2,3" and d["gpu_device_ids"] == "0"
     # they share GPU 0: the 0.9 is split by KV need and each is capped at what it needs
     assert float(t["kv_cache_free_gpu_mem_fraction"]) + float(d["kv_cache_free_gpu_mem_fraction"]) == pytest.approx(0.9)
     assert t["max_tokens_in_paged_kv_cache"] == str(16 * 8224) == d["max_tokens_in_paged_kv_cache"]
     assert params(bls)["max_input_len"] == "4096"            # the prompt limit, not the engines' 8191
     launch = repository_launch(repo)
-    assert launch == Launch(mpi=True, world_size=1, spawn_processes=True, engine_models=["tensorrt_llm", "tensorrt_llm_draft"], gpus=4)
+    assert launch == Launch(mpi=True, world_size=1, spawn_processes=True, engine_models=["tensorrt_llm", "tensorrt_llm_draft"], gpus=4,
+                             devices=[0, 1, 2, 3])
 
 
 def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
@@ -218,6 +222,25 @@ def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
     assert line.endswith("--pinned-memory-pool-byte-size=0 --enable-peer-access=false "
                          + " ".join(f"--cuda-memory-pool-byte-size={g}:0" for g in range(4))
                          + " --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_")
+
+
+def test_validate_repo_refuses_a_busy_looping_orchestrator(deployed):
+    config, engines, repo = deployed
+    write_repository(load_config(config), engines, repo)
+    path = repo / "tensorrt_llm_draft" / "config.pbtxt"
+    path.write_text(path.read_text().replace('key: "recv_poll_period_ms"', 'key: "unused_poll"'))
+    assert [p.field for p in validate_repository(repo)] == ["tensorrt_llm_draft/config.pbtxt parameter recv_poll_period_ms"]
+
+
+def test_memory_pools_are_switched_off_on_the_placements_own_gpus(deployed, tmp_path):
+    config_path, engines, repo = deployed
+    config = yaml.safe_load(config_path.read_text())
+    config["gpu"].update(count=8, target_devices=[4, 5, 6, 7], draft_devices=[4])
+    config_path.write_text(yaml.safe_dump(config))
+    write_repository(load_config(config_path), engines, repo)
+    cmd = repository_launch(repo).command(["tritonserver", "--model-repository", "R"])
+    assert [a for a in cmd if a.startswith("--cuda-memory-pool-byte-size")] == [
+        f"--cuda-memory-pool-byte-size={g}:0" for g in (4, 5, 6, 7)]
 
 
 def test_fast_logits_launch_runs_one_server_per_rank(deployed, tmp_path):

@@ -30,6 +30,11 @@ TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
 TOTAL_KV_FRACTION = 0.9
 TOKENS_PER_BLOCK = 32
+# In orchestrator mode the executor's receiving thread polls the workers for responses and sleeps this long between
+# empty polls; unset, it busy-loops ("recv_poll_period_ms is not set, will use busy loop", model_instance_state.cc;
+# the value goes to ExecutorConfig's recvPollPeriodMs), a core per engine model taken from the BLS and the
+# tokenizers. 1 ms adds at most that to a response, against decode steps of several ms.
+RECV_POLL_PERIOD_MS = 1
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,14 @@ class Placement:
         return bool(self.draft_devices) and bool(set(self.target_devices) & set(self.draft_devices))
 
     @property
+    def devices(self) -> list[int]:
+        """The GPU ids the deployment uses."""
+        return sorted(set(self.target_devices) | set(self.draft_devices or []))
+
+    @property
     def gpu_count(self) -> int:
         """GPUs the deployment uses (what a Kubernetes pod requests)."""
-        return len(set(self.target_devices) | set(self.draft_devices or []))
+        return len(self.devices)
 
     def participant_ids(self, role: str) -> list[int]:
         """MPI ranks of a model in orchestrator mode without spawned processes (rank 0 is the orchestrator)."""
@@ -54,6 +64,11 @@ class Placement:
             return draft
         start = 1 + len(draft)
         return list(range(start, start + len(self.target_devices)))
+
+
+def orchestrator_mode(target: EngineInfo, draft: EngineInfo | None) -> bool:
+    """A draft, or any model over more than one GPU: launch_triton_server.py's --multi-model."""
+    return draft is not None or target.world_size > 1
 
 
 def placement(config, target: EngineInfo, draft: EngineInfo | None) -> Placement:
@@ -100,6 +115,8 @@ def engine_model_values(config, target: EngineInfo, draft: EngineInfo | None) ->
         extra = {}
         if place.shared:
             extra["max_tokens_in_paged_kv_cache"] = engine_kv_tokens(info)
+        if orchestrator_mode(target, draft):
+            extra["recv_poll_period_ms"] = RECV_POLL_PERIOD_MS
         if place.fast_logits:
             extra["participant_ids"] = ",".join(map(str, place.participant_ids(role)))
             extra["speculative_decoding_fast_logits"] = "1"
@@ -122,6 +139,7 @@ class Launch:
     spawn_processes: bool = True
     engine_models: list[str] = field(default_factory=list)
     gpus: int = 0
+    devices: list[int] = field(default_factory=list)  # the GPU ids of the placement
 
     @property
     def env(self) -> dict[str, str]:
@@ -154,7 +172,7 @@ class Launch:
                 # server process itself runs no engine, so it must not reserve pinned or CUDA pool memory on the
                 # GPUs that the memory plan gives to the engines' workers.
                 cmd += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
-                cmd += [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(max(self.gpus, 1))]
+                cmd += [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in self.devices or range(max(self.gpus, 1))]
             cmd += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
         return cmd
 
@@ -164,12 +182,11 @@ def launch_for(config, target: EngineInfo, draft: EngineInfo | None) -> Launch:
         return Launch()
     place = placement(config, target, draft)
     models = [TARGET_MODEL] + ([DRAFT_MODEL] if draft is not None else [])
-    orchestrator = draft is not None or target.world_size > 1
-    if not orchestrator:
-        return Launch(gpus=place.gpu_count, engine_models=models)
+    if not orchestrator_mode(target, draft):
+        return Launch(gpus=place.gpu_count, devices=place.devices, engine_models=models)
     world = 1 + target.world_size + (draft.world_size if draft else 0) if place.fast_logits else 1
     return Launch(mpi=True, world_size=world, spawn_processes=not place.fast_logits, engine_models=models,
-                  gpus=place.gpu_count)
+                  gpus=place.gpu_count, devices=place.devices)
 
 
 def repository_launch(repo) -> Launch | None:

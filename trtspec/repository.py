@@ -31,7 +31,7 @@ from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, PERF_OUTPUTS, TensorSpec
 from trtspec.interfaces import MODEL_TENSORS, SPECULATION_METHODS
 from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
-from trtspec.launch import engine_model_values, launch_for
+from trtspec.launch import RECV_POLL_PERIOD_MS, engine_model_values, launch_for, repository_launch
 from trtspec.marker import MARKER_FILE
 from trtspec.errors import EngineError, Problem, TrtspecError
 
@@ -416,8 +416,9 @@ def validate_repository(path: str | os.PathLike) -> list[Problem]:
         if name not in present:
             problems.append(Problem(f"{name}/{CONFIG_FILE}", str(root / name), "is missing", _REGENERATE))
 
+    orchestrated = repository_launch(root) is not None
     for name in sorted(engine_names & set(configs)):
-        problems += _check_engine_model(name, configs[name])
+        problems += _check_engine_model(name, configs[name], orchestrated)
     if bls is not None:
         problems += _check_bls(bls, set(present))
         problems += _check_engine_streaming(bls, {n: configs[n] for n in engine_names & set(configs)})
@@ -501,7 +502,7 @@ def _check_tensors(model: str, kind: str, declared, specs: Iterable[TensorSpec],
     return problems
 
 
-def _check_engine_model(name: str, config) -> list[Problem]:
+def _check_engine_model(name: str, config, orchestrated: bool) -> list[Problem]:
     problems = []
     backend = config.backend
     if backend not in ENGINE_DIR_PARAMETER:
@@ -513,7 +514,7 @@ def _check_engine_model(name: str, config) -> list[Problem]:
     problems += _check_dir_parameter(name, config, ENGINE_DIR_PARAMETER[backend], _is_engine_dir,
                                      "is not an engine dir", "point it at an engine dir built by `trtspec build`")
     if backend == "tensorrtllm":
-        problems += _check_tensorrtllm_model(name, config)
+        problems += _check_tensorrtllm_model(name, config, orchestrated)
     return problems
 
 
@@ -524,8 +525,14 @@ TENSORRTLLM_REQUIRED_PARAMETERS = ("gpt_model_type", "tokenizer_dir", "guided_de
 TENSORRTLLM_BATCHING_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")
 
 
-def _check_tensorrtllm_model(name: str, config) -> list[Problem]:
+def _check_tensorrtllm_model(name: str, config, orchestrated: bool) -> list[Problem]:
     problems = []
+    poll = (_param(config, "recv_poll_period_ms") or "").strip()
+    if orchestrated and (not poll.isdigit() or int(poll) == 0):
+        # model_instance_state.cc: "recv_poll_period_ms is not set, will use busy loop" (a core per model)
+        problems.append(Problem(f"{name}/{CONFIG_FILE} parameter recv_poll_period_ms", poll,
+                                "is unset or 0 in orchestrator mode: the executor's receiving thread spins a CPU core",
+                                f"set it to {RECV_POLL_PERIOD_MS}, or regenerate with `trtspec deploy`"))
     for key in TENSORRTLLM_REQUIRED_PARAMETERS:
         if key not in config.parameters:
             problems.append(Problem(f"{name}/{CONFIG_FILE} parameter {key}", None,
