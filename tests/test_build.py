@@ -20,6 +20,7 @@ from conftest import ENGINE, MAX_DRAFT_LEN, MAX_SEQ_LEN, SPECULATION
 from tiny import write_config
 from trtspec.build import run_build
 from trtspec.build.common import atomic_dir, sha256_file
+from trtspec.checkpoint import declared_end_ids
 from trtspec.cli import cli
 from trtspec.engine import fp8
 from trtspec.engine.manifest import SPEC_MODE_DRAFT_TOKENS_EXTERNAL, SPEC_MODE_NONE, read_engine, read_manifest
@@ -173,6 +174,8 @@ def test_engine_dir_has_tokenizer_and_manifest(built_fp8, tiny_pair):
     for role in ("target", "draft"):
         engine = getattr(built_fp8, role)
         assert (engine / "tokenizer.json").is_file() and (engine / "tokenizer_config.json").is_file()
+        # the checkpoint's end tokens travel with the engine, for the BLS (declared_end_ids)
+        assert (engine / "generation_config.json").read_text() == (getattr(tiny_pair, role) / "generation_config.json").read_text()
         text = "The quick brown fox verifies drafts."
         assert AutoTokenizer.from_pretrained(str(engine))(text).input_ids == \
             AutoTokenizer.from_pretrained(str(getattr(tiny_pair, role)))(text).input_ids
@@ -359,6 +362,17 @@ def test_config_errors_reach_the_cli_as_one_message(tiny_pair, tmp_path):
     assert "2 problems" in result.output
     assert "speculation.num_draft_tokens" in result.output and "bogus" in result.output
     assert not (tmp_path / "engines").exists()
+
+
+def test_declared_end_ids_read_every_end_token(tmp_path):
+    assert declared_end_ids(tmp_path, 7) == [7]                        # no generation_config.json
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128008, 128009]}))
+    assert declared_end_ids(tmp_path, 128009) == [128009, 128001, 128008]  # the tokenizer's own first, no repeats
+    assert declared_end_ids(tmp_path, None) == [128001, 128008, 128009]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    assert declared_end_ids(tmp_path, 0) == [0, 2]
+    (tmp_path / "generation_config.json").write_text("not json")
+    assert declared_end_ids(tmp_path, 0) == [0]
 
 
 def test_e4m3_constants():

@@ -110,6 +110,24 @@ def test_stops_on_end_id_and_stop_words(engines):
     assert tokens == reference[: at + 2] and stats.finish_reason == "stop_words"
 
 
+def test_stops_on_every_end_id_the_model_declares(engines):
+    target, draft = engines
+    reference, _ = run(SpecRequest(PROMPTS[0], 30, end_id=-1), target)
+    other = reference[12]
+    first = reference.index(other)
+    for k in (0, 3):
+        for stream in (False, True):
+            request = SpecRequest(PROMPTS[0], 30, num_draft_tokens=k, end_id=None, other_end_ids=[other], stream=stream)
+            tokens, stats = run(request, target, drafter_for(draft))
+            assert tokens == reference[:first] and stats.finish_reason == "end_id"
+    # not before min_tokens: the engine masks only its one end_id, so the loop holds the others back too
+    later = [i for i, t in enumerate(reference) if t == other and i > first]
+    tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, end_id=None, other_end_ids=[other],
+                                    min_tokens=first + 1), target, drafter_for(draft))
+    assert tokens == reference[:later[0]] if later else tokens == reference
+    assert stats.finish_reason == ("end_id" if later else "length")
+
+
 def test_cancellation_stops_at_the_next_iteration(engines):
     target, draft = engines
     calls = {"n": 0}

@@ -364,3 +364,56 @@ def test_a_stop_request_needs_the_request_id(spec_server):
     finally:
         client.stop_stream()
         client.close()
+
+
+@pytest.fixture(scope="module")
+def llama3_ends(tmp_path_factory):
+    """A served pair whose target declares a second end token in generation_config.json, as Llama 3.x Instruct
+    declares three: a token of the prompt's own greedy answer, so that the answer ends there."""
+    from tiny import served_pair
+    from transformers import AutoTokenizer
+    from trtspec.config import load_config
+    from trtspec.contract import GenerationRequest
+    from trtspec.engine.runtime import Engine, InProcessClient
+    from trtspec.repository import write_repository
+
+    found = {}
+
+    def write(config, engines, repo, overrides):
+        target = engines / "target"
+        tokenizer = AutoTokenizer.from_pretrained(str(target))
+        prompt = tokenizer(PROMPTS[0])["input_ids"]
+        answer = InProcessClient(Engine.load(target)).generate(
+            GenerationRequest(input_ids=prompt, request_output_len=24, end_id=-1)).new_tokens
+        declared = json.loads((target / "generation_config.json").read_text())
+        other = next(t for t in answer[6:] if t != declared["eos_token_id"])
+        declared["eos_token_id"] = [declared["eos_token_id"], other]
+        (target / "generation_config.json").write_text(json.dumps(declared))
+        found.update(prompt=prompt, answer=answer, other=other, eos=declared["eos_token_id"][0],
+                     decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        return write_repository(load_config(config), engines, repo, overrides=overrides)
+
+    server = served_pair(tmp_path_factory.mktemp("ends"), write=write)
+    server.start(timeout=300)
+    yield server, found
+    server.stop()
+
+
+def test_every_end_token_the_model_declares_ends_the_answer(llama3_ends):
+    server, found = llama3_ends
+    answer, other = found["answer"], found["other"]
+    until = answer[: answer.index(other)]
+    for fields in ({}, {"num_draft_tokens": 0}, {"stream": True}, {"speculation": "draft_model", "num_draft_tokens": 3}):
+        out = grpc_generate(server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 24, "return_perf_metrics": True,
+                                              **fields})
+        assert ids_of(out) == until, fields
+        assert out[-1]["finish_reason"].reshape(-1)[0].decode() == "end_id"
+    # the ensemble too: preprocessing sends the other end token as a stop word, which the engine returns
+    req = urllib.request.Request(f"{server.http_base_url}/v2/models/ensemble/generate", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({"text_input": PROMPTS[0], "max_tokens": 24}).encode())
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        text = json.loads(resp.read())["text_output"]
+    assert text == found["decode"](found["prompt"] + answer[: len(until) + 1])   # the prompt's text, then the answer
+    # a client's own end_id is the only one: the answer runs on past the model's other end token
+    out = grpc_generate(server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 24, "end_id": found["eos"]})
+    assert ids_of(out) == answer[: answer.index(found["eos"])] if found["eos"] in answer else ids_of(out) == answer

@@ -200,6 +200,23 @@ def _inspect_gguf(path: Path) -> CheckpointInfo:
     return CheckpointInfo(path, _GGUF_ARCHITECTURES.get(arch, f"gguf:{arch}"), int(vocab_size), config, loader)
 
 
+GENERATION_CONFIG = "generation_config.json"
+
+
+def declared_end_ids(directory: str | Path, eos_token_id: int | None) -> list[int]:
+    """Every token a model ends on: its tokenizer's eos first, then the `eos_token_id` of generation_config.json,
+    which may be a list (Llama 3.x Instruct: 128001, 128008, 128009). A missing or unreadable file adds none."""
+    ids = [eos_token_id] if eos_token_id is not None else []
+    try:
+        declared = json.loads((Path(directory) / GENERATION_CONFIG).read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    for value in declared if isinstance(declared, list) else [declared]:
+        if isinstance(value, int) and value not in ids:
+            ids.append(value)
+    return ids
+
+
 def _quiet_transformers() -> None:
     """trtspec shows its own progress; transformers' per-tensor bars would flood the terminal."""
     from transformers.utils import logging as hf_logging

@@ -7,6 +7,7 @@ the tokenizer and, last, `manifest.json`. A model whose inputs and settings are 
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from trtspec import __version__
 from trtspec.build.common import (
     atomic_dir, describe_outputs, describe_sources, fingerprint, is_up_to_date, write_json,
 )
-from trtspec.checkpoint import CheckpointInfo, load_model, load_tokenizer
+from trtspec.checkpoint import GENERATION_CONFIG, CheckpointInfo, load_model, load_tokenizer
 from trtspec.config import BuildConfig, LoadedConfig, ModelSpec
 from trtspec.engine import fp8
 from trtspec.engine.manifest import (
@@ -100,6 +101,9 @@ def build_model(build: ModelBuild, config: BuildConfig, progress=None) -> dict:
             write_json(scratch / CONFIG_FILE, engine_config(build, config, model.config, tokenizer))
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(scratch))
+            generation = Path(build.info.path) / GENERATION_CONFIG
+            if generation.is_file():  # its end ids, which the BLS stops on (trtspec.checkpoint.declared_end_ids)
+                shutil.copyfile(generation, scratch / GENERATION_CONFIG)
         step("write engine", write)
         manifest = {
             "trtspec": __version__, "backend": "torch", "role": build.role,

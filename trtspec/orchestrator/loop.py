@@ -69,6 +69,9 @@ class SpecRequest:
     end_id: int | None = None
     pad_id: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
+    # end tokens besides end_id (the engine takes one end id per request): sent to the engine as stop words and
+    # ended on here like end_id, once min_tokens are out
+    other_end_ids: list[int] = field(default_factory=list)
     stream: bool = False
     # what the target applies at every position (the drafts are only proposals: the target's rules decide)
     min_tokens: int = 0
@@ -282,7 +285,8 @@ def _verify_request(request: SpecRequest, sequence: list[int], draft, plain_toke
         draft_input_ids=draft.tokens if has_draft else None,
         draft_logits=draft.logits if has_draft else None,
         min_tokens=max(0, request.min_tokens - generated), penalties=request.penalties,
-        bad_words=request.bad_words, stop_words=request.stop_words,
+        bad_words=request.bad_words,
+        stop_words=request.stop_words + ([[e] for e in request.other_end_ids] if generated >= request.min_tokens else []),
         return_log_probs=request.return_log_probs, return_generation_logits=request.return_generation_logits,
         return_context_logits=request.return_context_logits and generated == 0,
         return_perf_metrics=request.return_perf_metrics,
@@ -304,8 +308,11 @@ def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int],
     """Cut `new` at the first completed stop word (or end token, from an engine that returns it); return (tokens
     to keep, finish reason or None). `ended`: the engine stopped on the end token."""
     tail = list(sequence[-_longest(request.stop_words):]) if request.stop_words else []
+    before = len(sequence) - len(request.prompt)  # tokens generated before `new`
     for i, token in enumerate(new):
         if request.end_id is not None and token == request.end_id:
+            return new[:i], "end_id"
+        if token in request.other_end_ids and before + i >= request.min_tokens:
             return new[:i], "end_id"
         if request.stop_words:
             tail.append(token)

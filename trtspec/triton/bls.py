@@ -19,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtspec.checkpoint import declared_end_ids
 from trtspec.contract import (
     BLS_INPUTS, ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, Penalties, SamplingParams, check_neutral,
     request_to_tensors, tensors_to_result,
@@ -323,6 +324,8 @@ class TritonPythonModel:
         self.add_special_tokens = bool_parameter(params, "add_special_tokens", True)
         self.skip_special_tokens = bool_parameter(params, "skip_special_tokens", True)
         self.tokenizer = load_tokenizer(parameter(params, "tokenizer_dir"))
+        # every token the target ends on (Llama 3.x Instruct declares three): the first is the engine's end_id
+        self.end_ids = declared_end_ids(parameter(params, "tokenizer_dir"), self.tokenizer.eos_token_id)
         self.metrics = Metrics(self.name)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
@@ -531,7 +534,8 @@ class TritonPythonModel:
             raise RequestError("top_p", f"must be within [0, 1], got {top_p}")
         # As TensorRT-LLM reads them (and NVIDIA's BLS passes them on): top_k 0 with top_p 0 is greedy whatever the
         # temperature, so sampling from the whole distribution is top_p 1.0 (SamplingParams)
-        end_id = f.scalar("end_id", int, self.tokenizer.eos_token_id)
+        end_id = f.scalar("end_id", int, self.end_ids[0] if self.end_ids else None)
+        other_end_ids = [] if f.has("end_id") else self.end_ids[1:]  # a client's end_id is the only one
         pad_id = f.scalar("pad_id", int, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else end_id)
         vocab = len(self.tokenizer)
         for name, value in (("end_id", end_id), ("pad_id", pad_id)):
@@ -551,7 +555,7 @@ class TritonPythonModel:
         spec = SpecRequest(
             prompt=prompt, max_tokens=max_tokens, num_draft_tokens=k,
             sampling=SamplingParams(temperature, top_k, top_p, seed),
-            end_id=None if end_id == -1 else end_id, pad_id=pad_id, stop_words=stop_words,
+            end_id=None if end_id == -1 else end_id, pad_id=pad_id, stop_words=stop_words, other_end_ids=other_end_ids,
             stream=f.scalar("stream", bool, False), min_tokens=min_tokens, penalties=penalties, bad_words=bad_words,
             return_log_probs=f.scalar("return_log_probs", bool, False),
             return_context_logits=f.scalar("return_context_logits", bool, False),

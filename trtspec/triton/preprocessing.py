@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trtspec.checkpoint import declared_end_ids
 from trtspec.contract import check_neutral
 from trtspec.errors import RequestError
 from trtspec.interfaces import PREPROCESSING_INPUTS
@@ -27,7 +28,8 @@ class TritonPythonModel:
         self.add_special_tokens = bool_parameter(params, "add_special_tokens", True)
         eos = self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id
-        self.end_id = -1 if eos is None else int(eos)  # -1: no end token
+        self.end_ids = declared_end_ids(parameter(params, "tokenizer_dir"), eos)
+        self.end_id = self.end_ids[0] if self.end_ids else -1  # -1: no end token
         self.pad_id = int(pad) if pad is not None else max(self.end_id, 0)
 
     def execute(self, requests):
@@ -54,7 +56,10 @@ class TritonPythonModel:
             "DECODER_INPUT_ID": np.zeros((batch, 0), dtype=np.int32),
             "REQUEST_DECODER_INPUT_LEN": np.zeros((batch, 1), dtype=np.int32),
             "BAD_WORDS_IDS": self._word_lists(inputs.get("BAD_WORDS_DICT"), batch),
-            "STOP_WORDS_IDS": self._word_lists(inputs.get("STOP_WORDS_DICT"), batch),
+            # the model's other end tokens (generation_config.json) as stop words, unless the client named its end
+            # id: the engine takes one END_ID; the ensemble's text then stops where the BLS's does
+            "STOP_WORDS_IDS": self._word_lists(inputs.get("STOP_WORDS_DICT"), batch,
+                                               extra=[] if "END_ID" in inputs else [[e] for e in self.end_ids[1:]]),
             "EMBEDDING_BIAS": np.zeros((batch, 0), dtype=np.float32),
             "REQUEST_OUTPUT_LEN": output_len,
             "OUT_END_ID": end_id,
@@ -62,13 +67,15 @@ class TritonPythonModel:
             "OUT_PROMPT_TABLE_EXTRA_IDS": np.zeros((batch, 0), dtype=np.uint64),
         }
 
-    def _word_lists(self, words: np.ndarray | None, batch: int) -> np.ndarray:
-        if words is None:
-            return np.zeros((batch, 2, 0), dtype=np.int32)
+    def _word_lists(self, words: np.ndarray | None, batch: int, extra: list[list[int]] = ()) -> np.ndarray:
+        """Each row's words (strings, tokenized) and then `extra` (token-id words), in TensorRT-LLM's layout."""
+        rows = words.reshape(batch, -1) if words is not None else [[] for _ in range(batch)]
         per_row = []
-        for row in words.reshape(batch, -1):
+        for row in rows:
             encoded = [self.tokenizer.encode(_text(w), add_special_tokens=False) for w in row]
-            per_row.append([w for w in encoded if w])
+            per_row.append([w for w in encoded if w] + list(extra))
+        if not any(per_row):
+            return np.zeros((batch, 2, 0), dtype=np.int32)
         width = max([1] + [max(sum(len(w) for w in ws), len(ws)) for ws in per_row])
         out = np.zeros((batch, 2, width), dtype=np.int32)
         out[:, 1, :] = -1
