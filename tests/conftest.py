@@ -25,7 +25,9 @@ from tiny import make_checkpoint, write_config  # noqa: E402
 MAX_DRAFT_LEN = 4
 MAX_INPUT_LEN = 64
 MAX_SEQ_LEN = 96
-ENGINE = {"max_input_len": MAX_INPUT_LEN, "max_seq_len": MAX_SEQ_LEN, "max_batch_size": 4}
+# the tests read both kinds of logits, which an engine returns only when built for them
+ENGINE = {"max_input_len": MAX_INPUT_LEN, "max_seq_len": MAX_SEQ_LEN, "max_batch_size": 4,
+          "gather_context_logits": True, "gather_generation_logits": True}
 SPECULATION = {"max_draft_len": MAX_DRAFT_LEN, "num_draft_tokens": 3}
 
 

@@ -111,6 +111,13 @@ def test_parallelism_on_the_embedded_backend_is_refused(tiny_pair, tmp_path):
     assert loaded.config.target.tp_size == 2
 
 
+def test_context_logits_are_refused_on_the_trtllm_backend(tiny_pair, tmp_path):
+    config = base(tiny_pair, engine={"gather_context_logits": True, "gather_generation_logits": True})
+    assert load_config(write(tmp_path / "torch.yaml", config)).config.gathers_context_logits("target")
+    found = problems_of(write(tmp_path / "trt.yaml", config | {"backend": "trtllm"}))
+    assert set(found) == {"engine.gather_context_logits"} and "max_draft_len" in found["engine.gather_context_logits"].message
+
+
 def test_missing_checkpoint_is_reported(tiny_pair, tmp_path):
     config = base(tiny_pair)
     config["draft"]["checkpoint"] = str(tmp_path / "nowhere")

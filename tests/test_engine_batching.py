@@ -340,6 +340,10 @@ def test_kv_budget_comes_from_the_build_config(tiny_pair, tmp_path):
     engines = run_build(config, tmp_path / "engines")
     engine = Engine.load(engines / "target")
     assert engine.cache.budget_bytes == 3 * 2**20 and engine.cache.reuse_bytes == 2**20
+    # built without engine.gather_*_logits, it refuses requests for them, as TensorRT-LLM's executor does
+    for name in ("return_context_logits", "return_generation_logits"):
+        with pytest.raises(RequestError, match=name):
+            engine.generate(GenerationRequest(input_ids=[1, 2, 3], request_output_len=2, **{name: True}))
 
 
 def test_fp8_products_match_the_dequantized_weights(built_fp8):

@@ -231,6 +231,9 @@ def test_sampling_reproducible_with_seed(spec_server):
     ({"text_input": "hello", "max_tokens": 8, "num_draft_tokens": 9}, "num_draft_tokens"),
     ({"text_input": "hello " * 200, "max_tokens": 8}, "text_input"),
     ({"text_input": "hello", "max_tokens": 8, "top_p": 1.5}, "top_p"),
+    # this deployment's target was built without them (engine.gather_*_logits), as TensorRT-LLM's executor refuses
+    ({"text_input": "hello", "max_tokens": 8, "return_context_logits": True}, "return_context_logits"),
+    ({"text_input": "hello", "max_tokens": 8, "return_generation_logits": True}, "return_generation_logits"),
 ])
 def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(spec_server, references, fields, field_name):
     with pytest.raises(InferenceServerException) as err:

@@ -125,7 +125,8 @@ def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None 
     target = make_checkpoint(root / "target", layers=2, seed=0)
     draft = make_perturbed_copy(target, root / "draft", noise=0.01)
     config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
-                          engine={"max_input_len": max_input_len, "max_seq_len": 2 * max_input_len})
+                          engine={"max_input_len": max_input_len, "max_seq_len": 2 * max_input_len,
+                                  "gather_context_logits": True, "gather_generation_logits": True})
     engines = run_build(config, root / "engines")
     if write is None:
         repo = write_repository(load_config(config), engines, root / "repo", overrides=overrides or {})

@@ -60,6 +60,11 @@ class EngineSpec(_Strict):
     # Embedded engine only: of that budget, at most this much kept for reusable KV caches of recent sequences
     # (TRT-LLM's block reuse).
     kv_cache_reuse_mb: int = Field(512, ge=0)
+    # The target engine keeps the logits a request may ask for (return_context_logits, return_generation_logits);
+    # an engine built without them refuses such requests, as TensorRT-LLM's executor does. They cost memory and
+    # time on every call, so only a deployment whose clients read logits should ask.
+    gather_context_logits: bool = False     # torch backend only: trtllm-build refuses it with max_draft_len > 0
+    gather_generation_logits: bool = False  # also on whenever speculation.use_draft_logits
 
 
 class CalibrationSpec(_Strict):
@@ -104,6 +109,15 @@ class BuildConfig(_Strict):
     calibration: CalibrationSpec = CalibrationSpec()
     gpu: GpuSpec = GpuSpec()
     trtllm: TrtllmSpec = TrtllmSpec()
+
+    def gathers_generation_logits(self, role: str) -> bool:
+        """Whether the `role` engine is built to return generation logits: both for draft logits, and the target
+        when asked."""
+        return (self.speculation.use_draft_logits and self.draft is not None) or (
+            role == "target" and self.engine.gather_generation_logits)
+
+    def gathers_context_logits(self, role: str) -> bool:
+        return role == "target" and self.engine.gather_context_logits
 
 
 class LoadedConfig:
@@ -321,6 +335,9 @@ def trtllm_checks(config: BuildConfig) -> list[Problem]:
     from trtspec.environment import FP8_MIN_SM, GPU_TYPES
 
     problems = []
+    if config.engine.gather_context_logits:  # the target is always built for draft tokens (max_draft_len >= 1)
+        problems.append(Problem("engine.gather_context_logits", True, "trtllm-build refuses it for a target built with "
+                                "max_draft_len > 0, which every trtspec target is", "leave it false on the trtllm backend"))
     gpu = config.gpu
     known = GPU_TYPES.get(gpu.type) if gpu.type else None
     if gpu.type and known is None and gpu.memory_gb is None:

@@ -200,6 +200,8 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "max_draft_len": target.max_draft_len,
         "max_input_len": prompt_limit(target),
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)
+        "gather_context_logits": target.gather_context_logits,
+        "gather_generation_logits": target.gather_generation_logits,
         "use_draft_logits_default": config.speculation.use_draft_logits,
         "bls_inputs": tensor_block(BLS_INPUTS, inputs=True),
         "bls_outputs": tensor_block(BLS_OUTPUTS, inputs=False),

@@ -185,7 +185,7 @@ def engine_step(config: BuildConfig, role: str, spec: ModelSpec, checkpoint: Pat
     if role == "target":
         argv += ["--speculative_decoding_mode", "draft_tokens_external",
                  "--max_draft_len", str(config.speculation.max_draft_len)]
-    if config.speculation.use_draft_logits and config.draft is not None:
+    if config.gathers_generation_logits(role):
         # FP32 logits whatever the checkpoint says: ModelOpt's export writes logits_dtype float16 for bf16 models,
         # trtllm-build keeps it unless told, and the served models declare FP32 (the backend checks the match)
         argv += ["--gather_generation_logits", "--logits_dtype", "float32"]
@@ -223,7 +223,7 @@ def memory_plan(config: BuildConfig, models: list[ModelPlan], gpus, source: str)
             m.role, m.shape, devices=m.devices, tp_size=m.spec.tp_size, pp_size=m.spec.pp_size, dtype=m.spec.dtype,
             quantization=m.spec.quantization, kv_cache_dtype=m.spec.kv_cache_dtype,
             max_batch_size=limits["max_batch_size"], max_seq_len=engine_seq, max_num_tokens=limits["max_num_tokens"],
-            gather_generation_logits=config.speculation.use_draft_logits and config.draft is not None,
+            gather_generation_logits=config.gathers_generation_logits(m.role),
             max_draft_len=config.speculation.max_draft_len))
         if m.spec.quantization == "fp8" or m.spec.kv_cache_dtype == "fp8":
             calibrations.append(calibration_memory(m.role, m.shape, dtype=m.spec.dtype, quantization=m.spec.quantization,

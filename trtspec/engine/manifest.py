@@ -43,6 +43,7 @@ class EngineInfo:
     max_draft_len: int
     speculative_decoding_mode: int
     gather_generation_logits: bool
+    gather_context_logits: bool
     logits_dtype: str = "float32"  # pretrained_config.logits_dtype (TensorRT-LLM's PretrainedConfig default)
 
     @property
@@ -112,6 +113,7 @@ def engine_info(path: str | Path, raw: dict) -> EngineInfo:
             max_draft_len=int(get("build_config", "max_draft_len", default=0)),
             speculative_decoding_mode=speculative_mode_value(get("build_config", "speculative_decoding_mode", default=SPEC_MODE_NONE)),
             gather_generation_logits=bool(get("build_config", "gather_generation_logits", default=False)),
+            gather_context_logits=bool(get("build_config", "gather_context_logits", default=False)),
             logits_dtype=str(get("pretrained_config", "logits_dtype", default="float32")),
         )
     except (TypeError, ValueError) as exc:

@@ -236,6 +236,16 @@ class Engine:
             raise RequestError("draft_logits", "given without draft_input_ids")
         if r.min_tokens < 0:
             raise RequestError("min_tokens", f"must be >= 0, got {r.min_tokens}")
+        # As TensorRT-LLM's executor refuses them when it fetches the request (executorImpl.cpp: "Return context
+        # logit need to build engine with gather_context_logits"; "To return generation logits,
+        # gather_generation_logits must be enabled", which TrtGptModelInflightBatching::getGatherGenerationLogits
+        # reads off the engine, the tensorrtllm backend never setting the ExecutorConfig's own flag)
+        if r.return_context_logits and not info.gather_context_logits:
+            raise RequestError("return_context_logits", "this engine was built without gather_context_logits; set "
+                               "engine.gather_context_logits: true in the build config (torch backend) and rebuild")
+        if r.return_generation_logits and not info.gather_generation_logits:
+            raise RequestError("return_generation_logits", "this engine was built without gather_generation_logits; set "
+                               "engine.gather_generation_logits: true in the build config and rebuild")
         if not r.penalties.repetition > 0:  # SamplingConfig::validate: repetitionPenalty > 0
             raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {r.penalties.repetition}")
         for name, words in (("stop_words_list", r.stop_words), ("bad_words_list", r.bad_words)):

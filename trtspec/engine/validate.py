@@ -173,7 +173,7 @@ def _check_target(t: EngineInfo, num_draft_tokens: int | None) -> list[Problem]:
                                 f"must be at least {needed} (the draft length K); TensorRT-LLM otherwise fails each request with "
                                 f"'Number of draft tokens ({needed}) is larger than maximum number of draft tokens ({t.max_draft_len})'",
                                 "rebuild the target with a larger --max_draft_len, or lower K"))
-    if _build(t).get("gather_context_logits"):
+    if t.backend == "trtllm" and t.gather_context_logits:  # the embedded engine has no such limit
         problems.append(Problem("target build_config.gather_context_logits", True,
                                 "is not supported with max_draft_len > 0 (trtllm-build refuses it)", "rebuild without --gather_context_logits"))
     return problems

@@ -318,6 +318,8 @@ class TritonPythonModel:
         self._peaks: dict[int, int] = {}  # requests in flight: the most requests in flight during each one's life
         self._active_lock = threading.Lock()
         self.max_draft_len = int(parameter(params, "max_draft_len", "0"))
+        self.gathers = {"context": bool_parameter(params, "gather_context_logits", False),
+                        "generation": bool_parameter(params, "gather_generation_logits", False)}
         self.max_input_len = int(parameter(params, "max_input_len"))
         self.max_seq_len = int(parameter(params, "max_seq_len"))
         self.use_logits_default = bool_parameter(params, "use_draft_logits_default", False)
@@ -548,6 +550,11 @@ class TritonPythonModel:
         min_tokens = f.scalar("min_tokens", int, 0)
         if min_tokens < 0:
             raise RequestError("min_tokens", f"must be >= 0, got {min_tokens}")
+        for kind, option in (("context", "engine.gather_context_logits"), ("generation", "engine.gather_generation_logits")):
+            if f.scalar(f"return_{kind}_logits", bool, False) and not self.gathers[kind]:  # as the engine refuses it
+                raise RequestError(f"return_{kind}_logits", f"the target engine was built without gather_{kind}_logits; "
+                                   f"a deployment whose clients read {kind} logits sets {option}: true in its build "
+                                   "config and rebuilds" + (" (torch backend only)" if kind == "context" else ""))
         penalties = Penalties(f.scalar("repetition_penalty", float, 1.0), f.scalar("presence_penalty", float, 0.0),
                               f.scalar("frequency_penalty", float, 0.0))
         if not penalties.repetition > 0:
