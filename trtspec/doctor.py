@@ -1,6 +1,7 @@
 """`trtspec doctor`: what this machine has for the production path, and whether trtspec can use it.
 
-GPUs (nvidia-smi, else torch.cuda) with SM and FP8 capability (SM89+) and memory; TensorRT, TensorRT-LLM (with the
+GPUs (nvidia-smi, else torch.cuda) with SM and FP8 capability (SM89+) and memory; the NVIDIA driver against the
+one NVIDIA's container needs (trtspec.environment.driver_report); TensorRT, TensorRT-LLM (with the
 version guard's verdict) and tritonserver, each with where it was found. Nothing is imported that needs a GPU; a
 machine without any of it gets 'none found' lines, not errors.
 """
@@ -15,7 +16,7 @@ from rich.table import Table
 
 from trtspec.environment import (
     CONTAINER_IMAGE, FP8_MIN_SM, TENSORRT_DISTRIBUTIONS, UnsupportedVersion, check_trtllm_version, detect_gpus,
-    find_package, find_tritonserver_binaries, installed_trtllm, tritonserver_version,
+    driver_report, find_package, find_tritonserver_binaries, installed_trtllm, tritonserver_version,
 )
 
 
@@ -34,6 +35,7 @@ def collect() -> dict:
         "gpus": [{"index": g.index, "name": g.name, "memory_gib": round(g.memory_gib, 1), "sm": g.sm, "fp8": g.fp8,
                   "source": g.source} for g in gpus.gpus],
         "gpu_probes": gpus.tried,
+        "driver": driver_report(),
         "tensorrt": {"version": tensorrt.version, "location": tensorrt.location},
         "tensorrt_llm": {"version": trtllm.version, "location": trtllm.location, "supported": supported, "verdict": verdict,
                          "trtllm_build": shutil.which("trtllm-build")},
@@ -71,6 +73,13 @@ def render(report: dict, console: Console) -> None:
     else:
         rows.add_row("[bold]tritonserver[/]", "none found")
     rows.add_row("[bold]mpirun[/]", escape(report["mpirun"]) if report["mpirun"] else "none found (needed for TP>1 and draft+target serving)")
+    driver = report["driver"]
+    rows.add_row("[bold]driver[/]", f"{escape(driver['version'])}  ({escape(driver['source'])})" if driver["version"]
+                 else "none found (" + escape("; ".join(driver["probes"])) + ")")
+    colour = {True: "green", False: "red", None: "yellow"}[driver["ok"]]
+    rows.add_row("", f"[{colour}]{escape(driver['verdict'])}[/]")
+    for advice in driver["advice"]:
+        rows.add_row("", f"- {escape(advice)}")
     console.print(rows)
     if not llm["supported"]:
         console.print(f"The production path runs in NVIDIA's container: {escape(report['container'])}", highlight=False)

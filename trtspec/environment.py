@@ -1,6 +1,6 @@
-"""What this machine offers the production (TensorRT-LLM) path: GPUs, and the TensorRT-LLM, TensorRT and Triton
-installs, each found without importing the heavy packages. `trtspec doctor` prints it; `trtspec build` uses the
-GPU list for its memory plan and the version guard before it runs any TensorRT-LLM step.
+"""What this machine offers the production (TensorRT-LLM) path: GPUs, the NVIDIA driver, and the TensorRT-LLM,
+TensorRT and Triton installs, each found without importing the heavy packages. `trtspec doctor` prints it;
+`trtspec build` uses the GPU list for its memory plan and the version guard before it runs any TensorRT-LLM step.
 
 The version guard is a pure function over version strings (`check_trtllm_version`): TensorRT-LLM releases from
 SUPPORTED_MIN up to and including 1.3.0rc20 ship `trtllm-build` with `--speculative_decoding_mode
@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -216,6 +217,181 @@ def named_gpus(gpu_type: str, count: int, memory_gib: float | None = None) -> li
     if memory is None:
         raise ValueError(f"GPU type {gpu_type!r} is not one of {', '.join(GPU_TYPES)}: give gpu.memory_gb")
     return [Gpu(i, gpu_type, memory, known.sm if known else None, "config") for i in range(count)]
+
+
+# ---- the NVIDIA driver -------------------------------------------------------------------------------------
+
+# The one place for image -> CUDA -> driver. CUDA: the "CUDA version" column of Triton's release compatibility matrix
+# for the trtllm-python-py3 images (triton-inference-server/server, docs/introduction/compatibility.md); these are
+# older than the same month's plain Triton image (Triton's 26.07 release notes say CUDA 13.3.1; its trtllm-python-py3
+# image is CUDA 13.1.0). Driver: the Linux x86_64 driver NVIDIA's CUDA Toolkit Release Notes give for that CUDA
+# release, table "CUDA Toolkit and Corresponding Driver Versions" (13.1 GA >= 590.44.01, 13.0 Update 2 >= 580.95.05,
+# 12.9 Update 1 >= 575.57.08, 12.9 GA >= 575.51.03), which is also the matrix's "CUDA Driver version" column.
+# An older driver of the same CUDA major (R580 under a 13.1 image) runs it only by minor version compatibility, which
+# lacks the newer CUDA's features and its PTX JIT (NVIDIA's CUDA Compatibility guide): NVIDIA's images ask for the full
+# driver, or forward compatibility on data-center GPUs.
+CONTAINER_CUDA = {
+    "26.07": ("13.1.0", "590.44.01"), "26.06": ("13.1.0", "590.44.01"), "26.05": ("13.1.0", "590.44.01"),
+    "26.04": ("13.1.0", "590.44.01"), "26.03": ("13.1.0", "590.44.01"), "26.02": ("13.0.2", "580.95.05"),
+    "26.01": ("13.0.2", "580.95.05"), "25.12": ("13.0.2", "580.95.05"), "25.11": ("13.0.2", "580.95.05"),
+    "25.10": ("12.9.1", "575.57.08"), "25.09": ("12.9.1", "575.57.08"), "25.08": ("12.9.0", "575.51.03"),
+    "25.07": ("12.9.0", "575.51.03"), "25.06": ("12.9.0", "575.51.03"),
+}
+IMAGE_TEMPLATE = "nvcr.io/nvidia/tritonserver:{}-trtllm-python-py3"
+
+
+def container_tag(image: str) -> str:
+    """'26.07' of nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3."""
+    return image.rpartition(":")[2].split("-")[0]
+
+
+@dataclass(frozen=True)
+class DriverCheck:
+    driver: str | None          # the kernel driver found; None: none on this machine
+    image: str                  # the container whose CUDA it is compared with
+    cuda: str
+    required: str               # the least driver that CUDA asks for
+    ok: bool | None             # None: nothing to judge (no driver, or a version not understood)
+    verdict: str
+    advice: tuple[str, ...] = ()
+
+
+def _driver_tuple(version: str) -> tuple[int, ...] | None:
+    """(590, 44, 1) of '590.44.01'; None when it is not a driver version."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+){0,3})\s*", version)
+    return tuple(int(p) for p in match.group(1).split(".")) if match else None
+
+
+def check_driver(driver: str | None, image: str = CONTAINER_IMAGE, compat: str | None = None) -> DriverCheck:
+    """Whether a host driver runs `image`'s CUDA: a pure function of version strings. `compat` is the libcuda
+    version of a CUDA forward-compatibility package this process runs with (see `forward_compat_libcuda`)."""
+    tag = container_tag(image)
+    if tag not in CONTAINER_CUDA:
+        raise ValueError(f"no CUDA on record for {image}: known tags are {', '.join(CONTAINER_CUDA)}")
+    cuda, required = CONTAINER_CUDA[tag]
+    needs = f"{image} (CUDA {cuda}) needs driver >= {required}"
+    if driver is None:
+        return DriverCheck(None, image, cuda, required, None,
+                           f"no NVIDIA driver on this machine, so no GPU: the embedded CPU backend works here; {needs} "
+                           f"on its GPU host")
+    found = _driver_tuple(driver)
+    if found is None:
+        return DriverCheck(driver, image, cuda, required, None, f"driver version {driver!r} not understood; {needs}")
+    if found >= _driver_tuple(required):
+        return DriverCheck(driver, image, cuda, required, True, f"driver {driver}: OK ({needs})")
+    compat_found = _driver_tuple(compat) if compat else None
+    if compat_found is not None and compat_found >= _driver_tuple(required):
+        return DriverCheck(driver, image, cuda, required, True,
+                           f"driver {driver} is older, but CUDA forward compatibility is on (libcuda {compat}): "
+                           f"OK on a data-center GPU ({needs})")
+    return DriverCheck(driver, image, cuda, required, False,
+                       f"driver {driver}: NOT OK: {needs}; TensorRT-LLM engines will not load",
+                       _driver_advice(found, tag, cuda, required))
+
+
+def _driver_advice(found: tuple[int, ...], tag: str, cuda: str, required: str) -> tuple[str, ...]:
+    major_minor = "-".join(cuda.split(".")[:2])
+    advice = [
+        f"upgrade the host driver to {required} or newer (branch R{required.split('.')[0]} or later)",
+        f"or, on a data-center GPU (H100, H200, ...) whose driver branch NVIDIA's CUDA Compatibility guide supports "
+        f"for it (e.g. R535, R580): CUDA forward compatibility. The trtspec image turns it on (NVIDIA's entrypoint "
+        f"loads the image's cuda-compat libcuda); elsewhere install cuda-compat-{major_minor} and put "
+        f"/usr/local/cuda-{cuda.rsplit('.', 1)[0]}/compat first on LD_LIBRARY_PATH",
+    ]
+    older = [t for t in CONTAINER_CUDA if t < tag and _driver_tuple(CONTAINER_CUDA[t][1]) <= found]
+    if older:
+        best = max(older)
+        advice.append(
+            f"or build on an older base image this driver runs: docker build -f docker/Dockerfile --build-arg "
+            f"BASE_IMAGE={IMAGE_TEMPLATE.format(best)} (CUDA {CONTAINER_CUDA[best][0]}, TensorRT-LLM "
+            f"{CONTAINER_TRTLLM[best]}), then build the engines again with that image")
+    else:
+        oldest = min(CONTAINER_CUDA)
+        advice.append(f"no supported image runs on this driver without forward compatibility (the oldest, {oldest}, "
+                      f"needs >= {CONTAINER_CUDA[oldest][1]})")
+    return tuple(advice)
+
+
+@dataclass
+class DriverProbe:
+    version: str | None = None
+    source: str | None = None   # "nvidia-smi" or "/proc/driver/nvidia/version"
+    tried: list[str] = field(default_factory=list)
+
+
+PROC_DRIVER_VERSION = Path("/proc/driver/nvidia/version")
+
+
+def parse_proc_driver_version(text: str) -> str | None:
+    """'580.65.06' of /proc/driver/nvidia/version ('NVRM version: NVIDIA UNIX [Open ]Kernel Module [for x86_64]
+    580.65.06  ...')."""
+    match = re.search(r"^NVRM.*?Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def detect_driver(proc_version: Path | None = None) -> DriverProbe:
+    """The kernel driver's version: nvidia-smi when it is on PATH, else /proc/driver/nvidia/version."""
+    proc_version = proc_version or PROC_DRIVER_VERSION
+    probe = DriverProbe()
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        probe.tried.append("nvidia-smi: not on PATH")
+    else:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            version = next((line.strip() for line in out.stdout.splitlines() if _driver_tuple(line)), None)
+            if version:
+                probe.version, probe.source = version, "nvidia-smi"
+                return probe
+            probe.tried.append(f"nvidia-smi: no driver version (exit {out.returncode}: {out.stderr.strip()[:200]})")
+        except (OSError, subprocess.SubprocessError) as exc:
+            probe.tried.append(f"nvidia-smi: {exc}")
+    try:
+        version = parse_proc_driver_version(proc_version.read_text())
+    except OSError:
+        probe.tried.append(f"{proc_version}: absent")
+        return probe
+    if version:
+        probe.version, probe.source = version, str(proc_version)
+    else:
+        probe.tried.append(f"{proc_version}: no version in it")
+    return probe
+
+
+def forward_compat_libcuda(ld_library_path: str | None = None) -> tuple[str, str] | None:
+    """(version, path) of the CUDA forward-compatibility libcuda this process loads first, if any: a
+    libcuda.so.<driver version> in a cuda-compat directory on LD_LIBRARY_PATH (.../compat, or .../compat/lib.real),
+    as NVIDIA's entrypoint sets it."""
+    if ld_library_path is None:
+        ld_library_path = os.environ.get("LD_LIBRARY_PATH", "")
+    for entry in filter(None, ld_library_path.split(":")):
+        directory = Path(entry)
+        if "compat" not in directory.parts[-2:] or not directory.is_dir():
+            continue
+        for lib in sorted(directory.glob("libcuda.so.*")):
+            version = lib.name[len("libcuda.so."):]
+            if _driver_tuple(version) and version.count(".") >= 1:
+                return version, str(lib)
+    return None
+
+
+def running_image() -> str:
+    """The container this runs in when it is one of NVIDIA's on record (NVIDIA_TRITON_SERVER_VERSION), else the one
+    trtspec pins."""
+    tag = os.environ.get("NVIDIA_TRITON_SERVER_VERSION", "")
+    return IMAGE_TEMPLATE.format(tag) if tag in CONTAINER_CUDA else CONTAINER_IMAGE
+
+
+def driver_report() -> dict:
+    """`trtspec doctor`'s driver entry: what was found, what the image needs, and the verdict."""
+    probe = detect_driver()
+    compat = forward_compat_libcuda()
+    check = check_driver(probe.version, running_image(), compat[0] if compat else None)
+    return {"version": probe.version, "source": probe.source, "probes": probe.tried, "image": check.image,
+            "cuda": check.cuda, "required": check.required, "ok": check.ok, "verdict": check.verdict,
+            "advice": list(check.advice),
+            "forward_compat": {"version": compat[0], "path": compat[1]} if compat else None}
 
 
 # ---- servers -----------------------------------------------------------------------------------------------
