@@ -179,21 +179,27 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
     return gpus
 
 
+def nvidia_smi(args: list[str], tried: list[str]) -> subprocess.CompletedProcess | None:
+    """nvidia-smi's answer to `args`; None, with the reason added to `tried`, when it is absent or fails to run."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        tried.append("nvidia-smi: not on PATH")
+        return None
+    try:
+        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        tried.append(f"nvidia-smi: {exc}")
+        return None
+
+
 def detect_gpus() -> GpuReport:
     """The GPUs this machine has: nvidia-smi first, then torch.cuda; an empty list (with the reasons) when none."""
     report = GpuReport()
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        report.tried.append("nvidia-smi: not on PATH")
-    else:
-        try:
-            out = subprocess.run([smi, "--query-gpu=index,name,memory.total,compute_cap", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=20)
-            report.gpus = parse_nvidia_smi(out.stdout)
-            if not report.gpus:
-                report.tried.append(f"nvidia-smi: no GPU listed (exit {out.returncode}: {out.stderr.strip()[:200]})")
-        except (OSError, subprocess.SubprocessError) as exc:
-            report.tried.append(f"nvidia-smi: {exc}")
+    out = nvidia_smi(["--query-gpu=index,name,memory.total,compute_cap", "--format=csv,noheader,nounits"], report.tried)
+    if out is not None:
+        report.gpus = parse_nvidia_smi(out.stdout)
+        if not report.gpus:
+            report.tried.append(f"nvidia-smi: no GPU listed (exit {out.returncode}: {out.stderr.strip()[:200]})")
     if report.gpus:
         return report
     try:
@@ -333,20 +339,13 @@ def detect_driver(proc_version: Path | None = None) -> DriverProbe:
     """The kernel driver's version: nvidia-smi when it is on PATH, else /proc/driver/nvidia/version."""
     proc_version = proc_version or PROC_DRIVER_VERSION
     probe = DriverProbe()
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        probe.tried.append("nvidia-smi: not on PATH")
-    else:
-        try:
-            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
-            version = next((line.strip() for line in out.stdout.splitlines() if _driver_tuple(line)), None)
-            if version:
-                probe.version, probe.source = version, "nvidia-smi"
-                return probe
-            probe.tried.append(f"nvidia-smi: no driver version (exit {out.returncode}: {out.stderr.strip()[:200]})")
-        except (OSError, subprocess.SubprocessError) as exc:
-            probe.tried.append(f"nvidia-smi: {exc}")
+    out = nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"], probe.tried)
+    if out is not None:
+        version = next((line.strip() for line in out.stdout.splitlines() if _driver_tuple(line)), None)
+        if version:
+            probe.version, probe.source = version, "nvidia-smi"
+            return probe
+        probe.tried.append(f"nvidia-smi: no driver version (exit {out.returncode}: {out.stderr.strip()[:200]})")
     try:
         version = parse_proc_driver_version(proc_version.read_text())
     except OSError:
