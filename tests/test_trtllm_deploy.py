@@ -203,8 +203,9 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
     assert t["max_tokens_in_paged_kv_cache"] == str(16 * 8224) == d["max_tokens_in_paged_kv_cache"]
     assert params(bls)["max_input_len"] == "4096"            # the prompt limit, not the engines' 8191
     launch = repository_launch(repo)
-    assert launch == Launch(mpi=True, world_size=1, spawn_processes=True, engine_models=["tensorrt_llm", "tensorrt_llm_draft"], gpus=4,
+    assert launch == Launch(mpi=True, world_size=1, spawn_processes=True, engine_models=["tensorrt_llm", "tensorrt_llm_draft"],
                              devices=[0, 1, 2, 3])
+    assert launch.gpus == 4
 
 
 def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
@@ -241,6 +242,8 @@ def test_memory_pools_are_switched_off_on_the_placements_own_gpus(deployed, tmp_
     cmd = repository_launch(repo).command(["tritonserver", "--model-repository", "R"])
     assert [a for a in cmd if a.startswith("--cuda-memory-pool-byte-size")] == [
         f"--cuda-memory-pool-byte-size={g}:0" for g in (4, 5, 6, 7)]
+    # a marker written before the ids were kept names a count: GPUs 0..n-1, as it was launched then
+    assert Launch.from_dict({"mpi": True, "gpus": 2}).devices == [0, 1]
 
 
 def test_fast_logits_launch_runs_one_server_per_rank(deployed, tmp_path):

@@ -32,7 +32,8 @@ LAST_WITH_TRT_BACKEND = Version("1.3.0rc20")
 # release compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md): the
 # 26.04 to 26.07 trtllm-python-py3 images carry TensorRT-LLM 1.2.1 (26.03: 1.2.0; 25.12 to 26.02: 1.1.0).
 PINNED_TRTLLM = "1.2.1"
-CONTAINER_IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+IMAGE_TEMPLATE = "nvcr.io/nvidia/tritonserver:{}-trtllm-python-py3"
+CONTAINER_IMAGE = IMAGE_TEMPLATE.format("26.07")
 CONTAINER_TRTLLM = {
     "26.07": "1.2.1", "26.06": "1.2.1", "26.05": "1.2.1", "26.04": "1.2.1", "26.03": "1.2.0",
     "26.02": "1.1.0", "26.01": "1.1.0", "25.12": "1.1.0", "25.11": "1.0.3.2510", "25.10": "1.0.0",
@@ -243,9 +244,6 @@ CONTAINER_CUDA = {
     "25.10": ("12.9.1", "575.57.08"), "25.09": ("12.9.1", "575.57.08"), "25.08": ("12.9.0", "575.51.03"),
     "25.07": ("12.9.0", "575.51.03"), "25.06": ("12.9.0", "575.51.03"),
 }
-IMAGE_TEMPLATE = "nvcr.io/nvidia/tritonserver:{}-trtllm-python-py3"
-
-
 def container_tag(image: str) -> str:
     """'26.07' of nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3."""
     return image.rpartition(":")[2].split("-")[0]

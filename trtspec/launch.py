@@ -138,8 +138,12 @@ class Launch:
     world_size: int = 1
     spawn_processes: bool = True
     engine_models: list[str] = field(default_factory=list)
-    gpus: int = 0
     devices: list[int] = field(default_factory=list)  # the GPU ids of the placement
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the deployment uses (what a Kubernetes pod requests)."""
+        return len(self.devices)
 
     @property
     def env(self) -> dict[str, str]:
@@ -152,7 +156,9 @@ class Launch:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "Launch":
-        data = data or {}
+        data = dict(data or {})
+        if "devices" not in data:  # a marker from before the placement's ids were kept: GPUs 0..gpus-1
+            data["devices"] = list(range(int(data.get("gpus", 0))))
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def command(self, server_args: list[str]) -> list[str]:
@@ -172,7 +178,7 @@ class Launch:
                 # server process itself runs no engine, so it must not reserve pinned or CUDA pool memory on the
                 # GPUs that the memory plan gives to the engines' workers.
                 cmd += ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false"]
-                cmd += [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in self.devices or range(max(self.gpus, 1))]
+                cmd += [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in self.devices or [0]]
             cmd += ["--disable-auto-complete-config", f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
         return cmd
 
@@ -183,10 +189,10 @@ def launch_for(config, target: EngineInfo, draft: EngineInfo | None) -> Launch:
     place = placement(config, target, draft)
     models = [TARGET_MODEL] + ([DRAFT_MODEL] if draft is not None else [])
     if not orchestrator_mode(target, draft):
-        return Launch(gpus=place.gpu_count, devices=place.devices, engine_models=models)
+        return Launch(devices=place.devices, engine_models=models)
     world = 1 + target.world_size + (draft.world_size if draft else 0) if place.fast_logits else 1
     return Launch(mpi=True, world_size=world, spawn_processes=not place.fast_logits, engine_models=models,
-                  gpus=place.gpu_count, devices=place.devices)
+                  devices=place.devices)
 
 
 def repository_launch(repo) -> Launch | None:
