@@ -194,3 +194,9 @@ def _listening_sockets(pid: int) -> set[tuple[str, int]]:
             addr = socket.inet_ntop(family, raw)
             found.add((addr.removeprefix("::ffff:"), int(port_hex, 16)))
     return found
+
+
+def test_free_port_never_gives_a_port_twice():
+    """A server asks for its three ports in a row; the OS may hand a just-released port out again."""
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.request
 from http.client import HTTPException
@@ -235,11 +236,21 @@ def prepare_backend_dir(tritonserver_root: Path, cache_dir: str | os.PathLike[st
 # --------------------------------------------------------------------------- ports
 
 
+_GIVEN_PORTS: set[int] = set()
+_GIVEN_LOCK = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free on `host` right now (the OS picks it)."""
-    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port that is free on `host` right now (the OS picks it), never one this process was given before: the OS
+    may hand a just-released port out again, so a server's three ports asked for in a row could coincide."""
+    with _GIVEN_LOCK:
+        while True:
+            with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            if port not in _GIVEN_PORTS:
+                _GIVEN_PORTS.add(port)
+                return port
 
 
 def _family(host: str) -> socket.AddressFamily:
