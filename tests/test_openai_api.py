@@ -367,3 +367,30 @@ def test_trtspec_openai_command_serves_and_stops_on_ctrl_c(triton):
     from trtspec.server import _port_is_free
 
     assert _port_is_free("127.0.0.1", port)
+
+
+def test_health_says_what_can_be_served(triton, front):
+    """/health follows the models a request goes through: without the draft model requests are still served
+    (degraded, 200); without the target nothing is (503); both back, ready again."""
+    import tritonclient.grpc as tc
+
+    def health():
+        try:
+            with urllib.request.urlopen(f"{front.url}/health", timeout=10) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.load(exc)
+
+    admin = tc.InferenceServerClient(triton.grpc_url)
+    try:
+        admin.unload_model("tensorrt_llm_draft")
+        status, body = health()
+        assert status == 200 and body["status"] == "degraded" and "tensorrt_llm_draft" in body["detail"]
+        admin.unload_model("tensorrt_llm")
+        status, body = health()
+        assert status == 503 and "'tensorrt_llm'" in body["error"]["message"]
+    finally:
+        admin.load_model("tensorrt_llm")
+        admin.load_model("tensorrt_llm_draft")
+        admin.close()
+    assert health() == (200, {"status": "ready", "model": MODEL})

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import MAX_SEQ_LEN
 from trtspec.contract import GenerationRequest, GenerationResult
+from trtspec.errors import EngineUnavailable
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel
 from trtspec.orchestrator.loop import SpecRequest, speculate
 from trtspec.orchestrator.stats import RequestStats
@@ -219,3 +220,67 @@ def test_an_empty_prompt_lookup_draft_is_one_token_not_a_stopped_stream(engine, 
                                  make_drafter("prompt_lookup", max_matching_ngram_size=3))
     assert tokens == whole
     assert client.stops == 0 and client.calls == stats.iterations
+
+
+class Dying(StreamingClient):
+    """A target whose process dies at the `at`-th token it hands out (mid-stream or mid-verification), once per
+    entry of `deaths`; until `recover` runs every call fails, as calls to a dead model do."""
+
+    def __init__(self, engine, deaths):
+        super().__init__(engine)
+        self.deaths, self.handed, self.dead = list(deaths), 0, False
+
+    def _check(self):
+        if self.dead:
+            raise EngineUnavailable("tensorrt_llm: Stub process 'tensorrt_llm_0_0' is not healthy.")
+
+    def generate(self, request):
+        self._check()
+        result = super().generate(request)
+        if self.deaths and self.handed + len(result.new_tokens) > self.deaths[0]:
+            self.deaths.pop(0)
+            self.dead = True
+            self._check()
+        self.handed += len(result.new_tokens)
+        return result
+
+    def stream(self, request):
+        self._check()
+        parts = super().stream(request)
+        client = self
+
+        class _Stream:
+            def __iter__(self):
+                for part in parts:
+                    if client.deaths and client.handed + len(part.new_tokens) > client.deaths[0]:
+                        client.deaths.pop(0)
+                        client.dead = True
+                        client._check()
+                    client.handed += len(part.new_tokens)
+                    yield part
+
+            def stop(self):
+                parts.stop()
+
+        return _Stream()
+
+    def recover(self, cause):
+        assert self.dead, "recover was asked while the target was serving"
+        self.dead = False
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_a_target_that_dies_twice_costs_time_not_the_request(engine, stream, speculative):
+    """The loop waits for the target (recover) and goes on from its tokens: the output equals the uninterrupted
+    one, nothing is repeated, and without `recover` the failure is the request's end, as UNAVAILABLE."""
+    drafter = (lambda c: draft_model(c)) if speculative else (lambda c: None)
+    request = SpecRequest(PROMPT, 40, end_id=-1, stream=stream, num_draft_tokens=3 if speculative else 0)
+    reference, _, _ = tokens_of(request, StreamingClient(engine), drafter(StreamingClient(engine)))
+    client = Dying(engine, deaths=[7, 23])
+    got, chunks, stats = tokens_of(request, client, drafter(StreamingClient(engine)), recover=client.recover)
+    assert got == reference and len(got) == 40
+    assert stats.recoveries == 2 and stats.generated_tokens == 40
+    with pytest.raises(EngineUnavailable, match="not healthy"):
+        client = Dying(engine, deaths=[7])
+        tokens_of(request, client, drafter(StreamingClient(engine)))

@@ -337,6 +337,9 @@ def test_serve_waits_for_models_as_long_as_their_engines_need(deployed, tmp_path
     container = manifests(load_config(config), repo, image="i", pvc="p")["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
     probe = container["startupProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] >= max(wait, 1800)
+    # a model the BLS is loading again after its process died is given as long before the pod is restarted
+    probe = container["livenessProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= wait
 
 
 def test_validate_repo_finds_what_the_tensorrtllm_backend_would_refuse(deployed):

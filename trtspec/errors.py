@@ -45,6 +45,11 @@ class EngineError(TrtspecError):
     """An engine dir that cannot be loaded, or a request the engine cannot serve."""
 
 
+class EngineUnavailable(EngineError):
+    """An engine model that cannot answer now: its process died, or it is being loaded again. The server's fault
+    and a passing one: the request may be retried (UNAVAILABLE, HTTP 503)."""
+
+
 class RequestError(EngineError):
     """A request that breaks the engine's limits or the tensor contract; names the field and the limit."""
 

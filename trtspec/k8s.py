@@ -3,7 +3,8 @@
 - deployment.yaml: one pod running `trtspec serve` (the image of docker/Dockerfile) on the repository, with the GPUs the
   placement uses, the engine volume (a PersistentVolumeClaim holding the engines and the repository at the paths
   `trtspec deploy` wrote into the configs), /dev/shm for the Python backend, probes on /v2/health/ready (a startup
-  probe gives engine loading at least 30 minutes, more for engines `trtspec serve` waits longer for) and Prometheus scrape annotations for the metrics port 8002.
+  probe gives engine loading at least 30 minutes, more for engines `trtspec serve` waits longer for; the liveness
+  probe restarts a pod whose models stay unready for longer than loading them takes) and Prometheus scrape annotations for the metrics port 8002.
 - service.yaml: HTTP 8000, gRPC 8001, metrics 8002.
 - hpa.yaml: an example HorizontalPodAutoscaler on Triton's queue gauge `nv_inference_pending_request_count` of the
   BLS model; it needs a metrics adapter (e.g. Prometheus Adapter) that serves that metric as a pods metric.
@@ -69,7 +70,10 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
         # at least as long as `trtspec serve` itself waits for the models (trtspec.server.start_timeout_for)
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": max(180, math.ceil(start_timeout_for(repo) / 10) + 6)},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {**probe, "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4},
+        # Restarts a pod whose models cannot come back: not ready for longer than loading them takes (the BLS
+        # reloads an engine model whose process died, retrying; under mpirun nothing can, and this probe restarts it)
+        "livenessProbe": {**probe, "periodSeconds": 15, "timeoutSeconds": 5,
+                          "failureThreshold": max(4, math.ceil(start_timeout_for(repo) / 15) + 2)},
     }
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}

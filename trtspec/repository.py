@@ -194,6 +194,9 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "request_timeout_ms": 0,
         # a draft call unanswered past this is a draft failure (fallback to the target alone; 0: no limit)
         "draft_timeout_ms": 5000,
+        # a request whose target's process died waits this long for the BLS to load it again, then goes on from its
+        # tokens; past it (or its own timeout_ms) it ends UNAVAILABLE, worth a retry
+        "target_recovery_timeout_ms": 120000,
         "draft_cost_ratio": "0.3",
         "verify_cost_per_token": "0.1",
         "verify_cost_fixed": "0",

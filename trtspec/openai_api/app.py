@@ -90,6 +90,9 @@ class Deployment:
         self.served_model = self._served or served_name_for(tokenizer_dir)
         # Prompts are counted as the BLS tokenizes them.
         self.add_special_tokens = (_parameter(config, "add_special_tokens") or "true").lower() in ("1", "true", "yes", "on")
+        # the engine models it calls: /health reports them too (a BLS whose target cannot serve serves nothing)
+        self.engine_models = {"target": _parameter(config, "tensorrt_llm_model_name") or "tensorrt_llm",
+                              "draft": _parameter(config, "tensorrt_llm_draft_model_name")}
         seq = _parameter(config, "max_seq_len")
         self.max_seq_len = int(seq) if seq and seq.isdigit() else None
         self.created = int(time.time())
@@ -126,18 +129,21 @@ class Deployment:
             client.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    def ready(self) -> bool:
+    def health(self) -> dict[str, bool]:
+        """Whether each model a request goes through is ready on Triton: the BLS, its target and its draft model
+        (when it has one); every one False when Triton cannot be asked."""
         import tritonclient.grpc as tc
 
+        models = {"bls": self.model, **{role: name for role, name in self.engine_models.items() if name}}
         try:
             client = tc.InferenceServerClient(SpecClient(self.triton_url, protocol="grpc").url,
                                               channel_args=[("grpc.enable_http_proxy", 0)])
             try:
-                return bool(client.is_model_ready(self.model, client_timeout=5.0))
+                return {role: bool(client.is_model_ready(name, client_timeout=5.0)) for role, name in models.items()}
             finally:
                 client.close()
         except Exception:
-            return False
+            return dict.fromkeys(models, False)
 
     # one request
     def prompt(self, req: Request) -> tuple[str, int]:
@@ -188,9 +194,16 @@ def create_app(deployment: Deployment) -> Starlette:
     dep = deployment
 
     async def health(request: HTTPRequest):
-        if await run_in_threadpool(dep.ready):
-            return JSONResponse({"status": "ready", "model": dep.served_model})
-        return _error(APIError(503, f"'{dep.model}' is not ready on Triton at {dep.triton_url}", code="unavailable"))
+        # ready: requests are served; degraded: served without the draft model (slower, while the BLS reloads it);
+        # 503: the BLS or its target cannot serve (a load balancer should send requests elsewhere)
+        states = await run_in_threadpool(dep.health)
+        down = [f"'{dep.model if role == 'bls' else dep.engine_models[role]}'" for role, ok in states.items() if not ok]
+        if states["bls"] and states["target"]:
+            body = {"status": "degraded" if down else "ready", "model": dep.served_model}
+            if down:
+                body["detail"] = f"the draft model {down[0]} is not ready: requests decode with the target alone"
+            return JSONResponse(body)
+        return _error(APIError(503, f"{', '.join(down)} not ready on Triton at {dep.triton_url}", code="unavailable"))
 
     def _model_card() -> dict:
         return {"id": dep.served_model, "object": "model", "created": dep.created, "owned_by": "trtspec"}

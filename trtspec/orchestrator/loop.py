@@ -17,6 +17,10 @@ streaming engine call (`StreamingEngineClient.stream`), relaying its tokens as t
 plain decoding; a stop rule that fires on this side, or an error, stops that call at the engine. An engine that
 cannot stream is asked for one token per call instead.
 
+A target that cannot answer for a while (EngineUnavailable: its process died and is being brought back) costs
+time, not the request: the loop holds every token so far and sends the whole sequence each call, so with `recover`
+(which waits for the target, or raises) it goes on from where it was, repeating nothing it has yielded.
+
 A speculative request's plain stretches (the policy's fallbacks, or nothing to draft from) are read from one
 streaming call for the whole remaining budget, streamed to the client or not: where the stretch ends the policy
 decides again while the call goes on, and the call is stopped only when drafting comes back. A new engine call
@@ -34,7 +38,7 @@ from typing import Protocol
 import numpy as np
 
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
-from trtspec.errors import Cancelled
+from trtspec.errors import Cancelled, EngineUnavailable
 from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import DraftFailed, Drafter
 from trtspec.orchestrator.stats import RequestStats
@@ -104,11 +108,13 @@ def speculate(
     cancelled: Callable[[], bool] = lambda: False,
     on_draft_failed: Callable[[DraftFailed], None] = lambda exc: None,
     trace: Trace | None = None,
+    recover: Callable[[EngineUnavailable], None] | None = None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each iteration until a stop rule fires; `stats` (and `trace`, with the target's
     log probs and logits when the request asks for them) are filled as it goes.
     `policy` chooses each iteration's draft length (default: always `request.num_draft_tokens`);
-    `on_draft_failed` hears of a drafter's failure (the loop itself goes on without drafts)."""
+    `on_draft_failed` hears of a drafter's failure (the loop itself goes on without drafts); `recover` is called
+    when the target is unavailable and returns once it answers again (or raises: the request ends with it)."""
     stats = stats if stats is not None else RequestStats()
     speculative = drafter is not None and request.num_draft_tokens > 0
     policy = policy if policy is not None else FixedDraftLength(request.num_draft_tokens if speculative else 0)
@@ -157,12 +163,27 @@ def speculate(
             if can_stream and speculative and not first and decision.k == 0 else None
         streamed = can_stream and not drafted and (request.stream or extend is not None)
         call = _verify_request(request, sequence, draft, remaining if extend else plain, generated)
-        if streamed:  # the stretch's tokens are yielded as they arrive
-            new, reason = yield from _relay(request, target.stream(call), call.request_output_len, sequence, generated,
-                                            trace, extend)
+        try:
+            if streamed:  # the stretch's tokens are yielded as they arrive
+                new, reason = yield from _relay(request, target.stream(call), call.request_output_len, sequence,
+                                                generated, trace, extend)
+            else:
+                result = target.generate(call)
+        except (EngineUnavailable, _Interrupted) as exc:
+            cause, relayed = (exc.cause, exc.tokens) if isinstance(exc, _Interrupted) else (exc, [])
+            if recover is None:
+                raise cause from None
+            # the tokens a stream relayed before it broke are the client's already: the request goes on after them
+            stats.record(drafted=0, accepted=0, emitted=len(relayed), draft_seconds=drafted_at - start,
+                         verify_seconds=time.perf_counter() - drafted_at, fallback=None, source=None)
+            sequence += relayed
+            generated += len(relayed)
+            stats.recoveries += 1
+            recover(cause)
+            continue
+        if streamed:
             verified_at, accepted = time.perf_counter(), 0
         else:
-            result = target.generate(call)
             verified_at = time.perf_counter()
             new = result.new_tokens[:remaining]
             accepted = accepted_prefix(draft.tokens, new) if drafted else 0
@@ -196,6 +217,14 @@ def speculate(
 def _offers(drafter, sequence: list[int], remaining: int) -> dict[str, int] | None:
     """What each draft source can give now, from a drafter with several (auto); None from one with a single source."""
     return drafter.offers(sequence, remaining - 1) if hasattr(drafter, "offers") else None
+
+
+class _Interrupted(Exception):
+    """A streamed stretch whose target became unavailable after `tokens` had been relayed."""
+
+    def __init__(self, tokens: list[int], cause: EngineUnavailable):
+        super().__init__(str(cause))
+        self.tokens, self.cause = tokens, cause
 
 
 class _Extension:
@@ -253,6 +282,10 @@ def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: lis
                 break
         else:
             complete = True
+    except EngineUnavailable as exc:
+        complete = True  # a call that failed has ended: nothing to stop
+        if not reason:  # (after a stop rule fired, only the call's end was still to come)
+            raise _Interrupted(got, exc) from exc
     finally:
         if not complete:
             stream.stop()

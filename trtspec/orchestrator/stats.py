@@ -26,6 +26,7 @@ class RequestStats:
     fallbacks: dict[str, int] = field(default_factory=dict)            # reason -> times speculation was switched off
     fallback_iterations: dict[str, int] = field(default_factory=dict)  # reason -> plain iterations it cost
     sources: dict[str, int] = field(default_factory=dict)  # draft source -> iterations it drafted (auto)
+    recoveries: int = 0  # times the request waited for its target to come back and went on
 
     def record(self, *, drafted: int, accepted: int, emitted: int, draft_seconds: float, verify_seconds: float,
                fallback: str | None = None, source: str | None = None) -> None:

@@ -24,7 +24,7 @@ from trtspec.contract import (
     BLS_INPUTS, ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, Penalties, SamplingParams, check_neutral,
     request_to_tensors, tensors_to_result,
 )
-from trtspec.errors import Cancelled, EngineError, RequestError
+from trtspec.errors import Cancelled, EngineError, EngineUnavailable, RequestError
 from trtspec.interfaces import SPECULATION_METHODS
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
@@ -35,6 +35,7 @@ from trtspec.orchestrator.stats import RequestStats
 from trtspec.triton.common import (
     bool_parameter, error_response, input_arrays, load_tokenizer, model_parameters, parameter,
 )
+from trtspec.triton.recovery import Reloader, unavailable
 
 
 # How often a call that is waiting on its engine looks at the client and the request's deadline: a call given up
@@ -103,17 +104,28 @@ class BlsEngineClient:
     def _exec(self, call) -> dict[str, np.ndarray]:
         """A unary call's output tensors. A decoupled model answers a request without `streaming` with one response
         and a final flag, which may come on an empty response of its own."""
-        responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
+        try:
+            responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
+        except pb_utils.TritonModelException as exc:  # e.g. a model that is not loaded
+            raise self.failure(str(exc)) from None
         self.kept.append((call, responses))
         tensors: dict[str, np.ndarray] = {}
         for response in responses:
             if response.has_error():
-                raise EngineError(f"{self.model_name}: {response.error().message()}")
+                raise self.failure(response.error())
             # copies: a decoupled response's tensors are views of shared memory that is released with it
             tensors.update({t.name(): t.as_numpy().copy() for t in response.output_tensors()})
         if "output_ids" not in tensors:
             raise EngineError(f"{self.model_name}: answered without output_ids")
         return tensors
+
+    def failure(self, error) -> EngineError:
+        """An engine model's error (a TritonError or its message) as the request's: EngineUnavailable when the
+        model cannot serve now (its process died, it is being loaded again), EngineError otherwise."""
+        message = error if isinstance(error, str) else error.message()
+        refused = not isinstance(error, str) and error.code() == pb_utils.TritonError.INVALID_ARG
+        kind = EngineUnavailable if not refused and unavailable(message) else EngineError
+        return kind(f"{self.model_name}: {message}")
 
     def _bounded(self, run):
         if self.calls is None:
@@ -199,13 +211,18 @@ class _Stream:
             timer.start()
         kept: list = []  # see BlsEngineClient.kept
         client.kept.append((self.call, kept))
-        responses = self.call.exec(decoupled=True)
+        try:
+            responses = self.call.exec(decoupled=True)
+        except pb_utils.TritonModelException as exc:
+            self.finished = True
+            raise client.failure(str(exc)) from None
         checked = time.monotonic()
         try:
             for response in responses:
                 kept.append(response)
                 if response.has_error():
-                    raise EngineError(f"{client.model_name}: {response.error().message()}")
+                    self.finished = True  # an error is the call's last response: nothing left to stop
+                    raise client.failure(response.error())
                 if self.stopping:
                     continue  # read to the end
                 yield tensors_to_result({t.name(): t.as_numpy().copy() for t in response.output_tensors()}, [],
@@ -301,8 +318,11 @@ class TritonPythonModel:
             raise ValueError(f"the parameter draft_timeout_ms must be >= 0 (0: no limit), got {draft_timeout_ms}")
         self.draft = (BlsEngineClient(draft_name, calls=self.calls, call_timeout_ms=draft_timeout_ms, decoupled=decoupled)
                       if draft_name else None)
+        self.reloader = Reloader(self.name)
+        # how long a request waits for a target whose process died to be loaded again (within its own timeout_ms)
+        self.recovery_ms = int(parameter(params, "target_recovery_timeout_ms", "120000"))
         self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up,
-                                          on_failure=lambda cause: self._reload_if_dead(draft_name, cause))
+                                          on_failure=lambda cause: self.reloader.notice(draft_name, cause))
         # Requests that name neither num_draft_tokens nor speculation get default_num_draft_tokens (0 decodes
         # plainly, as NVIDIA's BLS does); naming only `speculation` drafts up to speculation_num_draft_tokens.
         self.default_k = int(parameter(params, "default_num_draft_tokens", "0"))
@@ -335,7 +355,6 @@ class TritonPythonModel:
         self.max_admitted = workers + self.max_queued
         self.default_timeout_ms = int(parameter(params, "request_timeout_ms", "0"))
         self._admitted = 0  # requests being served or waiting for a thread
-        self._reloading: set[str] = set()  # models being reloaded after their process died
 
     def execute(self, requests):
         for request in requests:
@@ -344,16 +363,15 @@ class TritonPythonModel:
                 refuse = self._admitted >= self.max_admitted
                 self._admitted += not refuse
             if refuse:
-                error = pb_utils.TritonError(
-                    f"{self.name}: the server is busy ({self.max_queued} requests are already waiting, "
-                    "max_queued_requests); retry later", getattr(pb_utils.TritonError, "UNAVAILABLE", pb_utils.TritonError.INTERNAL))
-                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                busy = EngineUnavailable(f"the server is busy ({self.max_queued} requests are already waiting, "
+                                         "max_queued_requests); retry later")
+                sender.send(error_response(busy, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             self.pool.submit(self._serve, request, sender, time.monotonic())
         return None
 
     def finalize(self):
+        self.reloader.close()
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.calls.shutdown(wait=False, cancel_futures=True)  # a call to a dead model must not hold up the unload
 
@@ -367,8 +385,6 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
         except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
             sender.send(error_response(exc, self.name), flags=final)
-            if isinstance(exc, EngineError) and str(exc).startswith(f"{self.target.model_name}:"):
-                self._reload_if_dead(self.target.model_name, exc)  # the target is brought back as the draft is
         finally:
             with self._active_lock:
                 self._admitted -= 1
@@ -427,7 +443,9 @@ class TritonPythonModel:
         text = []
         run = _Run(stats, Trace(), [int(arrived * 1e9), time.monotonic_ns(), 0, 0], len(spec.prompt))
         target = self.target.for_request(plan.request_id, deadline, watch=stop)
-        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace):
+        recover = self._recovery(deadline, stop)
+        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace,
+                               recover=recover):
             run.times_ns[2] = run.times_ns[2] or time.monotonic_ns()
             run.times_ns[3] = time.monotonic_ns()
             ids += chunk
@@ -464,36 +482,37 @@ class TritonPythonModel:
         return make_drafter("auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens,
                             lookup_k=self.max_draft_len)
 
-    # ---- the draft model's health ----------------------------------------------------------------------------
+    # ---- the engine models' health ---------------------------------------------------------------------------
+    def _recovery(self, deadline: float | None, stop):
+        """The loop's `recover` for one request: reload the target if its process died and wait for it, within
+        target_recovery_timeout_ms from the request's first wait and its own deadline; `stop` raises past the
+        deadline and says whether the client left."""
+        limit: list[float] = []
+
+        def recover(cause: EngineUnavailable) -> None:
+            model = self.target.model_name
+            self.reloader.notice(model, cause)
+            if not limit:
+                limit.append(time.monotonic() + self.recovery_ms / 1000)
+                pb_utils.Logger.log_warn(f"{self.name}: {cause}; the request waits for {model} to serve again")
+
+            def check() -> None:
+                if stop():
+                    raise Cancelled()
+
+            until = min(limit[0], deadline) if deadline is not None else limit[0]
+            if not self.reloader.wait(model, until, check):
+                check()  # past the request's own deadline: that error, naming timeout_ms
+                raise EngineUnavailable(f"{cause}; it was not serving again within {self.recovery_ms} ms "
+                                        "(target_recovery_timeout_ms); retry the request")
+
+        return recover
+
     def _draft_down(self, cause: Exception) -> None:
         """The first failure of an outage: say so once. (The breaker's on_failure reloads the model if its process
-        died: Triton does not restart a Python model's stub by itself; explicit model control, as `trtspec serve`
-        runs it, allows it.)"""
+        died: see trtspec.triton.recovery.)"""
         pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
                                  "and it is tried again after a cool-down")
-
-    def _reload_if_dead(self, model: str, cause: Exception) -> None:
-        """Reload `model` in the background when its stub process died ("... is not healthy"), once at a time."""
-        if "not healthy" not in str(cause):
-            return
-        with self._active_lock:
-            if model in self._reloading:
-                return
-            self._reloading.add(model)
-        threading.Thread(target=self._reload, args=(model,), name=f"reload-{model}", daemon=True).start()
-
-    def _reload(self, model: str) -> None:
-        # Loading a model that Triton still counts as loaded does nothing unless its files changed, and a dead
-        # stub is not a change: unload it first, then load it afresh (a new stub process).
-        try:
-            pb_utils.unload_model(model_name=model)
-            pb_utils.load_model(model_name=model)
-            pb_utils.Logger.log_info(f"{self.name}: reloaded {model}, whose process had died")
-        except Exception as exc:  # e.g. a server not in explicit model control mode: requests keep reporting it
-            pb_utils.Logger.log_warn(f"{self.name}: could not reload {model}: {exc}")
-        finally:
-            with self._active_lock:
-                self._reloading.discard(model)
 
     def _draft_up(self) -> None:
         pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")

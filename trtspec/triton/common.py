@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.errors import RequestError, TrtspecError
+from trtspec.errors import EngineUnavailable, RequestError, TrtspecError
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 
@@ -63,10 +63,13 @@ def required(inputs: dict[str, np.ndarray], name: str) -> np.ndarray:
 
 
 def error_response(exc: BaseException, model: str) -> "pb_utils.InferenceResponse":
-    """A request's failure as its error response: the request's own fault (HTTP 400) or an internal one
-    (HTTP 500, logged with its traceback)."""
+    """A request's failure as its error response: the request's own fault (INVALID_ARG: HTTP 400), an engine
+    that cannot answer now (UNAVAILABLE: 503, worth a retry) or an internal one (INTERNAL: 500, logged with its
+    traceback when it is not one of trtspec's own)."""
     if isinstance(exc, RequestError):
         code = pb_utils.TritonError.INVALID_ARG
+    elif isinstance(exc, EngineUnavailable):
+        code = pb_utils.TritonError.UNAVAILABLE
     else:
         code = pb_utils.TritonError.INTERNAL
         if not isinstance(exc, TrtspecError):
