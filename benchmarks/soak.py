@@ -1,5 +1,6 @@
 """Soak a served speculative deployment: N requests at concurrency C with mixed fields, cancellations and client
-disconnects, the draft model's process killed once in the middle; count what happened to every request.
+disconnects, the draft model's process killed once in the middle and the target's twice; count what happened to every
+request.
 
     python benchmarks/soak.py --requests 1000 --concurrency 16 --output soak.json
     python benchmarks/soak.py --repo demo-output/model_repository --tokenizer demo-output/engines/target
@@ -14,6 +15,8 @@ Before the soak, every prompt's greedy target-only answer (speculation "none") i
   - completed / cancelled / disconnected / failed / lost (no final response and no error within --timeout);
   - unequal: a greedy answer (or the part of it that arrived before a cancellation) that is not the reference's
     prefix of the same length; a sampled answer longer than max_tokens;
+  - the target kills (--kill-target-at): the requests that waited for its reload and went on are counted among the
+    completed, equal or not, like every other; the server log's reload lines say when it was back;
   - the draft kill: stubs killed, `trtspec_fallbacks_total{reason="draft_error"}` before and after, and when
     the first draft-model request after the kill drafted again (speculation back by itself);
   - idle: seconds from the last response until the engines stop receiving calls (a cancelled request that kept
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
@@ -185,6 +189,7 @@ def wait_idle(metrics_url: str, quiet_s: float = 2.0, limit_s: float = 60.0) -> 
 
 
 LOG_MESSAGES = {"draft model down": "requests decode without it", "stub reloaded": "whose process had died",
+                "request waited for the target": "the request waits for tensorrt_llm",
                 "draft model back": "speculation with it resumes"}
 
 
@@ -234,6 +239,8 @@ def main(argv=None) -> int:
                                                   "[default with --config: the target engine dir]")
     p.add_argument("--kill-draft-at", type=float, default=0.5, help="kill the draft model's process when this "
                                                                     "fraction of the requests has ended (0: never)")
+    p.add_argument("--kill-target-at", type=float, nargs="*", default=[0.3, 0.7],
+                   help="kill the target model's process when each of these fractions of the requests has ended")
     p.add_argument("--cancel", type=float, default=0.1, help="fraction of requests abandoned part way")
     p.add_argument("--sample", type=float, default=0.2, help="fraction of requests that sample")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds after which a request with no final "
@@ -257,7 +264,7 @@ def main(argv=None) -> int:
     if args.output:
         args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
     bad = report["counts"].get("failed", 0) + report["counts"].get("lost", 0) + report["unequal"]
-    return 1 if bad or not (report["ready_after"] and report["draft_ready_after"]) else 0
+    return 1 if bad or not (report["ready_after"] and report["target_ready_after"] and report["draft_ready_after"]) else 0
 
 
 def soak(server, texts: list[str], plans: list[Plan], args, console: Console) -> dict:
@@ -286,6 +293,7 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
     lock = threading.Lock()
     kill = {"at_count": int(len(plans) * args.kill_draft_at) if args.kill_draft_at > 0 else None,
             "stubs": 0, "time": None}
+    target_kills = {int(len(plans) * f): None for f in args.kill_target_at if 0 < f < 1}  # at count -> stubs killed
     sampler = Sampler(server)
     sampler.start()
     started = time.perf_counter()
@@ -303,6 +311,13 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
                         pass
                 kill.update(stubs=len(pids), time=time.perf_counter())
                 console.log(f"killed the draft model's stub ({len(pids)} process) after {len(results)} requests")
+            if len(results) in target_kills and target_kills[len(results)] is None:
+                pids = server.stub_pids("tensorrt_llm")
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                target_kills[len(results)] = len(pids)
+                console.log(f"killed the target model's stub ({len(pids)} process) after {len(results)} requests")
         return result
 
     with Progress(console=console) as progress:
@@ -339,12 +354,14 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
                        "draft_model_requests_after_kill": len(after_kill),
                        "of_which_drafted": len(drafting_after_kill),
                        "first_drafting_request_after_kill_s": drafting_after_kill[0] if drafting_after_kill else None},
+        "target_kills": {str(at): stubs for at, stubs in target_kills.items()},
         "idle_after_last_response_s": idle_s,
         "memory_bytes": {"after_warmup": memory_before, "peak": sampler.peak, "after": memory_after},
         "memory_by_process": {name: [by_process_before.get(name), by_process_after.get(name)]
                               for name in sorted(set(by_process_before) | set(by_process_after))},
         "server_log": log_mentions(server),
         "ready_after": ready(server), "draft_ready_after": ready(server, "tensorrt_llm_draft"),
+        "target_ready_after": ready(server, "tensorrt_llm"),
         "problems": problems,
     }
 
@@ -361,6 +378,8 @@ def show(report: dict, console: Console) -> None:
     table.add_row("unequal to the target-only reference", f"{report['unequal']} of {report['greedy_checked']} checked")
     table.add_row("draft stubs killed (after n requests)", f"{kill['stubs_killed']} ({kill['after_requests']})")
     table.add_row("requests that fell back on draft_error", str(kill["requests_with_draft_error_fallback"]))
+    table.add_row("target stubs killed (after n requests)",
+                  ", ".join(f"{stubs} ({at})" for at, stubs in report["target_kills"].items()) or "none")
     table.add_row('trtspec_fallbacks_total{reason="draft_error"}',
                   f"{kill['fallbacks_metric_before']:.0f} → {kill['fallbacks_metric_after']:.0f}")
     first = kill["first_drafting_request_after_kill_s"]
@@ -372,8 +391,8 @@ def show(report: dict, console: Console) -> None:
     table.add_row("engines idle after the last response", f"{report['idle_after_last_response_s']:.1f} s")
     table.add_row("server memory: after warm-up / peak / after",
                   f"{mib(memory['after_warmup'])} / {mib(memory['peak'])} / {mib(memory['after'])}")
-    table.add_row("server ready / draft model ready at the end",
-                  f"{report['ready_after']} / {report['draft_ready_after']}")
+    table.add_row("server ready / target / draft model ready at the end",
+                  f"{report['ready_after']} / {report['target_ready_after']} / {report['draft_ready_after']}")
     console.print(table)
     processes = Table(title="resident memory by process")
     for col in ("process", "after warm-up", "after"):

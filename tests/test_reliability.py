@@ -188,3 +188,4 @@ def test_a_killed_target_costs_time_not_requests(server):
     log = server.log_path.read_text()
     assert log.count("reloaded tensorrt_llm, whose process had died") >= 2
     assert "the request waits for tensorrt_llm to serve again" in log
+

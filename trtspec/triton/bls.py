@@ -494,7 +494,8 @@ class TritonPythonModel:
             self.reloader.notice(model, cause)
             if not limit:
                 limit.append(time.monotonic() + self.recovery_ms / 1000)
-                pb_utils.Logger.log_warn(f"{self.name}: {cause}; the request waits for {model} to serve again")
+                pb_utils.Logger.log_warn(f"{self.name}: {str(cause).rstrip('.')}; the request waits for {model} to "
+                                         "serve again")
 
             def check() -> None:
                 if stop():
@@ -503,8 +504,8 @@ class TritonPythonModel:
             until = min(limit[0], deadline) if deadline is not None else limit[0]
             if not self.reloader.wait(model, until, check):
                 check()  # past the request's own deadline: that error, naming timeout_ms
-                raise EngineUnavailable(f"{cause}; it was not serving again within {self.recovery_ms} ms "
-                                        "(target_recovery_timeout_ms); retry the request")
+                raise EngineUnavailable(f"{model} is unavailable ({str(cause).rstrip('.')}) and was not serving again "
+                                        f"within {self.recovery_ms} ms (target_recovery_timeout_ms); retry the request")
 
         return recover
 
