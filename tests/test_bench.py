@@ -385,8 +385,9 @@ def test_bench_end_to_end(bench_server, tmp_path):
         (1, 0, False), (1, 2, False), (1, 2, True), (2, 0, False), (2, 2, False), (2, 2, True)]
     for cell in data["cells"]:
         assert cell["requests"] == 2 and cell["errors"] == 0, cell["error_messages"]
-        # 2 requests of at most 8 tokens (the tiny random target may end one early with its eos)
-        assert 2 <= cell["tokens"] <= 16 and cell["ttft_ms"]["n"] == 2 and cell["e2e_ms"]["p99"] > 0
+        # 2 requests of at most 8 tokens (the tiny random target may end one early with its eos, even at once: a
+        # request without tokens has no first token to time)
+        assert 2 <= cell["tokens"] <= 16 and 1 <= cell["ttft_ms"]["n"] <= 2 and cell["e2e_ms"]["p99"] > 0
         assert cell["first_iteration_measured"] == 2 and len(cell["request_records"]) == 2
         if cell["k"] == 0:
             assert cell["speedup"] == 1.0 and cell["bound"] is None and cell["drafted"] == 0
