@@ -161,31 +161,41 @@ def test_a_request_past_its_deadline_ends_with_an_error_naming_the_field(server)
 
 
 def test_a_killed_target_costs_time_not_requests(server):
-    """Requests that meet a target whose process died wait while the BLS loads it again, then go on: none fails,
-    streamed or not, speculative or plain, and each equals the reference."""
-    reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 16}))
+    """Requests that meet a target whose process died wait while the BLS loads it again, then go on from their
+    tokens: none fails, streamed or not, speculative or plain, and each equals the reference. Killed before the
+    requests arrive, their first calls fail; killed while they stream, their open calls never end (Triton's Python
+    backend sends them nothing more) and are given up."""
+    reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 120}))
     # as many at once as the fixture serves and queues
-    bodies = [{"text_input": PROMPT, "max_tokens": 16, "stream": stream, **extra}
-              for stream, extra in ((False, {}), (True, {"num_draft_tokens": 0}), (True, {"speculation": "draft_model"}))]
-    for kill in range(2):  # a second death is brought back as the first
+    bodies = [{"text_input": PROMPT, "max_tokens": 120, "stream": stream, **extra}
+              for stream, extra in ((True, {"num_draft_tokens": 0}), (False, {}), (True, {"speculation": "draft_model"}))]
+
+    def kill():
         for pid in server.stub_pids("tensorrt_llm"):
             os.kill(pid, signal.SIGKILL)
-        time.sleep(0.5)
+
+    for when in ("before", "mid-stream", "mid-stream again"):
+        if when == "before":
+            kill()
+            time.sleep(0.5)
         results: list = [None] * len(bodies)
+        streaming = threading.Event()
 
         def run(i):
             try:
-                results[i] = ids_of(grpc_generate(server.grpc_url, bodies[i]))
+                results[i] = ids_of(grpc_generate(server.grpc_url, bodies[i], first=streaming if i == 0 else None))
             except Exception as exc:  # reported below with the others
                 results[i] = f"{type(exc).__name__}: {exc}"
 
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
         for t in threads:
             t.start()
+        if when != "before":
+            assert streaming.wait(60), "the streamed request got no first response"
+            kill()
         for t in threads:
             t.join(timeout=180)
-        assert results == [reference] * len(bodies), f"after kill {kill + 1}: {results}"
+        assert results == [reference] * len(bodies), f"killed {when}: {results}"
     log = server.log_path.read_text()
-    assert log.count("reloaded tensorrt_llm, whose process had died") >= 2
-    assert "the request waits for tensorrt_llm to serve again" in log
-
+    assert log.count("reloaded tensorrt_llm, whose process had died") >= 3
+    assert "its process died while this request's call was open" in log  # a mid-stream kill met open calls

@@ -23,8 +23,9 @@ BLS = "tensorrt_llm_bls"
 
 # ---- raw clients (stock tritonclient and the generate extension, as a user would call them) ----------------
 
-def grpc_generate(url: str, fields: dict, timeout: float = 120.0) -> list[dict]:
-    """Send one request to the decoupled BLS over gRPC; return every response's outputs."""
+def grpc_generate(url: str, fields: dict, timeout: float = 120.0, first=None) -> list[dict]:
+    """Send one request to the decoupled BLS over gRPC; return every response's outputs. `first`: a
+    threading.Event set when the first response with outputs arrives."""
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     try:
@@ -49,6 +50,8 @@ def grpc_generate(url: str, fields: dict, timeout: float = 120.0) -> list[dict]:
             names = [o.name for o in result.get_response().outputs]
             if names:
                 out.append({n: result.as_numpy(n) for n in names})
+                if first is not None:
+                    first.set()
             if final:
                 return out
     finally:

@@ -14,17 +14,14 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.checkpoint import declared_end_ids
-from trtspec.contract import (
-    BLS_INPUTS, ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, Penalties, SamplingParams, check_neutral,
-    request_to_tensors, tensors_to_result,
-)
-from trtspec.errors import Cancelled, EngineError, EngineUnavailable, RequestError
+from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutral
+from trtspec.errors import Cancelled, EngineUnavailable, RequestError
 from trtspec.interfaces import SPECULATION_METHODS
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
@@ -35,222 +32,8 @@ from trtspec.orchestrator.stats import RequestStats
 from trtspec.triton.common import (
     bool_parameter, error_response, input_arrays, load_tokenizer, model_parameters, parameter,
 )
-from trtspec.triton.recovery import Reloader, unavailable
-
-
-# How often a call that is waiting on its engine looks at the client and the request's deadline: a call given up
-# on is stopped at the engine at most this long after the reason arose (about one decode step).
-WATCH_SECONDS = 0.02
-# How long a stop request may take before the BLS gives up on it (a model whose process died never answers).
-STOP_TIMEOUT_SECONDS = 2.0
-
-
-class BlsEngineClient:
-    """An engine client that calls a `tensorrt_llm`-contract model through BLS, on behalf of one request
-    (`request_id`: its calls carry the client's request id, as NVIDIA's BLS passes its own to both engines, so
-    that the engine can stop them by that id).
-
-    While a call runs, the request watches: `watch()` (the client cancelled: True; the request's deadline passed:
-    it raises), `call_timeout_ms` (the deployment's `draft_timeout_ms`, for the draft model) and `deadline` (a
-    `time.monotonic()` instant: the request's `timeout_ms`, for the target; a draft call past the request's
-    deadline is not the draft model's failure, and the target call after it ends the request). A call given up on
-    is stopped at the engine with a `stop` request carrying the same request id (NVIDIA's send_cancellation_request
-    in triton_decoder.py; the backend's handleStopRequest), so its batch slot and KV blocks are freed within an
-    engine step; the request gets Cancelled, or an EngineError naming the bound. A unary call runs on a thread of
-    `calls` while the request waits on it, which also frees a request whose call went to a model whose process died
-    (such a call never returns); only an unbounded call of one engine step (a verification, one token) runs on the
-    request's thread. A streamed call is read on the request's own thread, response by response."""
-
-    def __init__(self, model_name: str, request_id: str = "", *, calls: ThreadPoolExecutor | None = None,
-                 call_timeout_ms: int = 0, deadline: float | None = None, decoupled: bool = False, watch=None):
-        self.model_name, self.request_id = model_name, request_id
-        self.calls, self.call_timeout_ms, self.deadline = calls, call_timeout_ms, deadline
-        self.decoupled = decoupled  # the model streams its responses (NVIDIA's decoupled_mode)
-        self.watch = watch
-        # Every call and response of the request lives as long as the request: with Triton 2.51, freeing them
-        # while the request goes on corrupts the stub's memory ("malloc(): unaligned tcache chunk detected").
-        self.kept: list = []
-
-    @property
-    def streams(self) -> bool:
-        return self.decoupled
-
-    def for_request(self, request_id: str, deadline: float | None = None, watch=None) -> "BlsEngineClient":
-        return BlsEngineClient(self.model_name, request_id, calls=self.calls, call_timeout_ms=self.call_timeout_ms,
-                               deadline=deadline, decoupled=self.decoupled, watch=watch)
-
-    def generate(self, request: GenerationRequest) -> GenerationResult:
-        call = self._call(request, streaming=False)
-        if self._bound() is None and (request.draft_input_ids or request.request_output_len == 1):
-            tensors = self._exec(call)  # one engine step: nothing to watch, no thread hand-off to pay
-        else:
-            tensors = self._bounded(lambda: self._exec(call))
-        return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
-
-    def stream(self, request: GenerationRequest) -> "_Stream":
-        if not self.decoupled:
-            raise EngineError(f"{self.model_name}: streaming needs a decoupled engine model")
-        return _Stream(self, self._call(request, streaming=True))
-
-    def _call(self, request: GenerationRequest, *, streaming: bool):
-        tensors = request_to_tensors(request)
-        if streaming:
-            tensors["streaming"] = np.ones((1, 1), np.bool_)
-        wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
-        return pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=wanted,
-                                         inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
-                                         request_id=self.request_id)
-
-    def _exec(self, call) -> dict[str, np.ndarray]:
-        """A unary call's output tensors. A decoupled model answers a request without `streaming` with one response
-        and a final flag, which may come on an empty response of its own."""
-        try:
-            responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
-        except pb_utils.TritonModelException as exc:  # e.g. a model that is not loaded
-            raise self.failure(str(exc)) from None
-        self.kept.append((call, responses))
-        tensors: dict[str, np.ndarray] = {}
-        for response in responses:
-            if response.has_error():
-                raise self.failure(response.error())
-            # copies: a decoupled response's tensors are views of shared memory that is released with it
-            tensors.update({t.name(): t.as_numpy().copy() for t in response.output_tensors()})
-        if "output_ids" not in tensors:
-            raise EngineError(f"{self.model_name}: answered without output_ids")
-        return tensors
-
-    def failure(self, error) -> EngineError:
-        """An engine model's error (a TritonError or its message) as the request's: EngineUnavailable when the
-        model cannot serve now (its process died, it is being loaded again), EngineError otherwise."""
-        message = error if isinstance(error, str) else error.message()
-        refused = not isinstance(error, str) and error.code() == pb_utils.TritonError.INVALID_ARG
-        kind = EngineUnavailable if not refused and unavailable(message) else EngineError
-        return kind(f"{self.model_name}: {message}")
-
-    def _bounded(self, run):
-        if self.calls is None:
-            return run()
-        bound = self._bound()
-        expires = time.monotonic() + bound[0] if bound else None
-        future = self.calls.submit(run)
-        while True:
-            wait = WATCH_SECONDS if expires is None else min(WATCH_SECONDS, expires - time.monotonic())
-            try:
-                return future.result(timeout=max(wait, 0.0))
-            except FutureTimeout:
-                pass
-            self.check(future.done)
-            if expires is not None and time.monotonic() >= expires and not future.done():
-                self.send_stop()
-                raise EngineError(f"{self.model_name}: no answer within {bound[1]}; stopped it")
-
-    def check(self, done=lambda: False) -> None:
-        """Raise Cancelled (or the watch's own error) when the request is over, after stopping its call."""
-        try:
-            if self.watch is not None and self.watch():
-                raise Cancelled()
-        except BaseException:
-            if not done():
-                self.send_stop()
-            raise
-
-    def send_stop(self) -> None:
-        """Stop this request's call at the engine: the tensors of NVIDIA's send_cancellation_request (input_ids,
-        input_lengths, request_output_len 0, stop true) with the same request id. Waits for the stop's own answer,
-        so that the request's next call, which carries the same id, cannot be the one it stops."""
-        if not self.request_id:
-            return
-        inputs = [pb_utils.Tensor("input_ids", np.zeros((1, 1), np.int32)),
-                  pb_utils.Tensor("input_lengths", np.zeros((1, 1), np.int32)),
-                  pb_utils.Tensor("request_output_len", np.zeros((1, 1), np.int32)),
-                  pb_utils.Tensor("stop", np.ones((1, 1), np.bool_))]
-        call = pb_utils.InferenceRequest(model_name=self.model_name, inputs=inputs, requested_output_names=[],
-                                         request_id=self.request_id)
-
-        def run():
-            responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
-            self.kept.append((call, responses))
-            for response in responses:
-                if response.has_error():
-                    raise EngineError(response.error().message())
-
-        try:
-            if self.calls is None:
-                run()
-            else:
-                self.calls.submit(run).result(timeout=STOP_TIMEOUT_SECONDS)
-        except Exception as exc:  # the call it stops ends with its model anyway; the request goes on
-            pb_utils.Logger.log_warn(f"could not stop {self.model_name} request {self.request_id}: {exc}")
-
-    def _bound(self) -> tuple[float, str] | None:
-        """(seconds left, what bounds it) of the tightest bound on a call now, or None."""
-        bounds = []
-        if self.call_timeout_ms:
-            bounds.append((self.call_timeout_ms / 1000, f"{self.call_timeout_ms} ms (draft_timeout_ms)"))
-        if self.deadline is not None:
-            bounds.append((self.deadline - time.monotonic(), "the request's timeout_ms"))
-        return min(bounds) if bounds else None
-
-
-class _Stream:
-    """A streaming call as the loop reads it (trtspec.orchestrator.loop.EngineStream), on the request's thread:
-    each response's tokens (a streaming engine sends only the tokens since its previous response). The client's
-    watch is checked between responses (at most every WATCH_SECONDS), and a timer stops the call at the request's
-    bound. A stopped call is still read to its final response, which the engine sends within a step."""
-
-    def __init__(self, client: BlsEngineClient, call):
-        self.client, self.call = client, call
-        self.finished = self.stopping = self.expired = False
-
-    def __iter__(self):
-        client = self.client
-        bound = client._bound()
-        timer = threading.Timer(max(bound[0], 0.0), self._expire) if bound else None
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
-        kept: list = []  # see BlsEngineClient.kept
-        client.kept.append((self.call, kept))
-        try:
-            responses = self.call.exec(decoupled=True)
-        except pb_utils.TritonModelException as exc:
-            self.finished = True
-            raise client.failure(str(exc)) from None
-        checked = time.monotonic()
-        try:
-            for response in responses:
-                kept.append(response)
-                if response.has_error():
-                    self.finished = True  # an error is the call's last response: nothing left to stop
-                    raise client.failure(response.error())
-                if self.stopping:
-                    continue  # read to the end
-                yield tensors_to_result({t.name(): t.as_numpy().copy() for t in response.output_tensors()}, [],
-                                        excluded=True)
-                if time.monotonic() - checked >= WATCH_SECONDS:
-                    checked = time.monotonic()
-                    try:
-                        client.check()  # stops the call first when the request is over
-                    except BaseException:
-                        self.stopping = True
-                        raise
-            self.finished = True
-        finally:
-            if timer is not None:
-                timer.cancel()
-            if not self.finished and self.stopping:
-                kept += list(responses)  # the stopped call's last responses
-        if self.expired:
-            raise EngineError(f"{client.model_name}: no answer within {bound[1]}; stopped it")
-
-    def _expire(self) -> None:
-        self.expired = True
-        self.stop()
-
-    def stop(self) -> None:
-        if not self.finished and not self.stopping:
-            self.stopping = True
-            self.client.send_stop()
+from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
+from trtspec.triton.recovery import Reloader
 
 
 class Metrics:
@@ -308,21 +91,22 @@ class TritonPythonModel:
         params = model_parameters(args)
         workers = int(parameter(params, "max_concurrent_requests", "64"))
         # bounded engine calls wait here; one whose model died never returns and keeps its thread, hence the room
-        self.calls = ThreadPoolExecutor(max_workers=2 * workers + 8, thread_name_prefix="engine-call")
+        # (a request has at most a call and its stop open per engine; a call to a model that died never ends and
+        # keeps its thread, hence the room)
+        self.calls = ThreadPoolExecutor(max_workers=8 * workers + 8, thread_name_prefix="engine-call")
         decoupled = bool_parameter(params, "engine_decoupled_mode", False)
+        self.reloader = Reloader(self.name, Path(args["model_repository"]).parent)
         self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"), calls=self.calls,
-                                      decoupled=decoupled)
+                                      reloader=self.reloader, decoupled=decoupled)
         draft_name = parameter(params, "tensorrt_llm_draft_model_name", "")
         draft_timeout_ms = int(parameter(params, "draft_timeout_ms", "5000"))
         if draft_timeout_ms < 0:
             raise ValueError(f"the parameter draft_timeout_ms must be >= 0 (0: no limit), got {draft_timeout_ms}")
-        self.draft = (BlsEngineClient(draft_name, calls=self.calls, call_timeout_ms=draft_timeout_ms, decoupled=decoupled)
-                      if draft_name else None)
-        self.reloader = Reloader(self.name)
+        self.draft = (BlsEngineClient(draft_name, calls=self.calls, reloader=self.reloader,
+                                      call_timeout_ms=draft_timeout_ms, decoupled=decoupled) if draft_name else None)
         # how long a request waits for a target whose process died to be loaded again (within its own timeout_ms)
         self.recovery_ms = int(parameter(params, "target_recovery_timeout_ms", "120000"))
-        self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up,
-                                          on_failure=lambda cause: self.reloader.notice(draft_name, cause))
+        self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
         # Requests that name neither num_draft_tokens nor speculation get default_num_draft_tokens (0 decodes
         # plainly, as NVIDIA's BLS does); naming only `speculation` drafts up to speculation_num_draft_tokens.
         self.default_k = int(parameter(params, "default_num_draft_tokens", "0"))
@@ -491,7 +275,6 @@ class TritonPythonModel:
 
         def recover(cause: EngineUnavailable) -> None:
             model = self.target.model_name
-            self.reloader.notice(model, cause)
             if not limit:
                 limit.append(time.monotonic() + self.recovery_ms / 1000)
                 pb_utils.Logger.log_warn(f"{self.name}: {str(cause).rstrip('.')}; the request waits for {model} to "
@@ -510,8 +293,8 @@ class TritonPythonModel:
         return recover
 
     def _draft_down(self, cause: Exception) -> None:
-        """The first failure of an outage: say so once. (The breaker's on_failure reloads the model if its process
-        died: see trtspec.triton.recovery.)"""
+        """The first failure of an outage: say so once (a model whose process died is being reloaded: see
+        trtspec.triton.recovery)."""
         pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
                                  "and it is tried again after a cool-down")
 

@@ -1,17 +1,25 @@
 """Bringing an engine model back after its process died, for the BLS.
 
-Triton does not restart a Python-backend model whose stub process died: every request to it fails ("Stub process
-'<model>_0_0' is not healthy") until the model is loaded again, which explicit model control (as `trtspec serve`
-runs the server) lets a BLS model do. `Reloader` reloads such a model in the background, once at a time, and
-tries again with a growing pause until it loads (a load can fail while the host is short of memory, or while the
-old process's resources are being released); requests that need the model wait for it with `wait`.
+Triton does not restart a decoupled Python-backend model whose stub process died (python_backend's python_be.cc
+has only a "TODO: Implement restart on decoupled"): new calls fail at once ("Stub process '<model>_0_0' is not
+healthy"), the calls that were open get no further response, and `is_model_ready` still says ready (until Triton
+25.12). Those open calls hold the model, so an unload never finishes. What does work, under explicit model control
+(as `trtspec serve` runs the server), is a load with a config override that differs from the loaded one: Triton
+loads a new model (a new stub) beside the old and switches to it; the old one is left behind, never freed.
+
+`Reloader` does that in the background, once at a time per model, with the repository's own config and a
+`trtspec_reload` parameter that changes each time, and tries again with a growing pause until it loads (a load can
+fail while the host is short of memory). It remembers when each model was last seen dead, so that calls left open
+can be given up (trtspec.triton.engine_client), and requests that need the model wait for it with `wait`.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
@@ -24,6 +32,8 @@ _UNAVAILABLE_SIGNS = ("is not healthy", "is not ready", "unknown model", "has no
 _NOT_ALLOWED = "not allowed"
 FIRST_PAUSE_SECONDS, LONGEST_PAUSE_SECONDS = 1.0, 30.0
 POLL_SECONDS = 0.1  # how often a waiting request looks at the model
+PROBE_SECONDS = 1.0  # at most one liveness probe per model this often
+_loads = itertools.count(1)  # each reload's config differs from every earlier one
 
 
 def unavailable(message: str) -> bool:
@@ -33,24 +43,42 @@ def unavailable(message: str) -> bool:
 
 
 class Reloader:
-    """Reloads models whose process died, retrying until each loads; `owner` names the BLS in its log lines."""
+    """Reloads models whose process died, retrying until each loads; `owner` names the BLS in its log lines,
+    `repository` is the model repository's root (each model's config.pbtxt is read from it)."""
 
-    def __init__(self, owner: str, *, first_pause: float = FIRST_PAUSE_SECONDS,
+    def __init__(self, owner: str, repository: Path, *, first_pause: float = FIRST_PAUSE_SECONDS,
                  longest_pause: float = LONGEST_PAUSE_SECONDS):
-        self.owner, self.first_pause, self.longest_pause = owner, first_pause, longest_pause
+        self.owner, self.repository = owner, Path(repository)
+        self.first_pause, self.longest_pause = first_pause, longest_pause
         self._lock = threading.Lock()
         self._reloading: set[str] = set()
+        self._deaths: dict[str, float] = {}  # model -> when it was last seen dead (time.monotonic())
+        self._probes: dict[str, float] = {}  # model -> when it was last probed
         self._closed = threading.Event()
 
     def reloading(self, model: str) -> bool:
         with self._lock:
             return model in self._reloading
 
+    def died_since(self, model: str, since: float) -> bool:
+        with self._lock:
+            return self._deaths.get(model, float("-inf")) >= since
+
+    def may_probe(self, model: str) -> bool:
+        """Whether a call may probe `model` now (one probe per PROBE_SECONDS answers for every silent call)."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._probes.get(model, float("-inf")) < PROBE_SECONDS:
+                return False
+            self._probes[model] = now
+            return True
+
     def notice(self, model: str, cause: Exception) -> None:
         """Reload `model` in the background when `cause` says its process died; at most one reload per model."""
         if "not healthy" not in str(cause):
             return
         with self._lock:
+            self._deaths[model] = time.monotonic()
             if model in self._reloading or self._closed.is_set():
                 return
             self._reloading.add(model)
@@ -77,18 +105,24 @@ class Reloader:
         except Exception:  # asking failed: as good as not ready
             return False
 
+    def config(self, model: str) -> str:
+        """`model`'s config.pbtxt as the JSON a config override takes, with a `trtspec_reload` parameter no earlier
+        load had: loading a model again with its own, unchanged config would do nothing."""
+        from google.protobuf import json_format, text_format
+        from tritonclient.grpc import model_config_pb2
+
+        config = model_config_pb2.ModelConfig()
+        text_format.Parse((self.repository / model / "config.pbtxt").read_text(), config)
+        config.parameters["trtspec_reload"].string_value = str(next(_loads))
+        return json_format.MessageToJson(config, preserving_proto_field_name=True)
+
     def _reload(self, model: str) -> None:
-        # Loading a model that Triton still counts as loaded does nothing unless its files changed, and a dead stub
-        # is not a change: unload it first (once), then load it afresh (a new stub process) until that works.
-        pause, unloaded, tries = self.first_pause, False, 0
+        pause, tries = self.first_pause, 0
         try:
             while not self._closed.is_set():
                 tries += 1
                 try:
-                    if not unloaded:
-                        pb_utils.unload_model(model_name=model)
-                        unloaded = True
-                    pb_utils.load_model(model_name=model)
+                    pb_utils.load_model(model_name=model, config=self.config(model))
                     pb_utils.Logger.log_info(f"{self.owner}: reloaded {model}, whose process had died"
                                              + (f" ({tries} tries)" if tries > 1 else ""))
                     return

@@ -1,0 +1,301 @@
+"""The BLS's engine client: calls a `tensorrt_llm`-contract model (the target or the draft) through BLS, for one
+request, and gives every call up when the request is over or the model is gone."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtspec.contract import ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, request_to_tensors, tensors_to_result
+from trtspec.errors import Cancelled, EngineError, EngineUnavailable
+from trtspec.triton.recovery import Reloader, unavailable
+
+# How often a call that is waiting on its engine looks at the client and the request's deadline: a call given up
+# on is stopped at the engine at most this long after the reason arose (about one decode step).
+WATCH_SECONDS = 0.02
+# How long a stop request may take before the BLS gives up on it (a model whose process died never answers).
+STOP_TIMEOUT_SECONDS = 2.0
+# A call silent this long asks whether its model is still alive (see BlsEngineClient.lost).
+SILENT_SECONDS = 1.0
+
+
+class BlsEngineClient:
+    """An engine client that calls a `tensorrt_llm`-contract model through BLS, on behalf of one request
+    (`request_id`: its calls carry the client's request id, as NVIDIA's BLS passes its own to both engines, so
+    that the engine can stop them by that id).
+
+    While a call runs, the request watches: `watch()` (the client cancelled: True; the request's deadline passed:
+    it raises), `call_timeout_ms` (the deployment's `draft_timeout_ms`, for the draft model) and `deadline` (a
+    `time.monotonic()` instant: the request's `timeout_ms`, for the target; a draft call past the request's
+    deadline is not the draft model's failure, and the target call after it ends the request). A call given up on
+    is stopped at the engine with a `stop` request carrying the same request id (NVIDIA's send_cancellation_request
+    in triton_decoder.py; the backend's handleStopRequest), so its batch slot and KV blocks are freed within an
+    engine step; the request gets Cancelled, or an EngineError naming the bound.
+
+    A call is read on a thread of `calls` while the request waits on it, because a call to a model whose process
+    died never ends: with Triton's Python backend (2.51 to 2.71) a decoupled model's open calls get no further
+    response, not even an error. The request gives such a call up (EngineUnavailable) once `reloader` has seen the
+    model dead since the call began, which a silent call finds out by probing the model (`lost`)."""
+
+    def __init__(self, model_name: str, request_id: str = "", *, calls: ThreadPoolExecutor, reloader: Reloader,
+                 call_timeout_ms: int = 0, deadline: float | None = None, decoupled: bool = False, watch=None):
+        self.model_name, self.request_id = model_name, request_id
+        self.calls, self.reloader = calls, reloader
+        self.call_timeout_ms, self.deadline = call_timeout_ms, deadline
+        self.decoupled = decoupled  # the model streams its responses (NVIDIA's decoupled_mode)
+        self.watch = watch
+        # Every call and response of the request lives as long as the request: with Triton 2.51, freeing them
+        # while the request goes on corrupts the stub's memory ("malloc(): unaligned tcache chunk detected").
+        self.kept: list = []
+
+    @property
+    def streams(self) -> bool:
+        return self.decoupled
+
+    def for_request(self, request_id: str, deadline: float | None = None, watch=None) -> "BlsEngineClient":
+        return BlsEngineClient(self.model_name, request_id, calls=self.calls, reloader=self.reloader,
+                               call_timeout_ms=self.call_timeout_ms, deadline=deadline, decoupled=self.decoupled,
+                               watch=watch)
+
+    def generate(self, request: GenerationRequest) -> GenerationResult:
+        call = self._call(request, streaming=False)
+        tensors = self._bounded(lambda: self._exec(call))
+        return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
+
+    def stream(self, request: GenerationRequest) -> "_Stream":
+        if not self.decoupled:
+            raise EngineError(f"{self.model_name}: streaming needs a decoupled engine model")
+        return _Stream(self, self._call(request, streaming=True))
+
+    def failure(self, error) -> EngineError:
+        """An engine model's error (a TritonError or its message) as the request's: EngineUnavailable when the
+        model cannot serve now (its process died, it is being loaded again), EngineError otherwise. A model seen
+        dead is reloaded (trtspec.triton.recovery)."""
+        message = error if isinstance(error, str) else error.message()
+        refused = not isinstance(error, str) and error.code() == pb_utils.TritonError.INVALID_ARG
+        if refused or not unavailable(message):
+            return EngineError(f"{self.model_name}: {message}")
+        exc = EngineUnavailable(f"{self.model_name}: {message}")
+        self.reloader.notice(self.model_name, exc)
+        return exc
+
+    def lost(self, since: float, silent_since: float) -> bool:
+        """Whether the model died after `since` (a call's start): seen dead by any request, or, for a call silent
+        since `silent_since` for SILENT_SECONDS, by a probe (a stop for an id nobody uses: answered at once by a
+        live model, with "not healthy" by a dead one)."""
+        if self.reloader.died_since(self.model_name, since):
+            return True
+        if time.monotonic() - silent_since >= SILENT_SECONDS and self.reloader.may_probe(self.model_name):
+            try:
+                self._stop(f"probe-{uuid.uuid4()}")
+            except EngineError:
+                pass  # a dead model's answer is noticed by `failure`
+            return self.reloader.died_since(self.model_name, since)
+        return False
+
+    def _call(self, request: GenerationRequest, *, streaming: bool):
+        tensors = request_to_tensors(request)
+        if streaming:
+            tensors["streaming"] = np.ones((1, 1), np.bool_)
+        wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
+        return pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=wanted,
+                                         inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
+                                         request_id=self.request_id)
+
+    def _exec(self, call) -> dict[str, np.ndarray]:
+        """A unary call's output tensors. A decoupled model answers a request without `streaming` with one response
+        and a final flag, which may come on an empty response of its own."""
+        try:
+            responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
+        except pb_utils.TritonModelException as exc:  # e.g. a model that is not loaded
+            raise self.failure(str(exc)) from None
+        self.kept.append((call, responses))
+        tensors: dict[str, np.ndarray] = {}
+        for response in responses:
+            if response.has_error():
+                raise self.failure(response.error())
+            # copies: a decoupled response's tensors are views of shared memory that is released with it
+            tensors.update({t.name(): t.as_numpy().copy() for t in response.output_tensors()})
+        if "output_ids" not in tensors:
+            raise EngineError(f"{self.model_name}: answered without output_ids")
+        return tensors
+
+    def _bounded(self, run):
+        bound = self._bound()
+        started = time.monotonic()
+        expires = started + bound[0] if bound else None
+        future = self.calls.submit(run)
+        while True:
+            wait = WATCH_SECONDS if expires is None else min(WATCH_SECONDS, expires - time.monotonic())
+            try:
+                return future.result(timeout=max(wait, 0.0))
+            except FutureTimeout:
+                pass
+            self.check(future.done)
+            if expires is not None and time.monotonic() >= expires and not future.done():
+                self.send_stop()
+                raise EngineError(f"{self.model_name}: no answer within {bound[1]}; stopped it")
+            if not future.done() and self.lost(started, started):
+                raise self._gone()
+
+    def check(self, done=lambda: False) -> None:
+        """Raise Cancelled (or the watch's own error) when the request is over, after stopping its call."""
+        try:
+            if self.watch is not None and self.watch():
+                raise Cancelled()
+        except BaseException:
+            if not done():
+                self.send_stop()
+            raise
+
+    def send_stop(self) -> None:
+        """Stop this request's call at the engine. Waits for the stop's own answer, so that the request's next call,
+        which carries the same id, cannot be the one it stops."""
+        if not self.request_id:
+            return
+        try:
+            self._stop(self.request_id)
+        except Exception as exc:  # the call it stops ends with its model anyway; the request goes on
+            pb_utils.Logger.log_warn(f"could not stop {self.model_name} request {self.request_id}: {exc}")
+
+    def _stop(self, request_id: str) -> None:
+        """A stop request: the tensors of NVIDIA's send_cancellation_request (input_ids, input_lengths,
+        request_output_len 0, stop true) with `request_id`; EngineError when the model refuses it."""
+        inputs = [pb_utils.Tensor("input_ids", np.zeros((1, 1), np.int32)),
+                  pb_utils.Tensor("input_lengths", np.zeros((1, 1), np.int32)),
+                  pb_utils.Tensor("request_output_len", np.zeros((1, 1), np.int32)),
+                  pb_utils.Tensor("stop", np.ones((1, 1), np.bool_))]
+        call = pb_utils.InferenceRequest(model_name=self.model_name, inputs=inputs, requested_output_names=[],
+                                         request_id=request_id)
+
+        def run():
+            responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
+            self.kept.append((call, responses))
+            for response in responses:
+                if response.has_error():
+                    raise self.failure(response.error())
+
+        try:
+            self.calls.submit(run).result(timeout=STOP_TIMEOUT_SECONDS)
+        except FutureTimeout:
+            raise EngineError(f"{self.model_name}: no answer to a stop within {STOP_TIMEOUT_SECONDS:g} s") from None
+
+    def _gone(self) -> EngineUnavailable:
+        return EngineUnavailable(f"{self.model_name}: its process died while this request's call was open")
+
+    def _bound(self) -> tuple[float, str] | None:
+        """(seconds left, what bounds it) of the tightest bound on a call now, or None."""
+        bounds = []
+        if self.call_timeout_ms:
+            bounds.append((self.call_timeout_ms / 1000, f"{self.call_timeout_ms} ms (draft_timeout_ms)"))
+        if self.deadline is not None:
+            bounds.append((self.deadline - time.monotonic(), "the request's timeout_ms"))
+        return min(bounds) if bounds else None
+
+
+_END = object()  # the pump's last item
+
+
+class _Stream:
+    """A streaming call as the loop reads it (trtspec.orchestrator.loop.EngineStream): each response's tokens (a
+    streaming engine sends only the tokens since its previous response). A thread of the client's `calls` reads
+    the call's responses into a queue, which the request reads with WATCH_SECONDS waits: between responses it
+    checks the client's watch, the request's bound (a timer stops the call there) and whether the model died. A
+    stopped call is still read to its final response, which the engine sends within a step."""
+
+    def __init__(self, client: BlsEngineClient, call):
+        self.client, self.call = client, call
+        self.finished = self.stopping = self.expired = False
+
+    def __iter__(self):
+        client = self.client
+        bound = client._bound()
+        timer = threading.Timer(max(bound[0], 0.0), self._expire) if bound else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        kept: list = []  # see BlsEngineClient.kept
+        client.kept.append((self.call, kept))
+        items: queue.SimpleQueue = queue.SimpleQueue()
+
+        def pump():
+            try:
+                for response in self.call.exec(decoupled=True):
+                    kept.append(response)
+                    items.put(response)
+            except Exception as exc:  # pb_utils.TritonModelException: e.g. a model that is not loaded
+                items.put(exc)
+            items.put(_END)
+
+        started = heard = checked = time.monotonic()
+        client.calls.submit(pump)
+        try:
+            while True:
+                try:
+                    item = items.get(timeout=WATCH_SECONDS)
+                except queue.Empty:
+                    item = None
+                now = time.monotonic()
+                if item is _END:
+                    self.finished = True
+                    break
+                if item is None:  # silence
+                    if client.lost(started, heard):
+                        self.finished = True  # nothing more will come, and there is no one to stop
+                        raise client._gone()
+                elif isinstance(item, Exception):
+                    self.finished = True
+                    raise client.failure(str(item))
+                else:
+                    heard = now
+                    if item.has_error():
+                        self.finished = True  # an error is the call's last response: nothing left to stop
+                        raise client.failure(item.error())
+                    if not self.stopping:
+                        yield tensors_to_result({t.name(): t.as_numpy().copy() for t in item.output_tensors()}, [],
+                                                excluded=True)
+                if not self.stopping and now - checked >= WATCH_SECONDS:
+                    checked = now
+                    try:
+                        client.check()  # stops the call first when the request is over
+                    except BaseException:
+                        self.stopping = True
+                        raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if not self.finished and self.stopping:
+                self._drain(items, started)
+        if self.expired:
+            raise EngineError(f"{client.model_name}: no answer within {bound[1]}; stopped it")
+
+    def _drain(self, items: queue.SimpleQueue, started: float) -> None:
+        """Wait for a stopped call's last response (it comes within an engine step), unless its model died."""
+        heard = time.monotonic()
+        while True:
+            try:
+                item = items.get(timeout=WATCH_SECONDS)
+            except queue.Empty:
+                if self.client.lost(started, heard):
+                    return
+                continue
+            if item is _END:
+                self.finished = True
+                return
+            heard = time.monotonic()
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.stop()
+
+    def stop(self) -> None:
+        if not self.finished and not self.stopping:
+            self.stopping = True
+            self.client.send_stop()
