@@ -234,14 +234,18 @@ class Dying(StreamingClient):
         if self.dead:
             raise EngineUnavailable("tensorrt_llm: Stub process 'tensorrt_llm_0_0' is not healthy.")
 
-    def generate(self, request):
-        self._check()
-        result = super().generate(request)
-        if self.deaths and self.handed + len(result.new_tokens) > self.deaths[0]:
+    def _hand_out(self, tokens):
+        """Count tokens handed out; die (and fail) where the next death falls among them."""
+        if self.deaths and self.handed + len(tokens) > self.deaths[0]:
             self.deaths.pop(0)
             self.dead = True
             self._check()
-        self.handed += len(result.new_tokens)
+        self.handed += len(tokens)
+
+    def generate(self, request):
+        self._check()
+        result = super().generate(request)
+        self._hand_out(result.new_tokens)
         return result
 
     def stream(self, request):
@@ -252,11 +256,7 @@ class Dying(StreamingClient):
         class _Stream:
             def __iter__(self):
                 for part in parts:
-                    if client.deaths and client.handed + len(part.new_tokens) > client.deaths[0]:
-                        client.deaths.pop(0)
-                        client.dead = True
-                        client._check()
-                    client.handed += len(part.new_tokens)
+                    client._hand_out(part.new_tokens)
                     yield part
 
             def stop(self):
