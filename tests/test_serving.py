@@ -291,6 +291,47 @@ def test_metrics_move(spec_server):
     assert speculative and sum(after[k] - before.get(k, 0) for k in speculative) == 1
 
 
+def test_latency_error_and_deployment_metrics(spec_server):
+    """Histograms by mode (latency with edges at 3 s and 5 s), per-request acceptance, errors by kind, draft and
+    verify seconds, the learned break-even acceptance and the build info, as a scrape shows them."""
+    from tritonclient.utils import InferenceServerException
+
+    before = read_metrics(spec_server.metrics_url)
+    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 4,
+                                         "adaptive_draft_length": False})
+    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 0})
+    for bad in ({"text_input": PROMPTS[1], "max_tokens": 0}, {"text_input": PROMPTS[1], "max_tokens": 200,
+                                                               "timeout_ms": 1, "num_draft_tokens": 0}):
+        with pytest.raises(InferenceServerException):
+            grpc_generate(spec_server.grpc_url, bad)
+    after = read_metrics(spec_server.metrics_url)
+
+    def find(values, name, **labels):  # a sample by name and labels, whatever their order in the scrape
+        want = {f'{k}="{v}"' for k, v in {"model": "tensorrt_llm_bls", **labels}.items()}
+        for key, value in values.items():
+            if key.split("{")[0] == name and set(key.split("{", 1)[1].rstrip("}").split(",")) == want:
+                return value
+        return None
+
+    def moved(name, **labels):
+        return (find(after, name, **labels) or 0.0) - (find(before, name, **labels) or 0.0)
+
+    for mode in ("speculative", "plain"):
+        for hist in ("trtspec_request_duration_seconds", "trtspec_time_to_first_token_seconds",
+                     "trtspec_time_per_output_token_seconds"):
+            assert moved(f"{hist}_count", mode=mode) == 1, (hist, mode)
+        for edge in ("3", "5"):  # the latency alerts' thresholds are bucket edges
+            assert find(after, "trtspec_request_duration_seconds_bucket", mode=mode, le=edge) is not None
+    assert moved("trtspec_request_acceptance_ratio_count") == 1
+    assert 0 <= moved("trtspec_request_acceptance_ratio_sum") <= 1
+    assert moved("trtspec_request_errors_total", kind="bad_request") == 1
+    assert moved("trtspec_request_errors_total", kind="timeout") == 1
+    assert moved("trtspec_draft_seconds_total") > 0 and moved("trtspec_verify_seconds_total") > 0
+    assert 0 < find(after, "trtspec_break_even_acceptance", load="1") <= 1
+    info = [k for k in after if k.startswith("trtspec_build_info{")]
+    assert len(info) == 1 and 'max_draft_len="8"' in info[0] and 'quantization="fp8' in info[0] and after[info[0]] == 1
+
+
 # ---- streamed plain decoding: one engine call per plain stretch ----------------------------------------------
 
 def engine_metric(server, name: str, model: str = "tensorrt_llm") -> float:

@@ -206,6 +206,12 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "gather_context_logits": target.gather_context_logits,
         "gather_generation_logits": target.gather_generation_logits,
         "use_draft_logits_default": config.speculation.use_draft_logits,
+        # trtspec_build_info's labels: what is deployed, by name (not by path, which differs between machines)
+        "build_target": os.path.basename(config.target.checkpoint.rstrip("/")),
+        "build_draft": os.path.basename(config.draft.checkpoint.rstrip("/")) if config.draft is not None else "",
+        "build_quantization": f"{config.target.quantization}, kv {config.target.kv_cache_dtype}, {config.backend}",
+        "build_max_draft_len": target.max_draft_len,
+        "build_trtspec_version": __version__,
         "bls_inputs": tensor_block(BLS_INPUTS, inputs=True),
         "bls_outputs": tensor_block(BLS_OUTPUTS, inputs=False),
         **{f"{model}_{kind}": tensor_block(MODEL_TENSORS[model][i], inputs=i == 0)

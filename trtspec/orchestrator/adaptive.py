@@ -59,6 +59,17 @@ class CostModel:
         """(k, gain) with the highest gain over 1..k_max."""
         return max(((k, self.gain(alpha, k)) for k in range(1, k_max + 1)), key=lambda kg: kg[1], default=(0, 1.0))
 
+    def break_even(self, k_max: int) -> float:
+        """The acceptance below which no draft length up to k_max gains over plain decoding (1.0: none ever
+        does). The best gain grows with acceptance, so it is found by bisection."""
+        if k_max < 1 or self.best(1.0, k_max)[1] <= 1.0:
+            return 1.0
+        low, high = 0.0, 1.0
+        for _ in range(30):
+            mid = (low + high) / 2
+            low, high = (low, mid) if self.best(mid, k_max)[1] >= 1.0 else (mid, high)
+        return high
+
 
 @dataclass
 class Decision:
@@ -226,6 +237,14 @@ class DeploymentCosts:
             if model_drafts:
                 mine.draft_cost_ratio = _ewma(mine.draft_cost_ratio, theirs.draft_cost_ratio, w)
             self._loads[self.bucket(load)] = (mine, _ewma(step, policy.step_seconds, w))
+
+    def break_even(self, k_max: int) -> dict[str, float]:
+        """The break-even acceptance (CostModel.break_even) of each load with learned costs, by the loads' range
+        ("1", "2", "3-4", "5-8", ...); of the configured costs at "1" while nothing was learned."""
+        with self._lock:
+            entries = {b: costs for b, (costs, _) in self._loads.items()} or {0: self._initial}
+        return {(f"{2 ** (b - 1) + 1}-{2 ** b}" if b > 1 else str(b + 1)): costs.break_even(k_max)
+                for b, costs in sorted(entries.items())}
 
     def costs_at(self, load: int = 1) -> CostModel:
         with self._lock:

@@ -33,55 +33,8 @@ from trtspec.triton.common import (
     bool_parameter, error_response, input_arrays, load_tokenizer, model_parameters, parameter,
 )
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
+from trtspec.triton.metrics import Metrics
 from trtspec.triton.recovery import Reloader
-
-
-class Metrics:
-    """Speculation counters on Triton's metrics port (names documented in the README)."""
-
-    def __init__(self, model: str):
-        counter = pb_utils.MetricFamily.COUNTER
-        self._families = []  # a family must outlive its metrics, so every family is kept here
-
-        def family(name, description):
-            self._families.append(pb_utils.MetricFamily(name=name, description=description, kind=counter))
-            return self._families[-1]
-
-        self.labels = {"model": model}
-        self._draft = family("trtspec_draft_tokens_total", "Draft tokens proposed to the target").Metric(labels=self.labels)
-        self._accepted = family("trtspec_accepted_tokens_total", "Draft tokens the target accepted").Metric(labels=self.labels)
-        self._generated = family("trtspec_generated_tokens_total", "Tokens returned to clients").Metric(labels=self.labels)
-        self._iterations = family("trtspec_iterations_total", "Draft-then-verify iterations (plain decoding steps included)").Metric(labels=self.labels)
-        self._by_position = family("trtspec_accepted_tokens_by_position_total", "Accepted draft tokens by draft position (0 = first)")
-        self._drafted_by_position = family("trtspec_draft_tokens_by_position_total", "Draft tokens proposed by draft position (0 = first)")
-        requests = family("trtspec_requests_total", "Finished requests by decoding mode")
-        self._requests = {m: requests.Metric(labels=self.labels | {"mode": m}) for m in ("speculative", "plain")}
-        self._fallbacks = family("trtspec_fallbacks_total", "Times speculation was switched off for a request, by reason (low_acceptance, load, draft_error)")
-        self._position_metrics: dict[tuple[str, int], object] = {}
-        self._fallback_metrics: dict[str, object] = {}
-        self._lock = threading.Lock()
-
-    def _positional(self, kind: str, position: int):
-        key = (kind, position)
-        if key not in self._position_metrics:
-            fam = self._by_position if kind == "accepted" else self._drafted_by_position
-            self._position_metrics[key] = fam.Metric(labels=self.labels | {"position": str(position)})
-        return self._position_metrics[key]
-
-    def record(self, stats: RequestStats) -> None:
-        with self._lock:
-            self._draft.increment(stats.draft_tokens)
-            self._accepted.increment(stats.accepted_tokens)
-            self._generated.increment(stats.generated_tokens)
-            self._iterations.increment(stats.iterations)
-            for i, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
-                self._positional("drafted", i).increment(drafted)
-                self._positional("accepted", i).increment(accepted)
-            self._requests["speculative" if stats.speculative_iterations else "plain"].increment(1)
-            for reason, count in stats.fallbacks.items():
-                if reason not in self._fallback_metrics:
-                    self._fallback_metrics[reason] = self._fallbacks.Metric(labels=self.labels | {"reason": reason})
-                self._fallback_metrics[reason].increment(count)
 
 
 class TritonPythonModel:
@@ -90,9 +43,8 @@ class TritonPythonModel:
         self.batched = int(json.loads(args["model_config"]).get("max_batch_size", 0)) > 0
         params = model_parameters(args)
         workers = int(parameter(params, "max_concurrent_requests", "64"))
-        # bounded engine calls wait here; one whose model died never returns and keeps its thread, hence the room
-        # (a request has at most a call and its stop open per engine; a call to a model that died never ends and
-        # keeps its thread, hence the room)
+        # every engine call is read here (a request has at most a call and its stop open per engine); a call to a
+        # model that died never ends and keeps its thread, hence the room
         self.calls = ThreadPoolExecutor(max_workers=8 * workers + 8, thread_name_prefix="engine-call")
         decoupled = bool_parameter(params, "engine_decoupled_mode", False)
         self.reloader = Reloader(self.name, Path(args["model_repository"]).parent)
@@ -132,7 +84,9 @@ class TritonPythonModel:
         self.tokenizer = load_tokenizer(parameter(params, "tokenizer_dir"))
         # every token the target ends on (Llama 3.x Instruct declares three): the first is the engine's end_id
         self.end_ids = declared_end_ids(parameter(params, "tokenizer_dir"), self.tokenizer.eos_token_id)
-        self.metrics = Metrics(self.name)
+        self.metrics = Metrics(self.name, {key: parameter(params, f"build_{key}", "") for key in
+                                           ("target", "draft", "quantization", "max_draft_len", "trtspec_version")})
+        self.metrics.break_even(self.costs, self.max_draft_len)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
         self.max_queued = int(parameter(params, "max_queued_requests", "256"))
@@ -149,6 +103,7 @@ class TritonPythonModel:
             if refuse:
                 busy = EngineUnavailable(f"the server is busy ({self.max_queued} requests are already waiting, "
                                          "max_queued_requests); retry later")
+                self.metrics.error("refused")
                 sender.send(error_response(busy, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             self.pool.submit(self._serve, request, sender, time.monotonic())
@@ -169,6 +124,7 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[], error=error), flags=final)
         except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
             sender.send(error_response(exc, self.name), flags=final)
+            self.metrics.error(error_kind(exc))
         finally:
             with self._active_lock:
                 self._admitted -= 1
@@ -245,7 +201,8 @@ class TritonPythonModel:
             with self._active_lock:
                 load = peak_load()
             self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
-        self.metrics.record(stats)
+            self.metrics.break_even(self.costs, self.max_draft_len)
+        self.metrics.record(stats, run.times_ns)
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if spec.stream:
             sender.send(self._response(rest, [], plan, run, len(ids), final=True), flags=flags)
@@ -434,6 +391,13 @@ class TritonPythonModel:
                 out("draft_sources", [f"{r}:{n}".encode() for r, n in stats.sources.items()], np.object_),
             ]
         return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def error_kind(exc: Exception) -> str:
+    """The kind a failed request is counted as (trtspec_request_errors_total)."""
+    if isinstance(exc, RequestError):
+        return "timeout" if exc.field == "timeout_ms" else "bad_request"
+    return "engine_error"
 
 
 @dataclasses.dataclass

@@ -1,0 +1,119 @@
+"""The BLS's metrics on Triton's metrics port (names and meanings in docs/metrics.md): what speculation did, how
+long requests took by decoding mode, what failed, and where drafting stops paying.
+
+Names follow Prometheus's conventions: counters end in `_total`, times are seconds, ratios are 0..1. Every metric
+carries the label `model` (the BLS model's name)."""
+
+from __future__ import annotations
+
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from trtspec.orchestrator.adaptive import DeploymentCosts
+from trtspec.orchestrator.stats import RequestStats
+
+MODES = ("speculative", "plain")
+# what a failed request is counted as: its own fault, past its deadline, refused at the door, or the server's
+ERROR_KINDS = ("bad_request", "timeout", "refused", "engine_error")
+# Latency buckets with edges at 3 s and 5 s: the warning and critical thresholds of the alerting rules.
+DURATION_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0]
+TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]
+TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0]
+ACCEPTANCE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+
+
+class Metrics:
+    """The BLS's metric families, created once per model instance; `record` and `error` are thread-safe."""
+
+    def __init__(self, model: str, build: dict[str, str]):
+        self._families = []  # a family must outlive its metrics, so every family is kept here
+        self._lock = threading.Lock()
+        self.labels = {"model": model}
+        counter, gauge, histogram = (pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE,
+                                     pb_utils.MetricFamily.HISTOGRAM)
+
+        def family(name, description, kind=counter):
+            self._families.append(pb_utils.MetricFamily(name=name, description=description, kind=kind))
+            return self._families[-1]
+
+        def one(name, description, kind=counter):
+            return family(name, description, kind).Metric(labels=self.labels)
+
+        def by_mode(name, description, buckets):
+            fam = family(name, description, histogram)
+            return {m: fam.Metric(labels=self.labels | {"mode": m}, buckets=buckets) for m in MODES}
+
+        self._draft = one("trtspec_draft_tokens_total", "Draft tokens proposed to the target")
+        self._accepted = one("trtspec_accepted_tokens_total", "Draft tokens the target accepted")
+        self._generated = one("trtspec_generated_tokens_total", "Tokens returned to clients")
+        self._iterations = one("trtspec_iterations_total", "Draft-then-verify iterations (plain decoding steps included)")
+        self._draft_seconds = one("trtspec_draft_seconds_total", "Seconds requests spent drafting")
+        self._verify_seconds = one("trtspec_verify_seconds_total", "Seconds requests spent in target calls")
+        self._by_position = family("trtspec_accepted_tokens_by_position_total", "Accepted draft tokens by draft position (0 = first)")
+        self._drafted_by_position = family("trtspec_draft_tokens_by_position_total", "Draft tokens proposed by draft position (0 = first)")
+        requests = family("trtspec_requests_total", "Finished requests by decoding mode")
+        self._requests = {m: requests.Metric(labels=self.labels | {"mode": m}) for m in MODES}
+        self._fallbacks = family("trtspec_fallbacks_total", "Times speculation was switched off for a request, by reason (low_acceptance, load, draft_error)")
+        errors = family("trtspec_request_errors_total", "Requests that ended in an error, by kind (bad_request, timeout, refused, engine_error)")
+        self._errors = {k: errors.Metric(labels=self.labels | {"kind": k}) for k in ERROR_KINDS}
+        self._duration = by_mode("trtspec_request_duration_seconds", "Request latency, arrival to last response, by decoding mode", DURATION_BUCKETS)
+        self._ttft = by_mode("trtspec_time_to_first_token_seconds", "Arrival to first token, by decoding mode", TTFT_BUCKETS)
+        self._tpot = by_mode("trtspec_time_per_output_token_seconds", "Mean time per output token after the first, by decoding mode", TPOT_BUCKETS)
+        self._acceptance = family("trtspec_request_acceptance_ratio", "Per request: accepted / drafted tokens (requests that drafted)",
+                                  histogram).Metric(labels=self.labels, buckets=ACCEPTANCE_BUCKETS)
+        self._break_even = family("trtspec_break_even_acceptance", "The acceptance below which drafting costs more than it returns, as the deployment's learned costs say, by load (requests in flight)", gauge)
+        self._break_even_metrics: dict[str, object] = {}
+        self._info = family("trtspec_build_info", "The deployment (value 1): target, draft, quantization, "
+                            "max_draft_len, versions", gauge).Metric(labels=self.labels | build)
+        self._info.set(1)
+        self._position_metrics: dict[tuple[str, int], object] = {}
+        self._fallback_metrics: dict[str, object] = {}
+
+    def _positional(self, kind: str, position: int):
+        key = (kind, position)
+        if key not in self._position_metrics:
+            fam = self._by_position if kind == "accepted" else self._drafted_by_position
+            self._position_metrics[key] = fam.Metric(labels=self.labels | {"position": str(position)})
+        return self._position_metrics[key]
+
+    def record(self, stats: RequestStats, times_ns: list[int]) -> None:
+        """A finished request: its statistics and its times (arrival, first target call, first and last token,
+        nanoseconds of one clock)."""
+        mode = "speculative" if stats.speculative_iterations else "plain"
+        arrival, _, first, last = times_ns
+        with self._lock:
+            self._draft.increment(stats.draft_tokens)
+            self._accepted.increment(stats.accepted_tokens)
+            self._generated.increment(stats.generated_tokens)
+            self._iterations.increment(stats.iterations)
+            self._draft_seconds.increment(stats.draft_seconds)
+            self._verify_seconds.increment(stats.verify_seconds)
+            for i, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
+                self._positional("drafted", i).increment(drafted)
+                self._positional("accepted", i).increment(accepted)
+            self._requests[mode].increment(1)
+            for reason, count in stats.fallbacks.items():
+                if reason not in self._fallback_metrics:
+                    self._fallback_metrics[reason] = self._fallbacks.Metric(labels=self.labels | {"reason": reason})
+                self._fallback_metrics[reason].increment(count)
+            if last:
+                self._duration[mode].observe((last - arrival) / 1e9)
+            if first:
+                self._ttft[mode].observe((first - arrival) / 1e9)
+            if first and last and stats.generated_tokens > 1:
+                self._tpot[mode].observe((last - first) / 1e9 / (stats.generated_tokens - 1))
+            if stats.draft_tokens:
+                self._acceptance.observe(stats.accepted_tokens / stats.draft_tokens)
+
+    def error(self, kind: str) -> None:
+        with self._lock:
+            self._errors[kind].increment(1)
+
+    def break_even(self, costs: DeploymentCosts, k_max: int) -> None:
+        """Set the break-even acceptance of every load the deployment has learned costs for."""
+        with self._lock:
+            for load, value in costs.break_even(k_max).items():
+                if load not in self._break_even_metrics:
+                    self._break_even_metrics[load] = self._break_even.Metric(labels=self.labels | {"load": load})
+                self._break_even_metrics[load].set(value)
