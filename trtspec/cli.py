@@ -154,10 +154,13 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
               "false: unary engine models, for clients that call them with plain infer (NVIDIA's "
               "e2e_grpc_speculative_decoding_client.py); streamed requests then cost one engine call per token.")
 @click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
+@click.option("--monitoring", "monitoring_dir", type=click.Path(file_okay=False),
+              help="Also write Prometheus recording and alerting rules for the deployment's metrics here.")
 @click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
 @click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")
 def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int | None,
-           speculation: str | None, portable: bool, decoupled_mode: bool, k8s_dir: str | None, image: str, pvc: str) -> None:
+           speculation: str | None, portable: bool, decoupled_mode: bool, k8s_dir: str | None,
+           monitoring_dir: str | None, image: str, pvc: str) -> None:
     """Check the built engines, write the Triton model repository for them, then validate it."""
     from trtspec.build import default_output
     from trtspec.config import load_config
@@ -181,6 +184,11 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
         from trtspec.k8s import write_manifests
 
         for path in write_manifests(loaded, out, k8s_dir, image=image, pvc=pvc):
+            console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
+    if monitoring_dir:
+        from trtspec.monitoring import write_monitoring
+
+        for path in write_monitoring(monitoring_dir):
             console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
     console.print(f"model repository in {escape(str(out))}; serve it with `trtspec serve --repo {escape(str(out))}`",
                   highlight=False, soft_wrap=True)
