@@ -7,15 +7,17 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import urllib.parse
 import urllib.request
 
 import pytest
 import yaml
 
-from trtspec.monitoring import ALERTS, RECORDING_RULES, write_monitoring
+from trtspec.monitoring import ALERTS, PANELS, RECORDING_RULES, write_monitoring
 
-PROMTOOL = shutil.which("promtool")
+PROMTOOL, PROMETHEUS = shutil.which("promtool"), shutil.which("prometheus")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt install prometheus)")
+needs_prometheus = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (Debian: apt install prometheus)")
 MODEL = 'model="tensorrt_llm_bls"'
 MINUTES = 40
 
@@ -71,7 +73,7 @@ def test_every_alert_has_its_cases():
 
 @needs_promtool
 def test_promtool_checks_the_rules(tmp_path):
-    (path,) = write_monitoring(tmp_path)
+    path = write_monitoring(tmp_path)[0]
     result = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(RECORDING_RULES) + len(ALERTS)} rules found" in result.stdout
@@ -80,7 +82,7 @@ def test_promtool_checks_the_rules(tmp_path):
 @needs_promtool
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_promtool_unit_tests_per_alert(tmp_path, name):
-    (path,) = write_monitoring(tmp_path)
+    path = write_monitoring(tmp_path)[0]
     alert = next(a for a in ALERTS if a.name == name)
     fires, below, quiet = CASES[name]
     settle = MINUTES - 5  # well past the rate window and the alert's `for`
@@ -101,20 +103,95 @@ def test_promtool_unit_tests_per_alert(tmp_path, name):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_metric_the_rules_read_is_exported(tmp_path):
-    """The names the rules query, taken against a scrape of a real tritonserver serving the tiny pair after one
-    request (a rule on a name nobody exports can never fire, and promtool accepts it)."""
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    """A real tritonserver serving the tiny pair, after requests of each kind (speculative, plain, streamed, refused
+    as bad, past their deadline), and its scrape; with a real Prometheus scraping it every second and evaluating
+    the generated rules when Debian's prometheus is installed (else None)."""
+    import json
+    import os
+    import signal
+    import socket
+    import time
+
     from test_serving import grpc_generate
     from tiny import served_pair
+    from tritonclient.utils import InferenceServerException
+    from trtspec.server import free_port
 
-    server = served_pair(tmp_path)
+    root = tmp_path_factory.mktemp("monitoring")
+    server = served_pair(root / "pair")
     server.start(timeout=300)
+    prometheus = None
     try:
-        grpc_generate(server.grpc_url, {"text_input": "The quick brown fox", "max_tokens": 8, "num_draft_tokens": 4})
+        rules = write_monitoring(root / "monitoring")[0]
+        if PROMETHEUS is not None:
+            port = free_port()
+            config = root / "prometheus.yml"
+            config.write_text(yaml.safe_dump({
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(rules)],
+                "scrape_configs": [{"job_name": "trtspec", "static_configs": [
+                    {"targets": [server.metrics_url.split("//")[1].split("/")[0]]}]}]}))
+            prometheus = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True)
+            deadline = time.monotonic() + 60
+            while True:
+                with socket.socket() as sock:
+                    if sock.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                assert time.monotonic() < deadline, "prometheus did not start"
+                time.sleep(0.5)
+        prompt = "The quick brown fox"
+        for _ in range(3):
+            for fields in ({"num_draft_tokens": 4, "adaptive_draft_length": False}, {"num_draft_tokens": 4},
+                           {"num_draft_tokens": 0}, {"num_draft_tokens": 0, "stream": True}):
+                grpc_generate(server.grpc_url, {"text_input": prompt, "max_tokens": 12, **fields})
+            for bad in ({"max_tokens": 0}, {"max_tokens": 200, "timeout_ms": 1, "num_draft_tokens": 0}):
+                with pytest.raises(InferenceServerException):
+                    grpc_generate(server.grpc_url, {"text_input": prompt, **bad})
+            time.sleep(1.5)
+        time.sleep(3)  # two more scrapes and rule evaluations
         scrape = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+
+        def query(expr):
+            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+            body = json.load(urllib.request.urlopen(url, timeout=10))
+            assert body["status"] == "success", body
+            return body["data"]["result"]
+
+        yield scrape, (query if prometheus is not None else None)
     finally:
+        if prometheus is not None:
+            os.killpg(prometheus.pid, signal.SIGTERM)
+            prometheus.wait(timeout=30)
         server.stop()
+
+
+def test_every_metric_the_rules_and_panels_read_is_exported(scraped):
+    """The names the rules and the dashboard query, against a scrape of a real tritonserver serving the tiny pair
+    (a rule on a name nobody exports can never fire, and promtool accepts it). The GPU panels read TensorRT-LLM's
+    and the GPU's `nv_*` metrics, which the embedded engine on a CPU does not have."""
+    scrape, _ = scraped
     exported = {line.split("{")[0].split(" ")[0] for line in scrape.splitlines() if line and not line.startswith("#")}
-    text = " ".join(RECORDING_RULES.values()) + " " + " ".join(a.expr for a in ALERTS)
+    text = " ".join([*RECORDING_RULES.values(), *(a.expr for a in ALERTS),
+                     *(q for p in PANELS if not p.gpu_only for q, _ in p.queries)])
     queried = set(re.findall(r"\b(?:trtspec|nv)_[a-z0-9_]+", text))  # metric names (recorded ones have a colon)
     assert queried and not queried - exported, f"not exported: {sorted(queried - exported)}"
+    for histogram in ("trtspec_request_duration_seconds", "trtspec_time_to_first_token_seconds",
+                      "trtspec_time_per_output_token_seconds"):
+        assert f"{histogram}_bucket" in exported
+
+
+@needs_prometheus
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(scraped):
+    _, query = scraped
+    for name in RECORDING_RULES:
+        assert query(name), f"the recording rule {name} has no data"
+    for panel in PANELS:
+        if panel.gpu_only:
+            continue
+        for expr, _ in panel.queries:
+            assert query(expr.replace("$model", "tensorrt_llm_bls")), f"{panel.title}: no data for {expr}"

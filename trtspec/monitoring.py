@@ -1,5 +1,6 @@
-"""Prometheus recording and alerting rules for a deployment's metrics (docs/metrics.md), from one table of
-thresholds: `trtspec deploy --monitoring DIR` writes them as `prometheus-rules.yaml`.
+"""Prometheus recording and alerting rules and a Grafana dashboard for a deployment's metrics (docs/metrics.md),
+from one table of thresholds: `trtspec deploy --monitoring DIR` writes `prometheus-rules.yaml` and
+`grafana-dashboard.json`.
 
 The thresholds are the operators' own: request latency p99 above 3 s is a warning and above 5 s critical (roll back
 to plain decoding); an error ratio above 2 % a warning and above 5 % critical (roll back at once); acceptance below
@@ -13,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import json
+
 import yaml
 
 RULES_FILE = "prometheus-rules.yaml"
+DASHBOARD_FILE = "grafana-dashboard.json"
 WINDOW = "5m"
 # Below this many finished requests per second (15 in the 5-minute window) no alert fires.
 MIN_REQUESTS_PER_SECOND = 0.05
@@ -95,10 +99,91 @@ def rules() -> dict:
     ]}
 
 
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    unit: str
+    queries: tuple[tuple[str, str], ...]  # (PromQL with $model, legend)
+    lines: tuple[float, ...] = ()         # thresholds drawn as lines (the alerts')
+    gpu_only: bool = False                # reads TensorRT-LLM's or the GPU's metrics, absent on the embedded engine
+
+
+M = 'model="$model"'
+LATENCY_LINES = tuple(a.threshold for a in ALERTS if a.name.startswith("TrtspecLatencyP99"))
+
+
+def _mean(name: str, mode: str) -> str:
+    return (f'(sum(rate({name}_sum{{{M},mode="{mode}"}}[{WINDOW}])) / '
+            f'sum(rate({name}_count{{{M},mode="{mode}"}}[{WINDOW}])))')
+
+
+PANELS = [
+    Panel("Acceptance against the learned break-even", "percentunit", (
+        (f"trtspec:acceptance:ratio_rate5m{{{M}}}", "acceptance"),
+        (f"max by (load) (trtspec_break_even_acceptance{{{M}}})", "break-even, load {{load}}"))),
+    Panel("Acceptance by draft position", "percentunit", (
+        (f"sum by (position) (rate(trtspec_accepted_tokens_by_position_total{{{M}}}[{WINDOW}])) / "
+         f"sum by (position) (rate(trtspec_draft_tokens_by_position_total{{{M}}}[{WINDOW}]))", "position {{position}}"),)),
+    Panel("Request latency p99 by mode", "s", (
+        (f"histogram_quantile(0.99, sum by (mode, le) (rate(trtspec_request_duration_seconds_bucket{{{M}}}[{WINDOW}])))",
+         "{{mode}}"),), lines=LATENCY_LINES),
+    Panel("Time to first token p50 by mode", "s", (
+        (f"histogram_quantile(0.5, sum by (mode, le) (rate(trtspec_time_to_first_token_seconds_bucket{{{M}}}[{WINDOW}])))",
+         "{{mode}}"),)),
+    Panel("Live speed-up: plain over speculative time per output token", "x", (
+        (f"{_mean('trtspec_time_per_output_token_seconds', 'plain')} / "
+         f"{_mean('trtspec_time_per_output_token_seconds', 'speculative')}", "speed-up"),)),
+    Panel("Tokens per iteration", "none", (
+        (f"sum(rate(trtspec_generated_tokens_total{{{M}}}[{WINDOW}])) / "
+         f"sum(rate(trtspec_iterations_total{{{M}}}[{WINDOW}]))", "tokens / iteration"),)),
+    Panel("Requests by mode", "reqps", ((f"sum by (mode) (rate(trtspec_requests_total{{{M}}}[{WINDOW}]))", "{{mode}}"),)),
+    Panel("Errors by kind", "reqps", (
+        (f"sum by (kind) (rate(trtspec_request_errors_total{{{M}}}[{WINDOW}]))", "{{kind}}"),
+        (f"trtspec:request_error_ratio:rate5m{{{M}}}", "error ratio"))),
+    Panel("Fallbacks by reason", "ops", ((f"sum by (reason) (rate(trtspec_fallbacks_total{{{M}}}[{WINDOW}]))", "{{reason}}"),)),
+    Panel("KV cache blocks in use (TensorRT-LLM)", "percentunit", (
+        ('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"} / '
+         'ignoring(kv_cache_block_type) nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}', "{{model}}"),),
+          gpu_only=True),
+    Panel("GPU memory used", "percentunit", (
+        ("nv_gpu_memory_used_bytes / nv_gpu_memory_total_bytes", "GPU {{gpu_uuid}}"),), gpu_only=True),
+]
+
+
+def dashboard() -> dict:
+    """A Grafana dashboard of PANELS, two to a row, with a `model` variable (the BLS model) and a data source
+    variable."""
+    panels = []
+    for i, p in enumerate(PANELS):
+        steps = [{"color": "green", "value": None}] + [{"color": c, "value": v} for c, v in zip(("orange", "red"), p.lines)]
+        panels.append({
+            "id": i + 1, "type": "timeseries", "title": p.title + (" (GPU deployments)" if p.gpu_only else ""),
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+            "fieldConfig": {"defaults": {"unit": p.unit, "thresholds": {"mode": "absolute", "steps": steps},
+                                         "custom": {"thresholdsStyle": {"mode": "line" if p.lines else "off"}}},
+                            "overrides": []},
+            "targets": [{"refId": chr(65 + j), "expr": expr, "legendFormat": legend}
+                        for j, (expr, legend) in enumerate(p.queries)],
+        })
+    return {
+        "title": "trtspec speculative decoding", "uid": "trtspec", "schemaVersion": 38, "version": 1,
+        "time": {"from": "now-1h", "to": "now"}, "refresh": "10s", "tags": ["trtspec"],
+        "templating": {"list": [
+            {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
+            {"name": "model", "type": "query", "label": "BLS model",
+             "datasource": {"type": "prometheus", "uid": "${datasource}"},
+             "query": "label_values(trtspec_requests_total, model)", "refresh": 2},
+        ]},
+        "panels": panels,
+    }
+
+
 def write_monitoring(out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / RULES_FILE
-    path.write_text("# Written by `trtspec deploy --monitoring`; thresholds in trtspec/monitoring.py.\n"
-                    + yaml.safe_dump(rules(), sort_keys=False, width=120))
-    return [path]
+    rules_path, dashboard_path = out / RULES_FILE, out / DASHBOARD_FILE
+    rules_path.write_text("# Written by `trtspec deploy --monitoring`; thresholds in trtspec/monitoring.py.\n"
+                          + yaml.safe_dump(rules(), sort_keys=False, width=120))
+    dashboard_path.write_text(json.dumps(dashboard(), indent=2) + "\n")
+    return [rules_path, dashboard_path]
