@@ -328,6 +328,9 @@ def test_latency_error_and_deployment_metrics(spec_server):
     assert moved("trtspec_request_errors_total", kind="timeout") == 1
     assert moved("trtspec_draft_seconds_total") > 0 and moved("trtspec_verify_seconds_total") > 0
     assert 0 < find(after, "trtspec_break_even_acceptance", load="1") <= 1
+    states = {st: find(after, "trtspec_speculation_state", state=st) for st in ("speculating", "reduced", "plain", "probing")}
+    assert sorted(states.values()) == [0, 0, 0, 1]  # one state at a time
+    assert find(after, "trtspec_draft_length_cap") == {"speculating": 4, "reduced": 2}.get(max(states, key=states.get), 0)
     info = [k for k in after if k.startswith("trtspec_build_info{")]
     assert len(info) == 1 and 'max_draft_len="8"' in info[0] and 'quantization="fp8' in info[0] and after[info[0]] == 1
 

@@ -27,6 +27,7 @@ from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, Deploy
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
+from trtspec.orchestrator.governor import Governor, Outcome
 from trtspec.orchestrator.loop import SpecRequest, Trace, speculate
 from trtspec.orchestrator.stats import RequestStats
 from trtspec.triton.common import (
@@ -87,6 +88,9 @@ class TritonPythonModel:
         self.metrics = Metrics(self.name, {key: parameter(params, f"build_{key}", "") for key in
                                            ("target", "draft", "quantization", "max_draft_len", "trtspec_version")})
         self.metrics.break_even(self.costs, self.max_draft_len)
+        # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
+        self.governor = Governor(self.default_k or self.speculation_k, on_change=self._governed)
+        self.metrics.governor(self.governor.state, self.governor.cap())
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
         self.max_queued = int(parameter(params, "max_queued_requests", "256"))
@@ -168,46 +172,63 @@ class TritonPythonModel:
         if spec.num_draft_tokens > 0 and self.max_spec_concurrency and load > self.max_spec_concurrency:
             spec.num_draft_tokens = 0
             stats.fallbacks["load"] = 1
-        drafter = policy = None
-        if spec.num_draft_tokens > 0:
-            drafter = self._drafter(plan, watch=sender.is_cancelled)
-            # auto: prompt lookup, which costs no draft call, drafts up to max_draft_len (the model up to K)
-            bound = max(spec.num_draft_tokens, self.max_draft_len) if plan.method == "auto" else spec.num_draft_tokens
-            policy = (self.costs.policy(bound, model_drafts=plan.model_drafts, load=load)
-                      if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
-        detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
-        # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
-        # unless exclude_input_in_output is set.
-        prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
-        ids: list[int] = []
-        text = []
-        run = _Run(stats, Trace(), [int(arrived * 1e9), time.monotonic_ns(), 0, 0], len(spec.prompt))
-        target = self.target.for_request(plan.request_id, deadline, watch=stop)
-        recover = self._recovery(deadline, stop)
-        for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace,
-                               recover=recover):
-            run.times_ns[2] = run.times_ns[2] or time.monotonic_ns()
-            run.times_ns[3] = time.monotonic_ns()
-            ids += chunk
-            piece = detok.push(chunk)
+        cap, probe, admitted = self.governor.admit()
+        if cap < self.governor.k_full:  # rolled back: every draft source drafts at most `cap`
+            plan.cap = cap
+            if spec.num_draft_tokens > cap:
+                spec.num_draft_tokens = cap
+                stats.fallbacks["governor"] = 1
+        times_ns = [int(arrived * 1e9), time.monotonic_ns(), 0, 0]
+        try:
+            drafter = policy = None
+            if spec.num_draft_tokens > 0:
+                drafter = self._drafter(plan, watch=sender.is_cancelled)
+                # auto: prompt lookup, which costs no draft call, drafts up to max_draft_len (the model up to K)
+                lookup_k = self.max_draft_len if plan.cap is None else plan.cap
+                bound = max(spec.num_draft_tokens, lookup_k) if plan.method == "auto" else spec.num_draft_tokens
+                policy = (self.costs.policy(bound, model_drafts=plan.model_drafts, load=load)
+                          if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
+            detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
+            # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
+            # unless exclude_input_in_output is set.
+            prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
+            ids: list[int] = []
+            text = []
+            run = _Run(stats, Trace(), times_ns, len(spec.prompt))
+            target = self.target.for_request(plan.request_id, deadline, watch=stop)
+            recover = self._recovery(deadline, stop)
+            for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace,
+                                   recover=recover):
+                run.times_ns[2] = run.times_ns[2] or time.monotonic_ns()
+                run.times_ns[3] = time.monotonic_ns()
+                ids += chunk
+                piece = detok.push(chunk)
+                if spec.stream:
+                    if piece or chunk:
+                        sender.send(self._response(piece, chunk, plan, run, len(ids)))
+                else:
+                    text.append(piece)
+            rest = detok.flush()
+            if isinstance(policy, AdaptiveDraftLength):
+                # the costs it measured belong to the most requests it ran beside, not to those at its start or end
+                with self._active_lock:
+                    load = peak_load()
+                self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
+                self.metrics.break_even(self.costs, self.max_draft_len)
+            self.metrics.record(stats, run.times_ns)
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             if spec.stream:
-                if piece or chunk:
-                    sender.send(self._response(piece, chunk, plan, run, len(ids)))
+                sender.send(self._response(rest, [], plan, run, len(ids), final=True), flags=flags)
             else:
-                text.append(piece)
-        rest = detok.flush()
-        if isinstance(policy, AdaptiveDraftLength):
-            # the costs it measured belong to the most requests it ran beside, not to those at its start or end
-            with self._active_lock:
-                load = peak_load()
-            self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
-            self.metrics.break_even(self.costs, self.max_draft_len)
-        self.metrics.record(stats, run.times_ns)
-        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if spec.stream:
-            sender.send(self._response(rest, [], plan, run, len(ids), final=True), flags=flags)
-        else:
-            sender.send(self._response(prompt_text + "".join(text) + rest, ids, plan, run, len(ids), final=True), flags=flags)
+                sender.send(self._response(prompt_text + "".join(text) + rest, ids, plan, run, len(ids), final=True), flags=flags)
+        except Exception as exc:
+            if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
+                self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
+            raise
+        first, last, tokens = times_ns[2], times_ns[3], stats.generated_tokens
+        self._govern(Outcome(bool(stats.speculative_iterations),
+                             (last - first) / 1e9 / (tokens - 1) if tokens > 1 and first else None,
+                             stats.draft_tokens, stats.accepted_tokens, probe=probe, admitted_at=admitted), load)
 
     def _drafter(self, plan: "_Plan", watch):
         """`watch`: whether the client left (the request's deadline does not bound a draft call: see BlsEngineClient)."""
@@ -221,7 +242,7 @@ class TritonPythonModel:
         if plan.method != "auto":
             return model or lookup
         return make_drafter("auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens,
-                            lookup_k=self.max_draft_len)
+                            lookup_k=self.max_draft_len if plan.cap is None else plan.cap)
 
     # ---- the engine models' health ---------------------------------------------------------------------------
     def _recovery(self, deadline: float | None, stop):
@@ -248,6 +269,16 @@ class TritonPythonModel:
                                         f"within {self.recovery_ms} ms (target_recovery_timeout_ms); retry the request")
 
         return recover
+
+    def _govern(self, outcome: Outcome, load: int) -> None:
+        self.governor.observe(outcome, self.costs.costs_at(load).break_even(self.max_draft_len))
+        self.metrics.governor(self.governor.state, self.governor.cap())
+
+    def _governed(self, old: str, new: str, reason: str) -> None:
+        """A change of the deployment's speculation level: logged once, counted by reason, in the state gauge."""
+        pb_utils.Logger.log_warn(f"{self.name}: speculation {old} -> {new} ({reason}); draft-length cap now "
+                                 f"{self.governor.cap()}")
+        self.metrics.governor_change(new, reason)
 
     def _draft_down(self, cause: Exception) -> None:
         """The first failure of an outage: say so once (a model whose process died is being reloaded: see
@@ -428,6 +459,7 @@ class _Plan:
     input_tokens: bool = False   # return_num_input_tokens
     output_tokens: bool = False  # return_num_output_tokens
     has_draft_model: bool = False  # the deployment has one
+    cap: int | None = None         # the governor's draft-length cap, when it rolled speculation back
 
     @property
     def model_drafts(self) -> bool:

@@ -11,6 +11,7 @@ import threading
 import triton_python_backend_utils as pb_utils
 
 from trtspec.orchestrator.adaptive import DeploymentCosts
+from trtspec.orchestrator.governor import STATES
 from trtspec.orchestrator.stats import RequestStats
 
 MODES = ("speculative", "plain")
@@ -67,6 +68,13 @@ class Metrics:
         self._info = family("trtspec_build_info", "The deployment (value 1): target, draft, quantization, "
                             "max_draft_len, versions", gauge).Metric(labels=self.labels | build)
         self._info.set(1)
+        state = family("trtspec_speculation_state", "The deployment's speculation level (1 for the current state): "
+                       "speculating, reduced, plain, probing (plain, with probes)", gauge)
+        self._state = {st: state.Metric(labels=self.labels | {"state": st}) for st in STATES}
+        self._cap = one("trtspec_draft_length_cap", "The governor's draft-length cap for new requests (0: plain)", gauge)
+        self._changes = family("trtspec_speculation_changes_total", "Changes of the deployment's speculation level, by "
+                               "the state entered and the reason")
+        self._change_metrics: dict[tuple[str, str], object] = {}
         self._position_metrics: dict[tuple[str, int], object] = {}
         self._fallback_metrics: dict[str, object] = {}
 
@@ -105,6 +113,19 @@ class Metrics:
                 self._tpot[mode].observe((last - first) / 1e9 / (stats.generated_tokens - 1))
             if stats.draft_tokens:
                 self._acceptance.observe(stats.accepted_tokens / stats.draft_tokens)
+
+    def governor(self, state: str, cap: int) -> None:
+        with self._lock:
+            for name, metric in self._state.items():
+                metric.set(1 if name == state else 0)
+            self._cap.set(cap)
+
+    def governor_change(self, state: str, reason: str) -> None:
+        with self._lock:
+            key = (state, reason)
+            if key not in self._change_metrics:
+                self._change_metrics[key] = self._changes.Metric(labels=self.labels | {"state": state, "reason": reason})
+            self._change_metrics[key].increment(1)
 
     def error(self, kind: str) -> None:
         with self._lock:

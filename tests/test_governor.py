@@ -1,0 +1,95 @@
+"""The deployment's speculation governor: down on errors, low acceptance or no speed-up, back up on probes that pay,
+each change once, with its reason; requests admitted before a change do not judge the new level."""
+
+from __future__ import annotations
+
+from trtspec.orchestrator.governor import Governor, Outcome
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def make(**kw):
+    clock, changes = Clock(), []
+    gov = Governor(8, clock=clock, hold_seconds=10.0, on_change=lambda old, new, why: changes.append((old, new, why)),
+                   **kw)
+    return gov, clock, changes
+
+
+def run(gov, clock, n, *, speculative=True, tpot=0.01, plain_tpot=0.02, drafted=8, accepted=6, failed=False,
+        break_even=0.4):
+    """n requests admitted and finished one after the other, a second apart; those the governor admits without
+    drafting (cap 0) decode plainly at `plain_tpot`."""
+    for _ in range(n):
+        cap, probe, at = gov.admit()
+        clock.now += 1.0
+        spec = speculative and cap > 0
+        gov.observe(Outcome(spec, tpot if spec else plain_tpot, drafted if spec else 0, accepted if spec else 0,
+                            failed, probe, at), break_even)
+
+
+def test_it_speculates_at_full_length_while_speculation_pays():
+    gov, clock, changes = make()
+    run(gov, clock, 5, speculative=False, tpot=0.02)   # the plain baseline
+    run(gov, clock, 60, tpot=0.01)
+    assert gov.state == "speculating" and gov.cap() == 8 and changes == []
+
+
+def test_server_errors_roll_back_to_plain_at_once_and_once():
+    gov, clock, changes = make()
+    run(gov, clock, 1, failed=True)                    # one failure is an incident, not a rate
+    run(gov, clock, 30, tpot=0.01)
+    assert changes == []
+    run(gov, clock, 1, failed=True)                    # 2 of 32: above 5 %, past the warning straight to plain
+    assert gov.state == "plain" and gov.cap() == 0
+    assert changes == [("speculating", "plain", "errors")]
+
+
+def test_a_few_errors_reduce_the_draft_length():
+    gov, clock, changes = make(window=100)
+    run(gov, clock, 1, failed=True)
+    run(gov, clock, 60, tpot=0.01)
+    run(gov, clock, 1, failed=True)                    # 2 of 62: between 2 % and 5 %
+    assert changes == [("speculating", "reduced", "errors")] and gov.cap() == 4
+
+
+def test_low_acceptance_steps_down_twice_then_probes_bring_it_back():
+    gov, clock, changes = make()
+    run(gov, clock, 5, speculative=False, tpot=0.02)
+    run(gov, clock, 10, accepted=1)                    # acceptance 1/8 < break-even 0.4
+    assert changes[-1] == ("speculating", "reduced", "low_acceptance") and gov.cap() == 4
+    run(gov, clock, 5, accepted=1)                     # inside the hold: nothing judged
+    assert gov.state == "reduced"
+    run(gov, clock, 5, accepted=1)
+    assert changes[-1] == ("reduced", "plain", "low_acceptance") and gov.state == "plain"
+    # in plain, one request in 8 probes at the reduced length; probes that pay bring reduced back, then full
+    caps = [gov.admit()[:2] for _ in range(16)]
+    assert [c for c in caps if c[1]] == [(4, True), (4, True)] and caps.count((0, False)) == 14
+    assert gov.state == "probing"
+    run(gov, clock, 60, tpot=0.01, accepted=7)
+    assert [c[1:] for c in changes[-2:]] == [("reduced", "probes_pay"), ("speculating", "pays")]
+    assert gov.cap() == 8
+
+
+def test_speculation_no_faster_than_plain_steps_down():
+    gov, clock, changes = make()
+    run(gov, clock, 5, speculative=False, tpot=0.02)
+    run(gov, clock, 10, tpot=0.02, accepted=7)         # accepted, but no faster than plain
+    assert changes == [("speculating", "reduced", "slower_than_plain")]
+
+
+def test_requests_admitted_before_a_change_do_not_judge_the_new_level():
+    gov, clock, changes = make()
+    early = [gov.admit() for _ in range(12)]           # admitted at full length
+    run(gov, clock, 5, failed=True)
+    run(gov, clock, 10, failed=True)
+    assert gov.cap() == 0  # plain (probing, with its probes)
+    clock.now += 100
+    for cap, probe, at in early:                       # they finish late, failing: not this level's doing
+        gov.observe(Outcome(True, 0.01, 8, 0, True, probe, at), 0.4)
+    assert changes == [("speculating", "plain", "errors")]

@@ -1,0 +1,124 @@
+"""The deployment's speculation governor: a rollback that is reversible and never silent.
+
+The adaptive draft length (adaptive.py) decides per request and each request pays to find out; the governor
+decides for the deployment, from the requests that finished lately. It steps down from the full draft length to a
+reduced one (half) to plain decoding when requests fail (server errors and timeouts, not bad requests) or
+speculation does not pay (acceptance below the learned break-even, or speculative time per output token no better
+than plain), and steps back up only on evidence: in plain decoding one request in `probe_every` speculates at the
+reduced length (a probe), and the deployment returns to reduced once the probes pay, to full once reduced pays.
+After each change it holds for `hold_seconds` and judges only requests admitted after the change.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+LEVELS = ("speculating", "reduced", "plain")
+STATES = (*LEVELS, "probing")  # probing: plain, with probes running
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished request as the governor sees it."""
+
+    speculative: bool            # it drafted at least once
+    seconds_per_token: float | None
+    drafted: int = 0
+    accepted: int = 0
+    failed: bool = False         # a server error or a timeout
+    probe: bool = False          # admitted as a probe
+    admitted_at: float = 0.0     # when the governor admitted it (its clock)
+
+
+class Governor:
+    def __init__(self, k_full: int, *, window: int = 40, min_samples: int = 10, min_probes: int = 5, min_failures: int = 2,
+                 error_warning: float = 0.02, error_critical: float = 0.05, probe_every: int = 8,
+                 hold_seconds: float = 30.0, pays_below: float = 0.95, clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[str, str, str], None] = lambda old, new, reason: None):
+        self.k_full, self.window, self.min_samples, self.min_probes = k_full, window, min_samples, min_probes
+        self.min_failures = min_failures  # one failure is an incident, not a rate
+        self.error_warning, self.error_critical = error_warning, error_critical
+        self.probe_every, self.hold_seconds, self.pays_below = probe_every, hold_seconds, pays_below
+        self.clock, self.on_change = clock, on_change
+        self.level = 0 if k_full > 0 else 2
+        self.changed_at = float("-inf")
+        self.recent: deque[Outcome] = deque(maxlen=window)
+        self.plain_tpot: float | None = None  # the last known plain time per output token (kept across changes)
+        self._admitted = 0
+        self._probes = 0  # probes admitted since the last change
+        self._lock = threading.RLock()  # requests finish on many threads
+
+    @property
+    def state(self) -> str:
+        return "probing" if self.level == 2 and self._probes else LEVELS[self.level]
+
+    @property
+    def reduced_k(self) -> int:
+        return max(1, self.k_full // 2)
+
+    def cap(self) -> int:
+        """The draft-length cap of the current level (plain: 0)."""
+        return (self.k_full, self.reduced_k, 0)[self.level] if self.k_full > 0 else 0
+
+    def admit(self) -> tuple[int, bool, float]:
+        """(draft-length cap, whether the request is a probe, admission time) for a new request."""
+        with self._lock:
+            return self._admit()
+
+    def _admit(self) -> tuple[int, bool, float]:
+        self._admitted += 1
+        if self.level == 2 and self.k_full > 0 and self._admitted % self.probe_every == 0:
+            self._probes += 1
+            return self.reduced_k, True, self.clock()
+        return self.cap(), False, self.clock()
+
+    def observe(self, outcome: Outcome, break_even: float) -> None:
+        """A finished request; `break_even`: the acceptance below which drafting costs more than it returns."""
+        with self._lock:
+            self._observe(outcome, break_even)
+
+    def _observe(self, outcome: Outcome, break_even: float) -> None:
+        if not outcome.speculative and not outcome.failed and outcome.seconds_per_token is not None:
+            self.plain_tpot = outcome.seconds_per_token if self.plain_tpot is None else \
+                0.8 * self.plain_tpot + 0.2 * outcome.seconds_per_token
+        if outcome.admitted_at < self.changed_at:
+            return  # admitted under the previous level: it says nothing about this one
+        self.recent.append(outcome)
+        if self.clock() - self.changed_at < self.hold_seconds:
+            return
+        done = list(self.recent)
+        failures = sum(o.failed for o in done)
+        if len(done) >= self.min_samples and failures >= self.min_failures:
+            errors = failures / len(done)
+            if errors > self.error_critical:
+                return self._go(2, "errors")
+            if errors > self.error_warning and self.level == 0:
+                return self._go(1, "errors")
+        judged = [o for o in done if o.speculative and not o.failed and (self.level < 2 or o.probe)]
+        enough = len(judged) >= (self.min_probes if self.level == 2 else self.min_samples)
+        if not enough:
+            return
+        drafted = sum(o.drafted for o in judged)
+        acceptance = sum(o.accepted for o in judged) / drafted if drafted else 0.0
+        tpots = [o.seconds_per_token for o in judged if o.seconds_per_token is not None]
+        faster = (self.plain_tpot is None or not tpots
+                  or sum(tpots) / len(tpots) < self.pays_below * self.plain_tpot)
+        if self.level < 2 and acceptance < break_even:
+            return self._go(self.level + 1, "low_acceptance")
+        if self.level < 2 and not faster:
+            return self._go(self.level + 1, "slower_than_plain")
+        if self.level > 0 and acceptance >= break_even and faster and (self.level == 2 or self.plain_tpot is not None):
+            return self._go(self.level - 1, "probes_pay" if self.level == 2 else "pays")
+
+    def _go(self, level: int, reason: str) -> None:
+        level = max(0, min(2, level))
+        if level == self.level:
+            return
+        old = self.state
+        self.level, self.changed_at, self._probes = level, self.clock(), 0
+        self.recent.clear()
+        self.on_change(old, self.state, reason)
