@@ -58,6 +58,13 @@ class RequestError(EngineError):
         super().__init__(f"{field}: {message}")
 
 
+class DeadlineExceeded(RequestError):
+    """A request that ran past its timeout_ms: named as the field, counted apart from bad requests."""
+
+    def __init__(self, message: str):
+        super().__init__("timeout_ms", message)
+
+
 class Cancelled(Exception):
     """The client went away: the request stops where it is (its engine calls are stopped) and nothing is returned."""
 

@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtspec.checkpoint import declared_end_ids
 from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutral
-from trtspec.errors import Cancelled, EngineUnavailable, RequestError
+from trtspec.errors import Cancelled, DeadlineExceeded, EngineUnavailable, RequestError
 from trtspec.interfaces import SPECULATION_METHODS
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
@@ -159,8 +159,8 @@ class TritonPythonModel:
         def stop() -> bool:  # checked between iterations and while a target call runs: cancelled, or past the deadline
             now = time.monotonic()
             if timeout_ms and (now - arrived) * 1000 > timeout_ms:
-                raise RequestError("timeout_ms", f"the request ran past its {timeout_ms} ms; give it a longer "
-                                   "timeout_ms, or fewer max_tokens")
+                raise DeadlineExceeded(f"the request ran past its {timeout_ms} ms; give it a longer timeout_ms, "
+                                       "or fewer max_tokens")
             if now - asked[0] >= WATCH_SECONDS:  # each question is an IPC round trip to the server process
                 asked[:] = [now, sender.is_cancelled()]
             return asked[1]
@@ -425,9 +425,13 @@ class TritonPythonModel:
 
 
 def error_kind(exc: Exception) -> str:
-    """The kind a failed request is counted as (trtspec_request_errors_total)."""
+    """The kind a failed request is counted as (trtspec_request_errors_total; a cancelled one is not a failure)."""
+    if isinstance(exc, Cancelled):
+        return "cancelled"
+    if isinstance(exc, DeadlineExceeded):
+        return "timeout"
     if isinstance(exc, RequestError):
-        return "timeout" if exc.field == "timeout_ms" else "bad_request"
+        return "bad_request"
     return "engine_error"
 
 
