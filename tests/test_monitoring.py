@@ -195,3 +195,17 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(scraped):
             continue
         for expr, _ in panel.queries:
             assert query(expr.replace("$model", "tensorrt_llm_bls")), f"{panel.title}: no data for {expr}"
+
+
+def test_validate_monitoring_finds_stale_files(tmp_path):
+    from click.testing import CliRunner
+    from trtspec.cli import cli
+
+    write_monitoring(tmp_path)
+    assert CliRunner().invoke(cli, ["validate", "monitoring", str(tmp_path)]).exit_code == 0
+    rules = tmp_path / "prometheus-rules.yaml"
+    rules.write_text(rules.read_text().replace("trtspec_request_errors_total", "trtspec_request_errors"))
+    result = CliRunner().invoke(cli, ["validate", "monitoring", str(tmp_path)])
+    assert result.exit_code == 1 and "prometheus-rules.yaml" in result.output and "--monitoring" in result.output
+    (tmp_path / "grafana-dashboard.json").unlink()
+    assert "grafana-dashboard.json" in CliRunner().invoke(cli, ["validate", "monitoring", str(tmp_path)]).output

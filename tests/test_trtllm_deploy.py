@@ -276,9 +276,22 @@ def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
     result = CliRunner().invoke(cli, ["deploy", "-c", str(config), "--engines", str(engines), "--repo", str(repo), "--k8s", str(out)])
     assert result.exit_code == 0, result.output
     docs = {p.name: yaml.safe_load(p.read_text()) for p in sorted(out.glob("*.yaml"))}
-    assert sorted(docs) == ["deployment.yaml", "hpa.yaml", "service.yaml"]
+    assert sorted(docs) == ["deployment.yaml", "grafana-dashboard.yaml", "hpa.yaml", "prometheus-adapter.yaml",
+                            "prometheusrule.yaml", "service.yaml", "servicemonitor.yaml"]
     for name, doc in docs.items():
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # the prometheus-operator's kinds are not in the core schemas: checked below
         kubernetes_validate.validate(doc, "1.30.0", strict=True)   # raises on any schema error
+    from trtspec.monitoring import dashboard, rules
+
+    service, monitor = docs["service.yaml"], docs["servicemonitor.yaml"]
+    assert monitor["kind"] == "ServiceMonitor" and monitor["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert docs["prometheusrule.yaml"]["kind"] == "PrometheusRule" and docs["prometheusrule.yaml"]["spec"] == rules()
+    board = docs["grafana-dashboard.yaml"]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1" and json.loads(board["data"]["trtspec.json"]) == dashboard()
+    adapter = yaml.safe_load(docs["prometheus-adapter.yaml"]["data"]["config.yaml"])["rules"][0]
+    assert adapter["name"]["as"] == docs["hpa.yaml"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     pod = docs["deployment.yaml"]["spec"]["template"]
     container = pod["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4

@@ -209,6 +209,21 @@ def validate_repo(path: str) -> None:
     console.print(f"[green]ok[/]: {escape(path)}", highlight=False, soft_wrap=True)
 
 
+@validate.command("monitoring")
+@click.argument("path", type=click.Path(file_okay=False))
+def validate_monitoring(path: str) -> None:
+    """Check that the Prometheus rules and Grafana dashboard in PATH are what this trtspec writes (not stale)."""
+    from trtspec.monitoring import stale_monitoring
+
+    stale = stale_monitoring(path)
+    if stale:
+        console.print(f"[red]stale[/]: {escape(', '.join(stale))} in {escape(path)} differ from what this trtspec "
+                      f"writes; regenerate them: trtspec deploy ... --monitoring {escape(path)}",
+                      highlight=False, soft_wrap=True)
+        raise SystemExit(1)
+    console.print(f"[green]ok[/]: {escape(path)}", highlight=False, soft_wrap=True)
+
+
 @validate.command("engines")
 @click.option("--target", required=True, type=click.Path(file_okay=False), help="Target engine dir.")
 @click.option("--draft", type=click.Path(file_okay=False), help="Draft engine dir.")

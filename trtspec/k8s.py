@@ -8,6 +8,10 @@
 - service.yaml: HTTP 8000, gRPC 8001, metrics 8002.
 - hpa.yaml: an example HorizontalPodAutoscaler on Triton's queue gauge `nv_inference_pending_request_count` of the
   BLS model; it needs a metrics adapter (e.g. Prometheus Adapter) that serves that metric as a pods metric.
+- For the prometheus-operator: servicemonitor.yaml (scrape the metrics port every 15 s), prometheusrule.yaml (the
+  rules of trtspec.monitoring), grafana-dashboard.yaml (the dashboard as a ConfigMap labelled grafana_dashboard: "1",
+  as Grafana's dashboard sidecar finds them) and prometheus-adapter.yaml (the adapter rule that serves the HPA's
+  queue metric as a pods metric).
 """
 
 from __future__ import annotations
@@ -118,7 +122,27 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
             "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
         },
     }
-    return {"deployment.yaml": deployment, "service.yaml": service, "hpa.yaml": hpa}
+    from trtspec.monitoring import dashboard, rules
+
+    service_monitor = {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"selector": {"matchLabels": labels}, "endpoints": [{"port": "metrics", "interval": "15s", "path": "/metrics"}]},
+    }
+    prometheus_rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+                       "metadata": {"name": name, "labels": labels}, "spec": rules()}
+    dashboard_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": f"{name}-dashboard", "labels": labels | {"grafana_dashboard": "1"}},
+                     "data": {"trtspec.json": json.dumps(dashboard(), indent=2)}}
+    adapter_rule = {"seriesQuery": f'{QUEUE_METRIC}{{namespace!="",pod!=""}}',
+                    "resources": {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}},
+                    "name": {"matches": QUEUE_METRIC, "as": QUEUE_METRIC},
+                    "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)"}
+    adapter = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-adapter-rules", "labels": labels},
+               "data": {"config.yaml": yaml.safe_dump({"rules": [adapter_rule]}, sort_keys=False)}}
+    return {"deployment.yaml": deployment, "service.yaml": service, "hpa.yaml": hpa,
+            "servicemonitor.yaml": service_monitor, "prometheusrule.yaml": prometheus_rule,
+            "grafana-dashboard.yaml": dashboard_map, "prometheus-adapter.yaml": adapter}
 
 
 _HEADERS = {
@@ -127,6 +151,11 @@ _HEADERS = {
     "service.yaml": "# HTTP (KServe v2 + generate), gRPC and Prometheus metrics of the deployment.\n",
     "hpa.yaml": f"# Example autoscaler on Triton's queue gauge {QUEUE_METRIC} (requests waiting in the BLS model).\n"
                 "# Needs a custom-metrics adapter (e.g. Prometheus Adapter) exposing it as a pods metric.\n",
+    "servicemonitor.yaml": "# prometheus-operator: scrape the deployment's metrics port.\n",
+    "prometheusrule.yaml": "# prometheus-operator: trtspec's recording and alerting rules (trtspec/monitoring.py).\n",
+    "grafana-dashboard.yaml": "# The trtspec dashboard, for Grafana's dashboard sidecar (label grafana_dashboard).\n",
+    "prometheus-adapter.yaml": f"# Prometheus Adapter rule serving {QUEUE_METRIC} as a pods metric for hpa.yaml; merge its\n"
+                               "# config.yaml into the adapter's own config (its `rules`).\n",
 }
 
 

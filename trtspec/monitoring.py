@@ -11,10 +11,9 @@ few requests says nothing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import json
 
 import yaml
 
@@ -179,11 +178,26 @@ def dashboard() -> dict:
     }
 
 
+def files() -> dict[str, str]:
+    """The monitoring files by name, as this version of trtspec writes them."""
+    return {RULES_FILE: "# Written by `trtspec deploy --monitoring`; thresholds in trtspec/monitoring.py.\n"
+                        + yaml.safe_dump(rules(), sort_keys=False, width=120),
+            DASHBOARD_FILE: json.dumps(dashboard(), indent=2) + "\n"}
+
+
 def write_monitoring(out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rules_path, dashboard_path = out / RULES_FILE, out / DASHBOARD_FILE
-    rules_path.write_text("# Written by `trtspec deploy --monitoring`; thresholds in trtspec/monitoring.py.\n"
-                          + yaml.safe_dump(rules(), sort_keys=False, width=120))
-    dashboard_path.write_text(json.dumps(dashboard(), indent=2) + "\n")
-    return [rules_path, dashboard_path]
+    written = []
+    for name, text in files().items():
+        (out / name).write_text(text)
+        written.append(out / name)
+    return written
+
+
+def stale_monitoring(out_dir: str | Path) -> list[str]:
+    """The monitoring files in `out_dir` that are missing or differ from what this version writes (rules that
+    query renamed metrics never fire, and promtool would not say so)."""
+    out = Path(out_dir)
+    return [name for name, text in files().items()
+            if not (out / name).is_file() or (out / name).read_text() != text]
