@@ -112,10 +112,13 @@ class BlsEngineClient:
     def _exec(self, call) -> dict[str, np.ndarray]:
         """A unary call's output tensors. A decoupled model answers a request without `streaming` with one response
         and a final flag, which may come on an empty response of its own."""
+        self.reloader.opened(self.model_name, 1)
         try:
             responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
         except pb_utils.TritonModelException as exc:  # e.g. a model that is not loaded
             raise self.failure(str(exc)) from None
+        finally:
+            self.reloader.opened(self.model_name, -1)
         self.kept.append((call, responses))
         tensors: dict[str, np.ndarray] = {}
         for response in responses:
@@ -226,12 +229,15 @@ class _Stream:
         items: queue.SimpleQueue = queue.SimpleQueue()
 
         def pump():
+            client.reloader.opened(client.model_name, 1)
             try:
                 for response in self.call.exec(decoupled=True):
                     kept.append(response)
                     items.put(response)
             except Exception as exc:  # pb_utils.TritonModelException: e.g. a model that is not loaded
                 items.put(exc)
+            finally:
+                client.reloader.opened(client.model_name, -1)
             items.put(_END)
 
         started = heard = checked = time.monotonic()

@@ -3,13 +3,14 @@
 Triton does not restart a decoupled Python-backend model whose stub process died (python_backend's python_be.cc
 has only a "TODO: Implement restart on decoupled"): new calls fail at once ("Stub process '<model>_0_0' is not
 healthy"), the calls that were open get no further response, and `is_model_ready` still says ready (until Triton
-25.12). Those open calls hold the model, so an unload never finishes. What does work, under explicit model control
-(as `trtspec serve` runs the server), is a load with a config override that differs from the loaded one: Triton
-loads a new model (a new stub) beside the old and switches to it; the old one is left behind, never freed.
+25.12). Under explicit model control (as `trtspec serve` runs the server) a BLS model can load it again: with no
+call open to it, by unloading it and loading it afresh; with calls left open (they hold the model, so an unload
+would never finish), by a load with a config override that differs from the loaded one, which makes Triton load a
+new model (a new stub) beside the old and switch to it, the old one left behind, never freed.
 
-`Reloader` does that in the background, once at a time per model, with the repository's own config and a
-`trtspec_reload` parameter that changes each time, and tries again with a growing pause until it loads (a load can
-fail while the host is short of memory). It remembers when each model was last seen dead, so that calls left open
+`Reloader` does that in the background, once at a time per model (the override is the repository's own config with
+a `trtspec_reload` parameter that changes each time), and tries again with a growing pause until it loads (a load
+can fail while the host is short of memory). It remembers when each model was last seen dead, so that calls left open
 can be given up (trtspec.triton.engine_client), and requests that need the model wait for it with `wait`.
 """
 
@@ -54,7 +55,13 @@ class Reloader:
         self._reloading: set[str] = set()
         self._deaths: dict[str, float] = {}  # model -> when it was last seen dead (time.monotonic())
         self._probes: dict[str, float] = {}  # model -> when it was last probed
+        self._open: dict[str, int] = {}  # model -> the BLS's calls to it that have not ended (see `opened`)
         self._closed = threading.Event()
+
+    def opened(self, model: str, by: int) -> None:
+        """A call to `model` began (by 1) or ended (by -1); a call to a dead model never ends."""
+        with self._lock:
+            self._open[model] = self._open.get(model, 0) + by
 
     def reloading(self, model: str) -> bool:
         with self._lock:
@@ -116,15 +123,36 @@ class Reloader:
         config.parameters["trtspec_reload"].string_value = str(next(_loads))
         return json_format.MessageToJson(config, preserving_proto_field_name=True)
 
+    def _calls_left_open(self, model: str, grace: float = 1.0) -> bool:
+        """Whether calls to `model` stay open: a call that got the dead model's error ends at once, one that was
+        open when it died never does."""
+        until = time.monotonic() + grace
+        while True:
+            with self._lock:
+                if self._open.get(model, 0) <= 0:
+                    return False
+            if time.monotonic() >= until:
+                return True
+            time.sleep(POLL_SECONDS / 2)
+
     def _reload(self, model: str) -> None:
-        pause, tries = self.first_pause, 0
+        pause, tries, unloaded = self.first_pause, 0, False
         try:
             while not self._closed.is_set():
                 tries += 1
                 try:
-                    pb_utils.load_model(model_name=model, config=self.config(model))
+                    stuck = self._calls_left_open(model)
+                    if stuck:  # an unload would wait for them forever
+                        pb_utils.load_model(model_name=model, config=self.config(model))
+                    else:
+                        if not unloaded:
+                            pb_utils.unload_model(model_name=model)
+                            unloaded = True
+                        pb_utils.load_model(model_name=model)
                     pb_utils.Logger.log_info(f"{self.owner}: reloaded {model}, whose process had died"
-                                             + (f" ({tries} tries)" if tries > 1 else ""))
+                                             + (f" ({tries} tries)" if tries > 1 else "")
+                                             + (" (beside the old model, which calls left open still hold)"
+                                                if stuck else ""))
                     return
                 except Exception as exc:
                     if _NOT_ALLOWED in str(exc):
