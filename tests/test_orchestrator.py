@@ -95,11 +95,15 @@ def test_draft_length_never_exceeds_budget_minus_one(engines):
     assert recorder.asked == [4, 1]  # the first token, then 5 tokens, then 2 left: k = 2 - 1
 
 
+def _reference_and_an_end(target):
+    """30 tokens of target-only output, a token of it to end on, and where that token first comes."""
+    reference, _ = run(SpecRequest(PROMPTS[0], 30, end_id=-1), target)
+    return reference, reference[12], reference.index(reference[12])
+
+
 def test_stops_on_end_id_and_stop_words(engines):
     target, draft = engines
-    reference, _ = run(SpecRequest(PROMPTS[0], 30, end_id=-1), target)
-    end_id = reference[12]
-    first = reference.index(end_id)
+    reference, end_id, first = _reference_and_an_end(target)
     for k in (0, 3):
         tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=k, end_id=end_id), target, drafter_for(draft, end_id=end_id))
         # the end token ends the output and is not in it, as TensorRT-LLM returns it
@@ -112,9 +116,7 @@ def test_stops_on_end_id_and_stop_words(engines):
 
 def test_stops_on_every_end_id_the_model_declares(engines):
     target, draft = engines
-    reference, _ = run(SpecRequest(PROMPTS[0], 30, end_id=-1), target)
-    other = reference[12]
-    first = reference.index(other)
+    reference, other, first = _reference_and_an_end(target)
     for k in (0, 3):
         for stream in (False, True):
             request = SpecRequest(PROMPTS[0], 30, num_draft_tokens=k, end_id=None, other_end_ids=[other], stream=stream)

@@ -50,6 +50,7 @@ def volume_root(paths: list[Path]) -> Path:
 def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
     from trtspec.launch import Launch
     from trtspec.marker import MARKER_FILE
+    from trtspec.monitoring import dashboard, rules
     from trtspec.server import start_timeout_for
 
     config = loaded.config
@@ -122,8 +123,6 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
             "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
         },
     }
-    from trtspec.monitoring import dashboard, rules
-
     service_monitor = {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
         "metadata": {"name": name, "labels": labels},

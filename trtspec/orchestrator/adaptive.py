@@ -238,13 +238,11 @@ class DeploymentCosts:
                 mine.draft_cost_ratio = _ewma(mine.draft_cost_ratio, theirs.draft_cost_ratio, w)
             self._loads[self.bucket(load)] = (mine, _ewma(step, policy.step_seconds, w))
 
-    def break_even(self, k_max: int) -> dict[str, float]:
-        """The break-even acceptance (CostModel.break_even) of each load with learned costs, by the loads' range
-        ("1", "2", "3-4", "5-8", ...); of the configured costs at "1" while nothing was learned."""
-        with self._lock:
-            entries = {b: costs for b, (costs, _) in self._loads.items()} or {0: self._initial}
-        return {(f"{2 ** (b - 1) + 1}-{2 ** b}" if b > 1 else str(b + 1)): costs.break_even(k_max)
-                for b, costs in sorted(entries.items())}
+    def break_even_at(self, load: int, k_max: int) -> tuple[str, float]:
+        """The load's range ("1", "2", "3-4", "5-8", ...) and the break-even acceptance (CostModel.break_even) of
+        the costs a request at that load starts from."""
+        b = self.bucket(load)
+        return (f"{2 ** (b - 1) + 1}-{2 ** b}" if b > 1 else str(b + 1)), self.costs_at(load).break_even(k_max)
 
     def costs_at(self, load: int = 1) -> CostModel:
         with self._lock:

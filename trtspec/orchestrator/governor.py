@@ -39,7 +39,7 @@ class Governor:
                  error_warning: float = 0.02, error_critical: float = 0.05, probe_every: int = 8,
                  hold_seconds: float = 30.0, pays_below: float = 0.95, clock: Callable[[], float] = time.monotonic,
                  on_change: Callable[[str, str, str], None] = lambda old, new, reason: None):
-        self.k_full, self.window, self.min_samples, self.min_probes = k_full, window, min_samples, min_probes
+        self.k_full, self.min_samples, self.min_probes = k_full, min_samples, min_probes
         self.min_failures = min_failures  # one failure is an incident, not a rate
         self.error_warning, self.error_critical = error_warning, error_critical
         self.probe_every, self.hold_seconds, self.pays_below = probe_every, hold_seconds, pays_below

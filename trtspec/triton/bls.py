@@ -87,7 +87,7 @@ class TritonPythonModel:
         self.end_ids = declared_end_ids(parameter(params, "tokenizer_dir"), self.tokenizer.eos_token_id)
         self.metrics = Metrics(self.name, {key: parameter(params, f"build_{key}", "") for key in
                                            ("target", "draft", "quantization", "max_draft_len", "trtspec_version")})
-        self.metrics.break_even(self.costs, self.max_draft_len)
+        self.metrics.break_even(*self.costs.break_even_at(1, self.max_draft_len))
         # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
         self.governor = Governor(self.default_k or self.speculation_k, on_change=self._governed)
         self.metrics.governor(self.governor.state, self.governor.cap())
@@ -214,7 +214,6 @@ class TritonPythonModel:
                 with self._active_lock:
                     load = peak_load()
                 self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
-                self.metrics.break_even(self.costs, self.max_draft_len)
             self.metrics.record(stats, run.times_ns)
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             if spec.stream:
@@ -271,7 +270,10 @@ class TritonPythonModel:
         return recover
 
     def _govern(self, outcome: Outcome, load: int) -> None:
-        self.governor.observe(outcome, self.costs.costs_at(load).break_even(self.max_draft_len))
+        """A finished request to the governor, with the break-even of its load's costs (also the gauge's)."""
+        loads, even = self.costs.break_even_at(load, self.max_draft_len)
+        self.metrics.break_even(loads, even)
+        self.governor.observe(outcome, even)
         self.metrics.governor(self.governor.state, self.governor.cap())
 
     def _governed(self, old: str, new: str, reason: str) -> None:

@@ -10,7 +10,6 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from trtspec.orchestrator.adaptive import DeploymentCosts
 from trtspec.orchestrator.governor import STATES
 from trtspec.orchestrator.stats import RequestStats
 
@@ -131,10 +130,9 @@ class Metrics:
         with self._lock:
             self._errors[kind].increment(1)
 
-    def break_even(self, costs: DeploymentCosts, k_max: int) -> None:
-        """Set the break-even acceptance of every load the deployment has learned costs for."""
+    def break_even(self, load: str, value: float) -> None:
+        """Set the break-even acceptance of a load range."""
         with self._lock:
-            for load, value in costs.break_even(k_max).items():
-                if load not in self._break_even_metrics:
-                    self._break_even_metrics[load] = self._break_even.Metric(labels=self.labels | {"load": load})
-                self._break_even_metrics[load].set(value)
+            if load not in self._break_even_metrics:
+                self._break_even_metrics[load] = self._break_even.Metric(labels=self.labels | {"load": load})
+            self._break_even_metrics[load].set(value)
