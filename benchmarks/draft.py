@@ -33,6 +33,7 @@ from trtspec.contract import GenerationRequest, SamplingParams
 from trtspec.distill.data import builtin_prompts, chat_ids
 from trtspec.engine.runtime import Engine, InProcessClient
 from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
+from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter
 from trtspec.orchestrator.loop import SpecRequest, speculate
 from trtspec.orchestrator.stats import RequestStats
 
@@ -47,7 +48,7 @@ def med(values):
 
 # ---- a. step costs --------------------------------------------------------------------------------------------
 
-def step_costs(target: Engine, draft: Engine, prompt: list[int], max_k: int, reps: int) -> dict:
+def step_costs(target: Engine, draft: Engine | None, prompt: list[int], max_k: int, reps: int) -> dict:
     """Median ms of: a target decode step, a draft decode step, a target verify of k drafts (k = 1..max_k),
     each on a sequence whose prefix is cached (as in the loop's steady state), in a rotating order."""
     def pristine(engine: Engine, seq: list[int]):
@@ -58,8 +59,9 @@ def step_costs(target: Engine, draft: Engine, prompt: list[int], max_k: int, rep
         return copy.deepcopy(cache)
 
     seq = prompt + target.generate(GenerationRequest(input_ids=prompt, request_output_len=32, end_id=NO_END)).new_tokens
-    caches = {"target": pristine(target, seq), "draft": pristine(draft, seq)}
-    times: dict[str, list[float]] = {"target decode": [], "draft decode": []} | {f"verify k={k}": [] for k in range(1, max_k + 1)}
+    caches = {"target": pristine(target, seq)} | ({"draft": pristine(draft, seq)} if draft else {})
+    times: dict[str, list[float]] = {"target decode": []} | ({"draft decode": []} if draft else {}) | \
+        {f"verify k={k}": [] for k in range(1, max_k + 1)}
 
     def run(name: str) -> float:
         engine = draft if name == "draft decode" else target
@@ -86,11 +88,16 @@ def step_costs(target: Engine, draft: Engine, prompt: list[int], max_k: int, rep
 
 # ---- b. side by side ------------------------------------------------------------------------------------------
 
-def generate(target: Engine, draft: Engine, prompt: list[int], max_tokens: int, k: int, end_id) -> tuple[list[int], float, RequestStats]:
+def generate(target: Engine, draft: Engine | None, prompt: list[int], max_tokens: int, k: int, end_id) -> tuple[list[int], float, RequestStats]:
+    """One greedy answer; the drafter is the draft model, or prompt lookup when `draft` is None."""
     target.cache.clear()
-    draft.cache.clear()
     stats = RequestStats()
-    drafter = DraftModelDrafter(InProcessClient(draft), sampling=SamplingParams(), end_id=end_id, pad_id=end_id) if k else None
+    drafter = None
+    if k and draft is None:
+        drafter = PromptLookupDrafter()
+    elif k:
+        draft.cache.clear()
+        drafter = DraftModelDrafter(InProcessClient(draft), sampling=SamplingParams(), end_id=end_id, pad_id=end_id)
     request = SpecRequest(prompt=prompt, max_tokens=max_tokens, num_draft_tokens=k, end_id=end_id, pad_id=end_id)
     start = time.perf_counter()
     tokens = [t for chunk in speculate(request, InProcessClient(target), drafter, stats=stats) for t in chunk]
@@ -148,6 +155,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ks", default="1,2,3,4,5,6", help="draft lengths to measure")
     p.add_argument("--reps", type=int, default=9, help="repetitions of the step-cost measurements")
     p.add_argument("--threads", type=int, help="torch threads [default: torch's]")
+    p.add_argument("--device", default="cpu", help="where the engines run: cpu or cuda")
+    p.add_argument("--dtype", help="compute dtype of both engines [default: as built]")
+    p.add_argument("--drafter", choices=("model", "lookup"), default="model",
+                   help="the draft model, or prompt lookup (no draft engine; e.g. code editing)")
     p.add_argument("--costs-only", action="store_true", help="measure the step costs (a.) only")
     p.add_argument("--output", type=Path, default=Path("draft-bench.json"))
     return p.parse_args(argv)
@@ -168,7 +179,8 @@ def main(argv=None) -> int:
         from trtspec.build import run_build
 
         run_build(args.config, args.engines, console=console)
-    target, draft = Engine.load(args.engines / "target"), Engine.load(args.engines / "draft")
+    target = Engine.load(args.engines / "target", device=args.device, dtype=args.dtype)
+    draft = Engine.load(args.engines / "draft", device=args.device, dtype=args.dtype) if args.drafter == "model" else None
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.engines / "target"))
@@ -202,8 +214,8 @@ def main(argv=None) -> int:
                   f"{r['ms_per_token']:.1f}", f"{r['speedup']:.3f}x", f"{r['speedup_median_per_prompt']:.3f}x")
     console.print(t)
     best = max(side["rows"][1:], key=lambda r: r["speedup"])
-    console.print(f"best K = {best['k']}: {best['speedup']:.3f}x at acceptance {best['acceptance']:.3f}; draft step = "
-                  f"{costs['ratio_to_target_decode']['draft decode']:.3f} x target step")
+    console.print(f"best K = {best['k']}: {best['speedup']:.3f}x at acceptance {best['acceptance']:.3f}"
+                  + (f"; draft step = {costs['ratio_to_target_decode']['draft decode']:.3f} x target step" if draft else ""))
     report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "engines": str(args.engines),
               "threads": torch.get_num_threads(), "step_costs": costs | {"other_processes_cores": round(m_costs.others_cores, 2)},
               "side_by_side": side | {"other_processes_cores": round(m_side.others_cores, 2)}, "best_k": best["k"]}

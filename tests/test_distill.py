@@ -222,3 +222,30 @@ def test_answers_are_the_targets_own_whatever_the_batch(target):
                          seed=3, eos_id=eos) for bs in (1, 4)]
     assert [s.ids.tolist() for s in sampled[0]] == [s.ids.tolist() for s in sampled[1]]
     assert [s.ids.tolist() for s in sampled[0]] != [s.ids.tolist() for s in one]  # sampling, not greedy
+
+
+def test_padded_batches_answer_as_the_engine(target):
+    """The transformers model in left-padded batches (the GPU's way) gives the engine's greedy answers and top-k
+    logits, ends each row at its end token (kept), and seeded sampling repeats itself."""
+    from trtspec.distill import compact_forward
+    from trtspec.distill.data import decode_answers, decode_answers_padded
+
+    info = inspect_checkpoint(target)
+    model = load_model(info, torch.float32).eval()
+    compact = compact_forward(model, info.architecture, torch.device("cpu"))
+    prompts = [[5, 17, 33], [9], [101, 7, 250, 3, 3, 8], [42, 42], [7] * 11]
+    numbers = list(range(len(prompts)))
+    eos = 2
+    engine = decode_answers(compact, prompts, numbers, temperature=0.0, max_new_tokens=12, batch_size=2, top_k=8, seed=0, eos_id=eos)
+    padded = decode_answers_padded(model, prompts, numbers, temperature=0.0, max_new_tokens=12, batch_size=3, top_k=8,
+                                   seed=0, eos_id=eos)
+    for a, b in zip(engine, padded):
+        assert a.first == b.first and torch.equal(a.ids, b.ids)
+        assert torch.equal(a.topk_ids[:, 0], b.topk_ids[:, 0])
+        torch.testing.assert_close(a.topk_logits.float(), b.topk_logits.float(), atol=2e-2, rtol=1e-2)
+    ends = [s for s in padded if s.ids[-1] == eos]
+    assert all(s.supervised <= 12 for s in padded) and all(eos not in s.ids[s.first:-1].tolist() for s in ends)
+    sampled = [decode_answers_padded(model, prompts, numbers, temperature=1.0, max_new_tokens=12, batch_size=5, top_k=8,
+                                     seed=3, eos_id=eos) for _ in range(2)]
+    assert [s.ids.tolist() for s in sampled[0]] == [s.ids.tolist() for s in sampled[1]]
+    assert [s.ids.tolist() for s in sampled[0]] != [s.ids.tolist() for s in padded]

@@ -525,8 +525,11 @@ def _apply_bench_tuning(repo: str, tuning: dict) -> None:
               help="Answers the target decodes at once (rows of one engine step).")
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N, or auto.")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch [default: torch's].")
+@click.option("--answers-by", default="auto", show_default=True, type=click.Choice(["auto", "engine", "transformers"]),
+              help="Who decodes the target's answers: the embedded engine's forward (auto on a CPU), or the transformers "
+                   "model on the same weights in padded batches (auto on CUDA: far faster there).")
 def distill(target, output, layers, init, data, tokens, seed, resume, head_tokens, prompts, samples, temperature,
-            max_new_tokens, target_quantization, eval_every, lr, generate_batch, device, threads) -> None:
+            max_new_tokens, target_quantization, eval_every, lr, generate_batch, device, threads, answers_by) -> None:
     """Train a draft for a target: a few of its layers, on its own answers, to match its next-token distribution."""
     from trtspec.distill import DistillOptions, run_distill
 
@@ -534,7 +537,7 @@ def distill(target, output, layers, init, data, tokens, seed, resume, head_token
         target=target, output=Path(output), layers=layers, init=init, data=list(data), tokens=tokens, seed=seed,
         resume=resume, head_tokens=head_tokens, prompts=prompts, samples=samples, temperature=temperature,
         max_new_tokens=max_new_tokens, target_quantization=target_quantization, eval_every=eval_every, lr=lr,
-        generate_batch=generate_batch, device=device, threads=threads), console)
+        generate_batch=generate_batch, device=device, threads=threads, answers_by=answers_by), console)
 
 
 def main() -> None:

@@ -44,7 +44,11 @@ QUANT_CHOICES = ("none", "fp8", "fp8-per-channel")
 
 # Options that define what is trained; a --resume must keep them (the others may change between runs).
 DEFINING = ("target", "layers", "init", "data", "seed", "head_tokens", "prompts", "samples", "temperature",
-            "max_new_tokens", "top_k", "target_quantization", "eval_prompts", "eval_tokens")
+            "max_new_tokens", "top_k", "target_quantization", "eval_prompts", "eval_tokens", "answers_by")
+# Who decodes the target's answers: the embedded engine's compact forward (what the deployment runs; one attention
+# call per row, fine on a CPU), or the transformers model on the same rounded weights in padded batches (a GPU's
+# way: a few hundred launches a step whatever the batch). auto: the engine on a CPU, transformers on CUDA.
+ANSWERS_BY = ("auto", "engine", "transformers")
 
 
 @dataclass
@@ -72,6 +76,7 @@ class DistillOptions:
     generate_batch: int = 32
     device: str = "auto"
     threads: int | None = None
+    answers_by: str = "auto"
 
     def defining(self) -> dict:
         values = asdict(self)
@@ -83,6 +88,8 @@ class DistillOptions:
 def check_options(o: DistillOptions) -> None:
     if o.init not in INIT_CHOICES:
         raise DistillError(f"--init {o.init!r}: choose one of {', '.join(INIT_CHOICES)}")
+    if o.answers_by not in ANSWERS_BY:
+        raise DistillError(f"--answers-by {o.answers_by!r}: choose one of {', '.join(ANSWERS_BY)}")
     if o.target_quantization not in QUANT_CHOICES:
         raise DistillError(f"--target-quantization {o.target_quantization!r}: choose one of {', '.join(QUANT_CHOICES)}")
     for name in ("tokens", "eval_prompts", "eval_every", "batch_tokens", "generate_batch", "max_new_tokens", "top_k", "samples"):
@@ -158,7 +165,8 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
         target = load_model(info, torch.float32)
         round_like_engine(target, o.target_quantization)
         target.to(device)
-        answerer = compact_forward(target, info.architecture, device)
+        by = o.answers_by if o.answers_by != "auto" else ("transformers" if device.type == "cuda" else "engine")
+        answerer = compact_forward(target, info.architecture, device) if by == "engine" else target
         progress.update(step, description="target loaded", total=1, completed=1)
         train_seqs, stats = [], {}
         for src, (prompt_ids, text_ids) in zip(sources, tokenized):
@@ -224,7 +232,10 @@ def compact_forward(target, architecture: str, device):
 
 
 def _answers(model, prompt_ids, work, fingerprint, o, temperature, seed, max_new_tokens, eos, progress, label):
-    key = D.cache_key(kind="engine-answers", target=fingerprint, ids=prompt_ids, temperature=temperature, seed=seed,
+    from trtspec.engine.model import CompactModel
+
+    kind = "engine-answers" if isinstance(model, CompactModel) else "padded-answers"
+    key = D.cache_key(kind=kind, target=fingerprint, ids=prompt_ids, temperature=temperature, seed=seed,
                       max_new_tokens=max_new_tokens, top_k=o.top_k, quant=o.target_quantization, batch=o.generate_batch)
     task = progress.add_task(label, total=None)
     return D.generate_answers(model, prompt_ids, D.ShardStore(work / "data" / key), temperature=temperature,
@@ -318,7 +329,7 @@ def reproduce_command(o: DistillOptions) -> str:
     defaults = DistillOptions(target=o.target, output=o.output)
     parts = ["trtspec", "distill", "--target", o.target, "--output", str(o.output)]
     for key in ("layers", "init", "tokens", "seed", "head_tokens", "prompts", "samples", "temperature", "max_new_tokens",
-                "target_quantization", "eval_every", "lr", "generate_batch", "threads"):
+                "target_quantization", "eval_every", "lr", "generate_batch", "device", "answers_by", "threads"):
         value = getattr(o, key)
         if value != getattr(defaults, key) or key == "seed":
             parts += [f"--{key.replace('_', '-')}", str(value)]

@@ -204,17 +204,21 @@ def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temp
     """The target's answers to `prompts` (greedy when temperature is 0), with the raw logits of each answer token.
 
     `model` is the embedded engine's compact forward (`trtspec.engine.model.CompactModel`): answers are what the
-    deployed target says, and `batch_size` rows decode together, a finished row's place going to the next prompt.
+    deployed target says; or the transformers model on the same (rounded) weights, decoded in padded batches
+    (`decode_answers_padded`, the fast way on a GPU). `batch_size` rows decode together, a finished row's place going to the next prompt.
     Shards hold SHARD_BATCHES batches' worth of prompts; a sampled answer is seeded by its prompt's index, so an
     interrupted run resumes at the first missing shard and produces the same sequences."""
+    from trtspec.engine.model import CompactModel
+
     per_shard = batch_size * SHARD_BATCHES
     shards = [list(range(i, min(i + per_shard, len(prompts)))) for i in range(0, len(prompts), per_shard)]
     out: list[Sequence] = []
     for index, shard in enumerate(shards):
         if not store.has(index):
-            store.save(index, decode_answers(model, [prompts[i] for i in shard], shard, temperature=temperature,
-                                             max_new_tokens=max_new_tokens, batch_size=batch_size, top_k=top_k,
-                                             seed=seed, eos_id=eos_id))
+            decode = decode_answers if isinstance(model, CompactModel) else decode_answers_padded
+            store.save(index, decode(model, [prompts[i] for i in shard], shard, temperature=temperature,
+                                     max_new_tokens=max_new_tokens, batch_size=batch_size, top_k=top_k,
+                                     seed=seed, eos_id=eos_id))
         out += store.load(index)
         if progress:
             progress(index + 1, len(shards))
@@ -259,6 +263,59 @@ def decode_answers(model, prompts: list[list[int]], numbers: list[int], *, tempe
     for ids, answer, top in zip(prompts, answers, kept):
         sequences.append(Sequence(torch.tensor(ids + answer, dtype=torch.int32), len(ids),
                                   torch.stack([i for i, _ in top]), torch.stack([v for _, v in top])))
+    return sequences
+
+
+@torch.inference_mode()
+def decode_answers_padded(model, prompts: list[list[int]], numbers: list[int], *, temperature: float,
+                          max_new_tokens: int, batch_size: int, top_k: int, seed: int, eos_id: int | None) -> list[Sequence]:
+    """The same answers as `decode_answers`, decoded by the transformers model in left-padded batches: every row
+    of a batch steps until all have ended, so a GPU runs `batch_size` rows per step with a few hundred kernel
+    launches whatever the batch (the compact forward's attention is one call per row). Sampled answers draw from
+    one generator on the model's device, seeded by `seed` and the batch's first prompt number: reproducible on
+    the same device and batch size, not bitwise across devices."""
+    from transformers import DynamicCache
+
+    device = model.device
+    sequences: list[Sequence] = []
+    for at in range(0, len(prompts), batch_size):
+        batch = prompts[at:at + batch_size]
+        width = max(map(len, batch))
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, prompt in enumerate(batch):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + numbers[at]) if temperature > 0 else None
+        cache = DynamicCache()
+        chosen, top_ids, top_values = [], [], []
+        ended = torch.zeros(len(batch), dtype=torch.bool, device=device)
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                           use_cache=True, logits_to_keep=1).logits[:, -1].float()
+            if generator is None:
+                token = logits.argmax(-1)
+            else:
+                token = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator)[:, 0]
+            values, indices = logits.topk(top_k, dim=-1)
+            chosen.append(token)
+            top_ids.append(indices.to(torch.int32))
+            top_values.append(values.to(torch.float16))
+            if eos_id is not None:
+                ended |= token == eos_id
+                if bool(ended.all()):
+                    break
+            ids, positions = token[:, None], positions[:, -1:] + 1
+            mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=1)
+        chosen_t = torch.stack(chosen, 1).cpu()
+        top_ids_t, top_values_t = torch.stack(top_ids, 1).cpu(), torch.stack(top_values, 1).cpu()
+        for row, prompt in enumerate(batch):
+            answer = chosen_t[row].tolist()
+            length = answer.index(eos_id) + 1 if eos_id in answer else len(answer)  # the end token is kept
+            sequences.append(Sequence(torch.tensor(prompt + answer[:length], dtype=torch.int32), len(prompt),
+                                      top_ids_t[row, :length].contiguous(), top_values_t[row, :length].contiguous()))
     return sequences
 
 

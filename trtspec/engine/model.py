@@ -47,6 +47,16 @@ class Segment:
     n_logits: int
 
 
+@dataclass
+class Prepared:
+    """A pass's device-side inputs (CompactModel.prepare): token ids, the attention over the caches, and which
+    rows' logits are wanted."""
+
+    ids: torch.Tensor
+    attend: object
+    rows: torch.Tensor
+
+
 class CompactModel:
     """Decoder-only transformer forward over ragged batches; weights prepacked once (see kernels.py)."""
 
@@ -167,6 +177,17 @@ class CompactModel:
     # ---- forward ------------------------------------------------------------------------------------------------
     def forward(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Run every segment's rows; returns each segment's logits [n_logits, V] in float32."""
+        # sampling and the contract's outputs work on the CPU: one transfer per step on a GPU
+        logits = self.run(self.prepare(segments)).float().cpu()
+        out, at = [], 0
+        for s in segments:
+            out.append(logits[at : at + s.n_logits])
+            at += s.n_logits
+        return out
+
+    def prepare(self, segments: list[Segment]) -> "Prepared":
+        """Everything a pass needs that comes from the host (token ids, positions, attention plans), on the
+        device; `run` then reads device memory only, so that a GPU can capture it as one CUDA graph."""
         # fewer rows than a product's minimum are padded once here rather than in every product: the extra rows
         # (token 0 at position 0) go through the linears only, never through attention, a cache or the head
         flat = [t for s in segments for t in s.ids]
@@ -179,24 +200,22 @@ class CompactModel:
             offsets.append(at)
             at += len(s.ids)
         attend = (self._fused_attention if self.fused else self._torch_attention)(segments, offsets, cos[0], sin[0], at + pad)
-        x = F.embedding(ids, self.embed)
+        rows = torch.tensor([off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
+                            device=self.device)
+        return Prepared(ids, attend, rows)
+
+    def run(self, p: "Prepared") -> torch.Tensor:
+        """The network on a prepared pass: the logits of the wanted rows, [rows, V], on the device."""
+        x = F.embedding(p.ids, self.embed)
         h = self._norm(x, self.layers[0]["input_norm"])
         for i, layer in enumerate(self.layers):
-            h = self._norm(x, layer["post_norm"], residual=layer["o"](attend(i, layer, layer["qkv"](h))))
+            h = self._norm(x, layer["post_norm"], residual=layer["o"](p.attend(i, layer, layer["qkv"](h))))
             gate, up = layer["gate_up"](h).chunk(2, dim=-1)
             mlp = layer["down"](F.silu(gate) * up)
             if i + 1 < len(self.layers):
                 h = self._norm(x, self.layers[i + 1]["input_norm"], residual=mlp)
         x = x + mlp
-        rows = torch.tensor([off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
-                            device=self.device)
-        # sampling and the contract's outputs work on the CPU: one transfer per step on a GPU
-        logits = self._head(self._norm(x[rows], self.norm)).float().cpu()
-        out, at = [], 0
-        for s in segments:
-            out.append(logits[at : at + s.n_logits])
-            at += s.n_logits
-        return out
+        return self._head(self._norm(x[p.rows], self.norm))
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x += residual (in place, when given), then the RMS norm of x's rows."""

@@ -1,0 +1,156 @@
+"""The embedded engine on CUDA: the compact forward against Hugging Face for each supported architecture, the FP8
+product (`torch._scaled_mm`) against the dequantized one, greedy speculative decoding against target-only through
+the orchestrator loop (with differences classified as near-ties or mismatches), and the KV-cache budget.
+
+These run wherever CUDA is present and skip elsewhere. cuBLAS picks kernels by shape, so on a GPU a position's
+logits may differ in the last bits between a decode step and a verify pass: outputs are compared token by token
+and every difference is classified with the target's own logits (trtspec.validate.classify), as
+`trtspec validate outputs` does on a deployment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from test_engine_batching import ARCHITECTURES, _hf_model, _ids
+from trtspec.contract import GenerationRequest, SamplingParams
+from trtspec.engine import fp8, kernels
+from trtspec.engine.model import CompactModel, Segment
+from trtspec.engine.runtime import Engine, InProcessClient
+from trtspec.errors import RequestError
+from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
+from trtspec.orchestrator.loop import SpecRequest, speculate
+from trtspec.validate import MISMATCH, classify
+
+CUDA = torch.cuda.is_available()
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+FP8_PRODUCT = CUDA and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
+def test_compact_forward_equals_hugging_face_on_cuda(kind, dtype, tolerance):
+    """Logits of a prefill and of the following one-row steps against the transformers model in float64 on the
+    CPU: float32 (TF32 off, torch's default for matmul) within 1e-5 relative, bfloat16 within 3e-2 (8-bit
+    mantissas, two layers deep); the argmax agrees wherever the reference's top two are apart by more than the
+    tolerance."""
+    hf = _hf_model(kind)
+    reference_model = hf.double()
+    ids = _ids(100, 1)  # crosses a key block (64) and, for mistral, the 40-token window
+    with torch.inference_mode():
+        reference = reference_model(torch.tensor([ids])).logits[0]
+    model = CompactModel(hf.config, {k: v.float() for k, v in hf.state_dict().items()}, dtype=dtype,
+                         device=torch.device("cuda"))
+    with torch.inference_mode():
+        kv = model.new_kv(100)
+        first = model.forward([Segment(ids[:70], 0, kv, 70)])[0]
+        steps = [model.forward([Segment([ids[p]], p, kv, 1)])[0] for p in range(70, 100)]
+    got = torch.cat([first, *steps])
+    assert _relative(got, reference) < tolerance
+    top2 = reference.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > tolerance * reference.abs().amax(dim=-1).clamp(min=1)
+    assert torch.equal(got.argmax(-1)[clear], reference.argmax(-1)[clear])
+
+
+@pytest.mark.skipif(not FP8_PRODUCT, reason="torch._scaled_mm needs compute capability 8.9 or newer")
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_fp8_product_equals_the_dequantized_product(rows, per_channel):
+    """Fp8Linear against its definition computed in float64: the E4M3 weight times its scale, times the activations
+    rounded to E4M3 per token. What remains is the bfloat16 output's rounding (2^-9 relative per element)."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    w = torch.randn(256, 512, device="cuda", generator=g) * torch.linspace(0.1, 2.0, 256, device="cuda")[:, None]
+    x = torch.randn(rows, 512, device="cuda", generator=g, dtype=torch.bfloat16)
+    q, scale = fp8.quantize(w, per_channel=per_channel)
+    linear = kernels.Fp8Linear(q, scale, None, torch.bfloat16)
+    got = linear(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 256)
+    x_scale = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / fp8.E4M3_MAX
+    xq = (x.float() / x_scale).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.FP8_DTYPE)
+    exact = (xq.double() * x_scale.double()) @ fp8.dequantize(q, scale, torch.float64).T
+    assert _relative(got, exact) < 4e-3
+    # and the whole FP8 path against the product in the compute dtype: the activations' E4M3 rounding
+    dense = x.double() @ fp8.dequantize(q, scale, torch.float64).T
+    assert _relative(got, dense) < 5e-2
+
+
+@pytest.mark.skipif(not FP8_PRODUCT, reason="torch._scaled_mm needs compute capability 8.9 or newer")
+def test_fp8_engine_uses_the_fp8_product_and_agrees_with_dequantized(built_fp8):
+    fast = Engine.load(built_fp8.target, device="cuda", dtype="bfloat16", check_invariance=False)
+    slow = Engine.load(built_fp8.target, device="cuda", dtype="bfloat16", fp8_matmul=False, check_invariance=False)
+    assert isinstance(fast.model.layers[0]["gate_up"], kernels.Fp8Linear)
+    assert not isinstance(slow.model.layers[0]["gate_up"], kernels.Fp8Linear)
+    ids = _ids(40, 3)
+    with torch.inference_mode():
+        a = fast.model.forward([Segment(ids, 0, fast.model.new_kv(40), 40)])[0]
+        b = slow.model.forward([Segment(ids, 0, slow.model.new_kv(40), 40)])[0]
+    assert _relative(a, b) < 0.1
+
+
+def _greedy(target: Engine, draft: Engine | None, prompt: list[int], max_tokens: int, k: int) -> list[int]:
+    target.cache.clear()
+    drafter = None
+    if draft is not None:
+        draft.cache.clear()
+        drafter = DraftModelDrafter(InProcessClient(draft), sampling=SamplingParams(), end_id=None, pad_id=None)
+    request = SpecRequest(prompt=prompt, max_tokens=max_tokens, num_draft_tokens=k if draft else 0)
+    return [t for chunk in speculate(request, InProcessClient(target), drafter) for t in chunk]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_speculative_equals_target_only_on_cuda(built_fp8, dtype):
+    """Through the orchestrator loop with two drafters: the tiny draft model (random weights: its tokens are
+    rejected, the target's own token comes from the verify pass) and a second copy of the target (its tokens are
+    accepted: K+1 positions verified in one pass). Each K's output against target-only, token by token: a
+    difference must be a near-tie in the target's own logits at the first differing position; in float32 there
+    may be at most one."""
+    target = Engine.load(built_fp8.target, device="cuda", dtype=dtype)
+    drafts = [Engine.load(built_fp8.draft, device="cuda", dtype=dtype), Engine.load(built_fp8.target, device="cuda", dtype=dtype)]
+    verdicts = []
+    for seed in range(6):
+        prompt = _ids(8 + 3 * seed, 100 + seed)
+        base = _greedy(target, None, prompt, 48, 0)
+        assert len(base) == 48
+        for draft, k in ((d, k) for d in drafts for k in (1, 2, 4)):
+            spec = _greedy(target, draft, prompt, 48, k)
+            at = next((i for i, (a, b) in enumerate(zip(base, spec)) if a != b), None)
+            if at is None:
+                assert len(spec) == len(base)
+                continue
+            logits = target.generate(GenerationRequest(input_ids=prompt + base[:at], request_output_len=1, end_id=-1,
+                                                       return_generation_logits=True)).generation_logits
+            verdicts.append(classify(np.asarray(logits)[0], base[at], spec[at]))
+    assert target.stats.accepted_draft_tokens > target.stats.draft_tokens / 8  # the copy of the target was accepted
+    mismatches = [v for v in verdicts if v.kind == MISMATCH]
+    assert not mismatches, mismatches
+    if dtype == "float32":
+        assert len(verdicts) <= 1, verdicts
+
+
+def test_kv_budget_holds_on_cuda(built_fp8):
+    """The pool's byte accounting is what the device holds: running and kept caches stay within the budget, a
+    call that cannot fit alone is refused naming engine.kv_cache_mb, and calls that fit only one after another
+    still all finish."""
+    engine = Engine.load(built_fp8.target, device="cuda", check_invariance=False)
+    pool = engine.cache
+    pool.budget_bytes = pool.bytes_for(100)        # room for one 96-token call at a time
+    pool.reuse_bytes = pool.bytes_for(64)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    requests = [GenerationRequest(input_ids=_ids(30, 200 + i), request_output_len=60, end_id=-1) for i in range(4)]
+    results = engine.generate_many(requests)
+    assert all(len(r.new_tokens) == 60 for r in results)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    assert pool.running_bytes == 0 and pool.kept_bytes <= pool.reuse_bytes
+    assert held <= pool.kept_bytes + 2**20, (held, pool.kept_bytes)  # what stays is the kept caches (+ allocator slack)
+    pool.budget_bytes = pool.bytes_for(64)
+    with pytest.raises(RequestError, match="kv_cache_mb"):
+        engine.generate(GenerationRequest(input_ids=_ids(30, 9), request_output_len=60, end_id=-1))
