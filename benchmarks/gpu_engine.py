@@ -142,6 +142,43 @@ def measure(model: CompactModel, context: int, reps: int, graphs: bool) -> dict:
     return out
 
 
+LLAMA8B_PRODUCTS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+@torch.inference_mode()
+def products(bandwidth: float, reps: int) -> list[dict]:
+    """One decoder layer's products of the 8B shape at 1, 4 and 9 rows, each timed as a CUDA graph of 20 calls:
+    the bfloat16 product (F.linear), the FP8 product alone (`torch._scaled_mm` on activations already in E4M3),
+    and kernels.Fp8Linear as the engine calls it (the per-token activation quantization included)."""
+    from trtspec.engine import kernels
+
+    out = []
+    for name, (n, k) in LLAMA8B_PRODUCTS.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        q, scale = fp8.quantize(w)
+        linear = kernels.Fp8Linear(q, scale, None, torch.bfloat16)
+        for m in (1, 4, 9):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            xq, xs = x.to(fp8.FP8_DTYPE), torch.ones(m, 1, device="cuda")
+            variants = {"bf16 F.linear": lambda: torch.nn.functional.linear(x, w),
+                        "fp8 _scaled_mm": lambda: torch._scaled_mm(xq, linear.weight_t, scale_a=xs, scale_b=linear.scale_b,
+                                                                   out_dtype=torch.bfloat16),
+                        "fp8 Fp8Linear": lambda: linear(x)}
+            row = {"product": name, "n": n, "k": k, "rows": m}
+            for label, fn in variants.items():
+                fn()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for _ in range(20):
+                        fn()
+                seconds = _events_median(graph.replay, reps) / 20
+                nbytes = n * k * (2 if label.startswith("bf16") else 1)
+                row[label] = {"us": seconds * 1e6, "weight_tb_s": nbytes / seconds / 1e12}
+            out.append(row)
+        del w, q, linear
+    return out
+
+
 def report_rows(name: str, model: CompactModel, times: dict, bandwidth: float) -> list[dict]:
     bound = model.weight_bytes / bandwidth
     rows = []
@@ -175,6 +212,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--products", action="store_true", help="also time one 8B layer's products alone: bf16, FP8, FP8 as the engine calls it")
     p.add_argument("--output", type=Path, default=Path("gpu-engine.json"))
     args = p.parse_args(argv)
     console = Console()
@@ -186,13 +224,21 @@ def main(argv=None) -> int:
     bandwidth = copy_bandwidth()
     console.print(f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB; torch {torch.__version__}; "
                   f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + written)", highlight=False)
-    rows = []
-    models = []
+    rows, models, product_rows = [], [], []
+    if args.products:
+        product_rows = products(bandwidth, args.reps)
+        t = Table(title="one layer's products of the 8B shape, each a graph of 20 calls: microseconds (weight TB/s)")
+        for col in ("product", "rows", "bf16 F.linear", "fp8 _scaled_mm", "fp8 Fp8Linear"):
+            t.add_column(col, justify="right")
+        for r in product_rows:
+            t.add_row(f"{r['product']} {r['n']}x{r['k']}", str(r["rows"]),
+                      *(f"{r[v]['us']:.1f} ({r[v]['weight_tb_s']:.2f})" for v in ("bf16 F.linear", "fp8 _scaled_mm", "fp8 Fp8Linear")))
+        console.print(t)
     if args.engines:
         models += [("demo target fp8", lambda: Engine.load(args.engines / "target", device="cuda", dtype="bfloat16",
-                                                           check_invariance=False).model),
+                                                           fp8_matmul=True, check_invariance=False).model),
                    ("demo target bf16", lambda: Engine.load(args.engines / "target", device="cuda", dtype="bfloat16",
-                                                            fp8_matmul=False, check_invariance=False).model)]
+                                                            check_invariance=False).model)]
     if args.llama8b:
         def llama(fp8_matmul: bool):
             config, state = llama8b_state(device)
@@ -214,7 +260,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     args.output.write_text(json.dumps({"command": " ".join([Path(sys.executable).name] + sys.argv), "device": props.name,
                                        "torch": torch.__version__, "copy_bandwidth_bytes_per_s": bandwidth,
-                                       "context": args.context, "reps": args.reps, "rows": rows}, indent=2) + "\n")
+                                       "context": args.context, "reps": args.reps, "rows": rows,
+                                       "products": product_rows}, indent=2) + "\n")
     console.print(table(rows, bandwidth))
     return 0
 

@@ -19,7 +19,7 @@ import json
 import os
 import time
 import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -139,6 +139,8 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     if o.threads:
         torch.set_num_threads(o.threads)
     device = torch.device("cuda" if o.device == "auto" and torch.cuda.is_available() else ("cpu" if o.device == "auto" else o.device))
+    if o.answers_by == "auto":  # recorded as resolved, so that the recipe names who decoded the answers
+        o = replace(o, answers_by="transformers" if device.type == "cuda" else "engine")
 
     # 1. everything that can fail on the user's input, before anything is written
     target_path = resolve_checkpoint_path(o.target, Path.cwd())
@@ -165,8 +167,7 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
         target = load_model(info, torch.float32)
         round_like_engine(target, o.target_quantization)
         target.to(device)
-        by = o.answers_by if o.answers_by != "auto" else ("transformers" if device.type == "cuda" else "engine")
-        answerer = compact_forward(target, info.architecture, device) if by == "engine" else target
+        answerer = compact_forward(target, info.architecture, device) if o.answers_by == "engine" else target
         progress.update(step, description="target loaded", total=1, completed=1)
         train_seqs, stats = [], {}
         for src, (prompt_ids, text_ids) in zip(sources, tokenized):
@@ -329,7 +330,7 @@ def reproduce_command(o: DistillOptions) -> str:
     defaults = DistillOptions(target=o.target, output=o.output)
     parts = ["trtspec", "distill", "--target", o.target, "--output", str(o.output)]
     for key in ("layers", "init", "tokens", "seed", "head_tokens", "prompts", "samples", "temperature", "max_new_tokens",
-                "target_quantization", "eval_every", "lr", "generate_batch", "device", "answers_by", "threads"):
+                "target_quantization", "eval_every", "lr", "generate_batch", "answers_by", "threads"):
         value = getattr(o, key)
         if value != getattr(defaults, key) or key == "seed":
             parts += [f"--{key.replace('_', '-')}", str(value)]

@@ -11,9 +11,10 @@
 
 The network is `model.CompactModel` for the architectures trtspec builds (batch-invariant on CPU: see
 kernels.py), or the transformers model itself (`forward="hf"`, the reference and a benchmark variant).
-FP8 weights are dequantized to the compute dtype at load, except on CUDA SM89+ where they go through
-`torch._scaled_mm` (kernels.Fp8Linear); CPUs have no FP8 product, so there FP8 saves disk and load I/O and
-reproduces FP8's rounding, not compute.
+FP8 weights are dequantized to the compute dtype at load: CPUs have no fast FP8 product, and on an H100 the FP8 product
+`torch._scaled_mm` at the 1-9 rows of a decode or verify pass, with the per-token quantization of its activations,
+was slower than the bfloat16 product on twice the bytes (docs/measurements.md, "On an H100"). So FP8 saves disk and
+load I/O and reproduces FP8's rounding; `fp8_matmul=True` runs the FP8 products instead.
 """
 
 from __future__ import annotations
@@ -73,10 +74,10 @@ class Engine:
     # ---- loading -------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, engine_dir: str | Path, device: str = "cpu", dtype: str | None = None, *,
-             forward: str = "auto", fp8_matmul: bool | None = None, check_invariance: bool = True) -> "Engine":
+             forward: str = "auto", fp8_matmul: bool = False, check_invariance: bool = True) -> "Engine":
         """Load an embedded-backend engine dir. `dtype` overrides the built compute dtype; `forward` picks the
-        network (auto: compact where supported); `fp8_matmul` (default: on CUDA SM89+) multiplies FP8 weights
-        in FP8 instead of dequantizing them."""
+        network (auto: compact where supported); `fp8_matmul` (off by default, see the module docstring; CUDA
+        SM89+, or torch's CPU `_scaled_mm`) multiplies FP8 weights in FP8 instead of dequantizing them."""
         from transformers import AutoConfig
 
         if forward not in FORWARDS:
@@ -99,8 +100,6 @@ class Engine:
             hf_config.architectures = [info.architecture]
         compact = forward == "compact" or (forward == "auto" and hf_config.architectures[0] in COMPACT_ARCHITECTURES)
         if compact:
-            if fp8_matmul is None:
-                fp8_matmul = dev.type == "cuda" and torch.cuda.get_device_capability(dev) >= (8, 9)
             _check_state(hf_config, state, weights, info)
             try:
                 model = CompactModel(hf_config, state, dtype=compute, device=dev, fp8_matmul=fp8_matmul)
