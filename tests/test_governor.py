@@ -93,3 +93,32 @@ def test_requests_admitted_before_a_change_do_not_judge_the_new_level():
     for cap, probe, at in early:                       # they finish late, failing: not this level's doing
         gov.observe(Outcome(True, 0.01, 8, 0, True, probe, at), 0.4)
     assert changes == [("speculating", "plain", "errors")]
+
+
+def test_an_operator_force_holds_then_expires_back_to_the_level_before():
+    gov, clock, changes = make()
+    run(gov, clock, 5, speculative=False, tpot=0.02)
+    run(gov, clock, 20, tpot=0.01)
+    gov.force("plain", 60.0, reason="operator")
+    assert gov.state == "plain" and gov.cap() == 0 and gov.forced
+    for _ in range(40):                                 # no probes while forced, and nothing judged
+        cap, probe, _at = gov.admit()
+        assert (cap, probe) == (0, False)
+    run(gov, clock, 30, tpot=0.01, failed=True)         # failures under a force do not move it
+    assert gov.state == "plain"
+    clock.now += 60.0
+    gov.admit()                                         # the first request after the time is up ends it
+    assert gov.state == "speculating" and not gov.forced
+    assert changes == [("speculating", "plain", "operator"), ("plain", "speculating", "force_expired")]
+
+
+def test_a_released_force_returns_and_a_new_one_replaces_the_old():
+    gov, clock, changes = make()
+    gov.force("reduced", 600.0, reason="alertmanager")
+    gov.force("plain", 600.0, reason="alertmanager")    # a harsher alert: replaced, the level before kept
+    assert gov.cap() == 0
+    gov.force(None, reason="force")
+    assert gov.state == "speculating" and gov.cap() == 8
+    assert [c[2] for c in changes] == ["alertmanager", "alertmanager", "force_release"]
+    gov.force(None)                                     # nothing forced: nothing to report
+    assert len(changes) == 3

@@ -209,3 +209,81 @@ def test_validate_monitoring_finds_stale_files(tmp_path):
     assert result.exit_code == 1 and "prometheus-rules.yaml" in result.output and "--monitoring" in result.output
     (tmp_path / "grafana-dashboard.json").unlink()
     assert "grafana-dashboard.json" in CliRunner().invoke(cli, ["validate", "monitoring", str(tmp_path)]).output
+
+
+AMTOOL = shutil.which("amtool")
+ALERTMANAGER = shutil.which("alertmanager") or shutil.which("prometheus-alertmanager")  # Debian names it so
+
+
+@pytest.mark.skipif(AMTOOL is None, reason="amtool not installed (Debian: apt install prometheus-alertmanager)")
+def test_amtool_checks_the_alertmanager_example_and_its_routes(tmp_path):
+    write_monitoring(tmp_path)
+    config = str(tmp_path / "alertmanager.yml")
+    check = subprocess.run([AMTOOL, "check-config", config], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    for alert in ALERTS:  # each alert that asks for a mode reaches the governor's receiver, the others do not
+        labels = [f"alertname={alert.name}", f"severity={alert.severity}"] + ([f"trtspec_mode={alert.forces}"] if alert.forces else [])
+        routed = subprocess.run([AMTOOL, "config", "routes", "test", f"--config.file={config}", *labels],
+                                capture_output=True, text=True)
+        assert ("trtspec-governor" in routed.stdout) == bool(alert.forces), (alert.name, routed.stdout)
+
+
+@pytest.mark.skipif(ALERTMANAGER is None, reason="alertmanager not installed (Debian: apt install prometheus-alertmanager)")
+def test_a_real_alertmanager_forces_and_releases_through_the_control_receiver(tmp_path):
+    """The generated example, with its waits shortened and its URL pointed at a control receiver: a critical error
+    alert makes Alertmanager call the receiver, which forces plain decoding; resolving it releases the force."""
+    import json
+    import time
+
+    from conftest import free_ports
+    from trtspec.control import ControlServer, read
+
+    control = ControlServer(tmp_path / "force.json").start()
+    port = free_ports(1)[0]
+    write_monitoring(tmp_path)
+    config = yaml.safe_load((tmp_path / "alertmanager.yml").read_text())
+    config["route"] |= {"group_wait": "1s", "group_interval": "1s"}
+    config["receivers"][1]["webhook_configs"][0]["url"] = f"http://127.0.0.1:{control.port}/alertmanager"
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([ALERTMANAGER, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = f"http://127.0.0.1:{port}/api/v2/alerts"
+    critical = next(a for a in ALERTS if a.name == "TrtspecErrorRatioCritical")
+    labels = {"alertname": critical.name, "severity": critical.severity, "trtspec_mode": critical.forces,
+              "model": "tensorrt_llm_bls"}
+
+    def post(ends_in: float) -> None:
+        now = time.time()
+        stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + "Z"  # noqa: E731
+        body = json.dumps([{"labels": labels, "startsAt": stamp(now - 60), "endsAt": stamp(now + ends_in)}]).encode()
+        urllib.request.urlopen(urllib.request.Request(api, data=body, headers={"Content-Type": "application/json"}), timeout=5)
+
+    def wait_for(predicate, seconds: float = 30.0):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if predicate():
+                return True
+            time.sleep(0.2)
+        return False
+
+    try:
+        assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/-/ready")), "alertmanager did not start"
+        post(300)
+        assert wait_for(lambda: (read(control.path) or None) is not None), "no force after the alert fired"
+        force = read(control.path)
+        assert force.mode == "plain" and force.source == "alertmanager" and critical.name in force.reason
+        post(-1)  # resolved
+        assert wait_for(lambda: read(control.path) is None), "the force outlived the resolved alert"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        control.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False

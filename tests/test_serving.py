@@ -111,7 +111,8 @@ def spec_server(tmp_path_factory, request):
     write = write_repository if request.param == "embedded" else write_standin_repository
     repo = write(load_config(config) if request.param == "embedded" else config, engines, root / "repo",
                  overrides={"max_speculative_concurrency": 4})
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          control_file=root / "force.json")
     server.start(timeout=300)
     yield server
     server.stop()
@@ -333,6 +334,46 @@ def test_latency_error_and_deployment_metrics(spec_server):
     assert find(after, "trtspec_draft_length_cap") == {"speculating": 4, "reduced": 2}.get(max(states, key=states.get), 0)
     info = [k for k in after if k.startswith("trtspec_build_info{")]
     assert len(info) == 1 and 'max_draft_len="8"' in info[0] and 'quantization="fp8' in info[0] and after[info[0]] == 1
+
+
+def test_a_forced_mode_reaches_the_bls_and_is_counted(spec_server):
+    """`trtspec serve --control-port`'s receiver forces plain decoding: the BLS's next request (the file is re-read
+    at most twice a second) drafts nothing, the state gauge says plain, the change is counted with its reason; the
+    release returns the level from before, counted too."""
+    from test_control import call
+    from trtspec.control import ControlServer
+
+    control = ControlServer(spec_server.control_file).start()
+    url = f"http://127.0.0.1:{control.port}/control"
+    request = {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 4, "adaptive_draft_length": False}
+
+    def state(values):
+        return next(k.split('state="')[1].split('"')[0] for k, v in values.items()
+                    if k.startswith("trtspec_speculation_state{") and v == 1)
+
+    def moved(before, after, prefix):
+        return sum(after[k] - before.get(k, 0) for k in after if k.startswith(prefix))
+
+    try:
+        before = read_metrics(spec_server.metrics_url)
+        assert call(url, {"mode": "plain", "for_seconds": 120, "reason": "test"})[0] == 200
+        time.sleep(0.6)
+        grpc_generate(spec_server.grpc_url, request)
+        forced = read_metrics(spec_server.metrics_url)
+        assert state(forced) == "plain"
+        assert moved(before, forced, "trtspec_draft_tokens_total") == 0
+        assert moved(before, forced, 'trtspec_fallbacks_total{model="tensorrt_llm_bls",reason="governor"}') == 1
+        assert moved(before, forced, "trtspec_speculation_changes_total") == 1
+        assert [k for k in forced if 'reason="operator"' in k and k.startswith("trtspec_speculation_changes_total")]
+        assert call(url, {"mode": "auto"})[0] == 200
+        time.sleep(0.6)
+        grpc_generate(spec_server.grpc_url, request)
+        released = read_metrics(spec_server.metrics_url)
+        assert state(released) == state(before)
+        assert [k for k in released if 'reason="force_release"' in k and k.startswith("trtspec_speculation_changes_total")]
+    finally:
+        call(url, {"mode": "auto"})
+        control.stop()
 
 
 # ---- streamed plain decoding: one engine call per plain stretch ----------------------------------------------

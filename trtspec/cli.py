@@ -78,32 +78,62 @@ def doctor(as_json: bool) -> None:
 @click.option("--openai-port", type=click.IntRange(1, 65535), help="Also serve an OpenAI-compatible API "
               "(/v1/completions, /v1/chat/completions) on this port of --host, e.g. 9000 [default: off].")
 @click.option("--served-model-name", help="Model id of the OpenAI API [default: the build config's name, from the repository's marker].")
+@click.option("--control-port", type=click.IntRange(0, 65535),
+              help="Also run the speculation control receiver on this port: POST /control forces plain, reduced or full "
+                   "speculation for a time, POST /alertmanager takes Alertmanager's webhook (docs/metrics.md).")
+@click.option("--control-host", default="127.0.0.1", show_default=True,
+              help="Address of the control receiver; beyond loopback it needs --control-token-file.")
+@click.option("--control-token-file", type=click.Path(dir_okay=False, exists=True),
+              help="A file holding the token every control request must send as `Authorization: Bearer <token>`.")
 def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, print_command, start_timeout, openai_port,
-          served_model_name) -> None:
+          served_model_name, control_port, control_host, control_token_file) -> None:
     """Run tritonserver on a model repository in the foreground (Ctrl-C stops it).
 
     A trtllm repository with a draft, or with a model over several GPUs, runs under mpirun in TensorRT-LLM's
     orchestrator mode, as TensorRT-LLM's launch_triton_server.py --multi-model does. With --openai-port, an
     OpenAI-compatible API runs beside it, in front of tensorrt_llm_bls."""
+    import tempfile
+
     from trtspec.launch import repository_launch
     from trtspec.server import TritonServer, run_foreground
 
+    out = Console()
+    control = None
+    if control_port is not None:
+        from trtspec.control import ControlError, ControlServer
+
+        token = Path(control_token_file).read_text().strip() if control_token_file else None
+        control_file = Path(tempfile.mkdtemp(prefix="trtspec-control-")) / "force.json"
+        try:
+            control = ControlServer(control_file, control_host, control_port, token,
+                                    log=lambda line: out.print(line, highlight=False, markup=False))
+        except (ControlError, OSError) as exc:
+            raise click.ClickException(f"--control-port {control_port}: {exc}") from exc
     server = TritonServer(repo, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          binary=binary, log_file=log_file, launch=repository_launch(repo))
+                          binary=binary, log_file=log_file, launch=repository_launch(repo),
+                          control_file=control.path if control else None)
     if print_command:
         from trtspec.launch import server_command_line
 
         click.echo(server_command_line(server))
         return
-    if openai_port is not None:
-        from trtspec.marker import read_marker
-        from trtspec.openai_api import run_with_triton
+    if control is not None:
+        control.start()
+        out.print(f"speculation control on http://{control_host}:{control.port}/control (and /alertmanager)", highlight=False)
+    try:
+        if openai_port is not None:
+            from trtspec.marker import read_marker
+            from trtspec.openai_api import run_with_triton
 
-        # the model id: the build config's name, as deploy recorded it (e.g. "demo")
-        served_model_name = served_model_name or (read_marker(repo) or {}).get("config")
-        sys.exit(run_with_triton(server, Console(), start_timeout, port=openai_port,
-                                 served_model_name=served_model_name))
-    sys.exit(run_foreground(server, Console(), start_timeout))
+            # the model id: the build config's name, as deploy recorded it (e.g. "demo")
+            served_model_name = served_model_name or (read_marker(repo) or {}).get("config")
+            code = run_with_triton(server, out, start_timeout, port=openai_port, served_model_name=served_model_name)
+        else:
+            code = run_foreground(server, out, start_timeout)
+    finally:
+        if control is not None:
+            control.stop()
+    sys.exit(code)
 
 
 @cli.command()

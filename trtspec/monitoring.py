@@ -19,6 +19,9 @@ import yaml
 
 RULES_FILE = "prometheus-rules.yaml"
 DASHBOARD_FILE = "grafana-dashboard.json"
+ALERTMANAGER_FILE = "alertmanager.yml"
+# The control receiver the Alertmanager example sends to: `trtspec serve --control-port 8004` (trtspec.control).
+EXAMPLE_CONTROL_URL = "http://127.0.0.1:8004/alertmanager"
 WINDOW = "5m"
 # Below this many finished requests per second (15 in the 5-minute window) no alert fires.
 MIN_REQUESTS_PER_SECOND = 0.05
@@ -40,6 +43,7 @@ class Alert:
     runbook: str
     guard: str = "trtspec:requests_finished:rate5m"
     guard_minimum: float = MIN_REQUESTS_PER_SECOND
+    forces: str | None = None  # the mode Alertmanager forces through trtspec serve's control receiver while it fires
 
     @property
     def expr(self) -> str:
@@ -67,14 +71,14 @@ ALERTS = [
     Alert("TrtspecLatencyP99Critical", "critical", "trtspec:request_duration_seconds:p99_5m > {threshold}", 5.0, "2m",
           ROLL_BACK, "Request latency p99 is above 5 s",
           "Roll back to plain decoding now; then compare latency by mode and the engines' queue "
-          "(nv_inference_pending_request_count)."),
+          "(nv_inference_pending_request_count).", forces="plain"),
     Alert("TrtspecErrorRatioHigh", "warning", "trtspec:request_error_ratio:rate5m > {threshold}", 0.02, "5m",
           ROLL_BACK + " if it lasts", "More than 2 % of requests fail",
           "trtspec_request_errors_total by kind: bad_request is the clients'; timeout and refused mean overload; "
           "engine_error is the server's (its log says which engine)."),
     Alert("TrtspecErrorRatioCritical", "critical", "trtspec:request_error_ratio:rate5m > {threshold}", 0.05, "1m",
           ROLL_BACK + ", at once", "More than 5 % of requests fail",
-          "Roll back at once; then read trtspec_request_errors_total by kind and the server log."),
+          "Roll back at once; then read trtspec_request_errors_total by kind and the server log.", forces="plain"),
     Alert("TrtspecAcceptanceBelowBreakEven", "warning",
           "trtspec:acceptance:ratio_rate5m < on (model) max by (model) (trtspec_break_even_acceptance{{load=\"1\"}})",
           0.0, "15m", "use fewer draft tokens, or plain decoding, for this traffic",
@@ -82,7 +86,7 @@ ALERTS = [
           "The draft model does not predict this traffic; the adaptive draft length backs off per request, but "
           "each request pays to find out. Check trtspec_accepted_tokens_by_position_total for where acceptance "
           "falls, and consider speculation prompt_lookup or a better-matched draft.",
-          guard="trtspec:draft_tokens:rate5m", guard_minimum=MIN_DRAFT_TOKENS_PER_SECOND),
+          guard="trtspec:draft_tokens:rate5m", guard_minimum=MIN_DRAFT_TOKENS_PER_SECOND, forces="reduced"),
 ]
 
 
@@ -92,7 +96,7 @@ def rules() -> dict:
         {"name": "trtspec-recording", "rules": [{"record": name, "expr": expr} for name, expr in RECORDING_RULES.items()]},
         {"name": "trtspec-alerts", "rules": [
             {"alert": a.name, "expr": a.expr, "for": a.for_,
-             "labels": {"severity": a.severity},
+             "labels": {"severity": a.severity} | ({"trtspec_mode": a.forces} if a.forces else {}),
              "annotations": {"summary": a.summary, "action": a.action, "runbook": a.runbook}}
             for a in ALERTS]},
     ]}
@@ -178,11 +182,32 @@ def dashboard() -> dict:
     }
 
 
+def alertmanager() -> dict:
+    """An Alertmanager configuration that sends the alerts labelled `trtspec_mode` to `trtspec serve`'s control
+    receiver, which forces that mode while they fire (renewed every repeat_interval, released once resolved)."""
+    return {
+        "route": {"receiver": "default", "group_by": ["alertname", "model"], "group_wait": "30s",
+                  "group_interval": "1m", "repeat_interval": "10m",  # under the receiver's 15-minute hold
+                  "routes": [{"receiver": "trtspec-governor", "matchers": ['trtspec_mode=~"plain|reduced"'],
+                              "continue": True}]},
+        "receivers": [
+            {"name": "default"},  # your paging receiver goes here
+            {"name": "trtspec-governor", "webhook_configs": [{
+                "url": EXAMPLE_CONTROL_URL, "send_resolved": True}]},
+        ],
+    }
+
+
 def files() -> dict[str, str]:
     """The monitoring files by name, as this version of trtspec writes them."""
     return {RULES_FILE: "# Written by `trtspec deploy --monitoring`; thresholds in trtspec/monitoring.py.\n"
                         + yaml.safe_dump(rules(), sort_keys=False, width=120),
-            DASHBOARD_FILE: json.dumps(dashboard(), indent=2) + "\n"}
+            DASHBOARD_FILE: json.dumps(dashboard(), indent=2) + "\n",
+            ALERTMANAGER_FILE: "# Written by `trtspec deploy --monitoring`: an example Alertmanager configuration. Alerts\n"
+                               "# labelled trtspec_mode force that mode through `trtspec serve --control-port 8004`.\n"
+                               "# With --control-host beyond loopback, add to the webhook config the token it requires:\n"
+                               "#   http_config: {authorization: {credentials_file: <the --control-token-file>}}\n"
+                               + yaml.safe_dump(alertmanager(), sort_keys=False, width=120)}
 
 
 def write_monitoring(out_dir: str | Path) -> list[Path]:

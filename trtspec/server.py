@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from trtspec.control import CONTROL_ENV
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -317,8 +319,10 @@ class TritonServer:
                  log_file: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
                  model_control_explicit_models: Sequence[str] | None = None,
                  backend_cache_dir: str | os.PathLike[str] | None = None, exit_timeout: int = 10,
-                 launch=None) -> None:
+                 launch=None, control_file: str | os.PathLike[str] | None = None) -> None:
         self.repo = Path(repo)
+        # the file through which `trtspec serve --control-port` forces the BLS's governor (trtspec.control)
+        self.control_file = control_file
         # trtspec.launch.Launch: run under mpirun in TensorRT-LLM's orchestrator mode (trtllm deployments).
         self.launch = launch
         self.host = host
@@ -448,9 +452,10 @@ class TritonServer:
 
     def environ_additions(self) -> dict[str, str]:
         """Environment variables the launch sets on top of the binary's (TRTLLM_ORCHESTRATOR, ...)."""
+        control = {CONTROL_ENV: str(self.control_file)} if self.control_file is not None else {}
         if self.launch is not None:  # TensorRT-LLM under mpirun: no embedded engines
-            return dict(self.launch.env)
-        return {k: os.environ.get(k, v) for k, v in CPU_ENGINE_ENV.items()}  # the user's own setting wins
+            return dict(self.launch.env) | control
+        return {k: os.environ.get(k, v) for k, v in CPU_ENGINE_ENV.items()} | control  # the user's own setting wins
 
     def start(self, timeout: float | None = None) -> "TritonServer":
         """Launch the server and wait until /v2/health/ready answers 200; ServerError otherwise. `timeout`:

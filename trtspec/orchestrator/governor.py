@@ -7,6 +7,10 @@ speculation does not pay (acceptance below the learned break-even, or speculativ
 than plain), and steps back up only on evidence: in plain decoding one request in `probe_every` speculates at the
 reduced length (a probe), and the deployment returns to reduced once the probes pay, to full once reduced pays.
 After each change it holds for `hold_seconds` and judges only requests admitted after the change.
+
+An operator (or Alertmanager, through `trtspec serve --control-port`: trtspec.control) can force a level for a
+time: the governor then neither judges nor probes, and when the time is up (or the force is released) it returns to
+the level it had before and judges again from there, as after any change.
 """
 
 from __future__ import annotations
@@ -51,10 +55,38 @@ class Governor:
         self._admitted = 0
         self._probes = 0  # probes admitted since the last change
         self._lock = threading.RLock()  # requests finish on many threads
+        self.forced_until: float | None = None  # while forced: until when (its clock)
+        self._level_before = self.level         # the level a force interrupted, restored after it
 
     @property
     def state(self) -> str:
         return "probing" if self.level == 2 and self._probes else LEVELS[self.level]
+
+    @property
+    def forced(self) -> bool:
+        return self.forced_until is not None
+
+    def force(self, state: str | None, seconds: float = 0.0, reason: str = "operator") -> None:
+        """Hold `state` (one of LEVELS) for `seconds`; None releases a force at once. Each change is reported."""
+        with self._lock:
+            if state is None:
+                if self.forced:
+                    self._unforce(f"{reason}_release")
+                return
+            if state not in LEVELS:
+                raise ValueError(f"state {state!r}: choose one of {', '.join(LEVELS)}")
+            if not self.forced:
+                self._level_before = self.level
+            self.forced_until = self.clock() + seconds
+            self._go(LEVELS.index(state), reason, always=True)
+
+    def _unforce(self, reason: str) -> None:
+        self.forced_until = None
+        self._go(self._level_before, reason, always=True)
+
+    def _expire(self) -> None:
+        if self.forced and self.clock() >= self.forced_until:
+            self._unforce("force_expired")
 
     @property
     def reduced_k(self) -> int:
@@ -70,8 +102,9 @@ class Governor:
             return self._admit()
 
     def _admit(self) -> tuple[int, bool, float]:
+        self._expire()
         self._admitted += 1
-        if self.level == 2 and self.k_full > 0 and self._admitted % self.probe_every == 0:
+        if not self.forced and self.level == 2 and self.k_full > 0 and self._admitted % self.probe_every == 0:
             self._probes += 1
             return self.reduced_k, True, self.clock()
         return self.cap(), False, self.clock()
@@ -85,8 +118,9 @@ class Governor:
         if not outcome.speculative and not outcome.failed and outcome.seconds_per_token is not None:
             self.plain_tpot = outcome.seconds_per_token if self.plain_tpot is None else \
                 0.8 * self.plain_tpot + 0.2 * outcome.seconds_per_token
-        if outcome.admitted_at < self.changed_at:
-            return  # admitted under the previous level: it says nothing about this one
+        self._expire()
+        if outcome.admitted_at < self.changed_at or self.forced:
+            return  # admitted under the previous level, or held by an operator: nothing to judge
         self.recent.append(outcome)
         if self.clock() - self.changed_at < self.hold_seconds:
             return
@@ -114,9 +148,10 @@ class Governor:
         if self.level > 0 and acceptance >= break_even and faster and (self.level == 2 or self.plain_tpot is not None):
             return self._go(self.level - 1, "probes_pay" if self.level == 2 else "pays")
 
-    def _go(self, level: int, reason: str) -> None:
+    def _go(self, level: int, reason: str, *, always: bool = False) -> None:
+        """Move to `level`; `always`: report it even at the same level (a force taken or ended)."""
         level = max(0, min(2, level))
-        if level == self.level:
+        if level == self.level and not always:
             return
         old = self.state
         self.level, self.changed_at, self._probes = level, self.clock(), 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 import uuid
@@ -20,6 +21,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.checkpoint import declared_end_ids
+from trtspec.control import CONTROL_ENV, Watcher
 from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutral
 from trtspec.errors import Cancelled, DeadlineExceeded, EngineUnavailable, RequestError
 from trtspec.interfaces import SPECULATION_METHODS
@@ -91,6 +93,8 @@ class TritonPythonModel:
         # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
         self.governor = Governor(self.default_k or self.speculation_k, on_change=self._governed)
         self.metrics.governor(self.governor.state, self.governor.cap())
+        # an operator's or Alertmanager's force, through `trtspec serve --control-port` (trtspec.control)
+        self.control, self._control_lock = Watcher(os.environ.get(CONTROL_ENV)), threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
         self.max_queued = int(parameter(params, "max_queued_requests", "256"))
@@ -172,6 +176,7 @@ class TritonPythonModel:
         if spec.num_draft_tokens > 0 and self.max_spec_concurrency and load > self.max_spec_concurrency:
             spec.num_draft_tokens = 0
             stats.fallbacks["load"] = 1
+        self._controlled()
         cap, probe, admitted = self.governor.admit()
         if cap < self.governor.k_full:  # rolled back: every draft source drafts at most `cap`
             plan.cap = cap
@@ -275,6 +280,20 @@ class TritonPythonModel:
         self.metrics.break_even(loads, even)
         self.governor.observe(outcome, even)
         self.metrics.governor(self.governor.state, self.governor.cap())
+
+    def _controlled(self) -> None:
+        """Apply a force the control file gained or lost since the last request."""
+        with self._control_lock:
+            changed, force = self.control.poll()
+            if not changed:
+                return
+            if force is not None:
+                pb_utils.Logger.log_warn(f"{self.name}: speculation forced to {force.mode} for {force.remaining():.0f} s "
+                                         f"by the {force.source}: {force.reason}")
+                self.governor.force(force.mode, force.remaining(), reason=force.source)
+            else:
+                self.governor.force(None, reason="force")
+            self.metrics.governor(self.governor.state, self.governor.cap())
 
     def _governed(self, old: str, new: str, reason: str) -> None:
         """A change of the deployment's speculation level: logged once, counted by reason, in the state gauge."""
