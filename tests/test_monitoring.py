@@ -47,7 +47,8 @@ def drafting(draft_per_minute: float, accepted_per_minute: float, break_even: fl
 
 def expected(name: str) -> list[dict]:
     alert = next(a for a in ALERTS if a.name == name)
-    return [{"exp_labels": {"severity": alert.severity, "model": "tensorrt_llm_bls"},
+    labels = {"severity": alert.severity, "model": "tensorrt_llm_bls"} | ({"trtspec_mode": alert.forces} if alert.forces else {})
+    return [{"exp_labels": labels,
              "exp_annotations": {"summary": alert.summary, "action": alert.action, "runbook": alert.runbook}}]
 
 
