@@ -59,7 +59,7 @@ def test_compact_forward_equals_hugging_face_on_cuda(kind, dtype, tolerance):
     assert torch.equal(got.argmax(-1)[clear], reference.argmax(-1)[clear])
 
 
-@pytest.mark.skipif(not FP8_PRODUCT, reason="torch._scaled_mm needs compute capability 8.9 or newer")
+@pytest.mark.skipif(not FP8_PRODUCT, reason="needs a CUDA GPU of compute capability 8.9 or newer (torch._scaled_mm)")
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("rows", [1, 5, 64])
 def test_fp8_product_equals_the_dequantized_product(rows, per_channel):
@@ -81,7 +81,7 @@ def test_fp8_product_equals_the_dequantized_product(rows, per_channel):
     assert _relative(got, dense) < 5e-2
 
 
-@pytest.mark.skipif(not FP8_PRODUCT, reason="torch._scaled_mm needs compute capability 8.9 or newer")
+@pytest.mark.skipif(not FP8_PRODUCT, reason="needs a CUDA GPU of compute capability 8.9 or newer (torch._scaled_mm)")
 def test_fp8_products_on_request_agree_with_the_dequantized_default(built_fp8):
     fast = Engine.load(built_fp8.target, device="cuda", dtype="bfloat16", fp8_matmul=True, check_invariance=False)
     slow = Engine.load(built_fp8.target, device="cuda", dtype="bfloat16", check_invariance=False)  # the default
