@@ -92,6 +92,7 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
     A trtllm repository with a draft, or with a model over several GPUs, runs under mpirun in TensorRT-LLM's
     orchestrator mode, as TensorRT-LLM's launch_triton_server.py --multi-model does. With --openai-port, an
     OpenAI-compatible API runs beside it, in front of tensorrt_llm_bls."""
+    import shutil
     import tempfile
 
     from trtspec.launch import repository_launch
@@ -133,6 +134,7 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
     finally:
         if control is not None:
             control.stop()
+            shutil.rmtree(control.path.parent, ignore_errors=True)
     sys.exit(code)
 
 
