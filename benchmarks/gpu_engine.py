@@ -146,7 +146,7 @@ LLAMA8B_PRODUCTS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4
 
 
 @torch.inference_mode()
-def products(bandwidth: float, reps: int) -> list[dict]:
+def products(reps: int) -> list[dict]:
     """One decoder layer's products of the 8B shape at 1, 4 and 9 rows, each timed as a CUDA graph of 20 calls:
     the bfloat16 product (F.linear), the FP8 product alone (`torch._scaled_mm` on activations already in E4M3),
     and kernels.Fp8Linear as the engine calls it (the per-token activation quantization included)."""
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
                   f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + written)", highlight=False)
     rows, models, product_rows = [], [], []
     if args.products:
-        product_rows = products(bandwidth, args.reps)
+        product_rows = products(args.reps)
         t = Table(title="one layer's products of the 8B shape, each a graph of 20 calls: microseconds (weight TB/s)")
         for col in ("product", "rows", "bf16 F.linear", "fp8 _scaled_mm", "fp8 Fp8Linear"):
             t.add_column(col, justify="right")

@@ -187,7 +187,8 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
               "e2e_grpc_speculative_decoding_client.py); streamed requests then cost one engine call per token.")
 @click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
 @click.option("--monitoring", "monitoring_dir", type=click.Path(file_okay=False),
-              help="Also write Prometheus recording and alerting rules for the deployment's metrics here.")
+              help="Also write Prometheus recording and alerting rules, a Grafana dashboard and an Alertmanager example "
+                   "for the deployment's metrics here.")
 @click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
 @click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")
 def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int | None,
@@ -244,7 +245,7 @@ def validate_repo(path: str) -> None:
 @validate.command("monitoring")
 @click.argument("path", type=click.Path(file_okay=False))
 def validate_monitoring(path: str) -> None:
-    """Check that the Prometheus rules and Grafana dashboard in PATH are what this trtspec writes (not stale)."""
+    """Check that the monitoring files in PATH (rules, dashboard, Alertmanager example) are what this trtspec writes."""
     from trtspec.monitoring import stale_monitoring
 
     stale = stale_monitoring(path)

@@ -75,19 +75,17 @@ def from_alerts(payload: dict, current: Force | None, seconds: float = DEFAULT_S
     An operator's force is never overridden by alerts."""
     if not isinstance(payload, dict) or not isinstance(payload.get("alerts"), list):
         raise ControlError("not an Alertmanager webhook payload: it has no \"alerts\" list")
-    asked = [(a.get("labels") or {}).get(ALERT_LABEL) for a in payload["alerts"]
-             if isinstance(a, dict) and a.get("status") == "firing"]
-    bad = [m for m in asked if m is not None and m not in MODES]
+    asking = [a.get("labels") or {} for a in payload["alerts"] if isinstance(a, dict) and a.get("status") == "firing"]
+    asking = [labels for labels in asking if labels.get(ALERT_LABEL) is not None]
+    bad = [labels[ALERT_LABEL] for labels in asking if labels[ALERT_LABEL] not in MODES]
     if bad:
         raise ControlError(f"label {ALERT_LABEL}: {bad[0]!r} is not one of {', '.join(MODES)}")
-    asked = [m for m in asked if m is not None]
     if current is not None and current.source != ALERTMANAGER and current.remaining() > 0:
         return False, current
-    if not asked:
+    if not asking:
         return current is not None, None
-    mode = max(asked, key=MODES.index)
-    names = sorted({(a.get("labels") or {}).get("alertname", "?") for a in payload["alerts"]
-                    if isinstance(a, dict) and a.get("status") == "firing" and (a.get("labels") or {}).get(ALERT_LABEL)})
+    mode = max((labels[ALERT_LABEL] for labels in asking), key=MODES.index)
+    names = sorted({labels.get("alertname", "?") for labels in asking})
     return True, Force(mode, time.time() + seconds, "alert " + ", ".join(names), ALERTMANAGER)
 
 

@@ -233,9 +233,7 @@ def compact_forward(target, architecture: str, device):
 
 
 def _answers(model, prompt_ids, work, fingerprint, o, temperature, seed, max_new_tokens, eos, progress, label):
-    from trtspec.engine.model import CompactModel
-
-    kind = "engine-answers" if isinstance(model, CompactModel) else "padded-answers"
+    kind = "engine-answers" if o.answers_by == "engine" else "padded-answers"
     key = D.cache_key(kind=kind, target=fingerprint, ids=prompt_ids, temperature=temperature, seed=seed,
                       max_new_tokens=max_new_tokens, top_k=o.top_k, quant=o.target_quantization, batch=o.generate_batch)
     task = progress.add_task(label, total=None)
@@ -351,6 +349,7 @@ def _check_state(work: Path, o: DistillOptions) -> None:
     mine = json.loads(json.dumps(o.defining()))
     if path.is_file():
         saved = json.loads(path.read_text())["options"]
+        saved.setdefault("answers_by", "engine")  # runs from before the option decoded with the engine
         changed = [k for k in DEFINING if saved.get(k) != mine.get(k)]
         if changed:
             raise DistillError("--resume with other settings than the run it continues: "

@@ -204,8 +204,9 @@ def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temp
     """The target's answers to `prompts` (greedy when temperature is 0), with the raw logits of each answer token.
 
     `model` is the embedded engine's compact forward (`trtspec.engine.model.CompactModel`): answers are what the
-    deployed target says; or the transformers model on the same (rounded) weights, decoded in padded batches
-    (`decode_answers_padded`, the fast way on a GPU). `batch_size` rows decode together, a finished row's place going to the next prompt.
+    deployed target says, `batch_size` rows at a time, a finished row's place going to the next prompt; or the
+    transformers model on the same (rounded) weights, in padded batches of `batch_size` (`decode_answers_padded`,
+    the fast way on a GPU).
     Shards hold SHARD_BATCHES batches' worth of prompts; a sampled answer is seeded by its prompt's index, so an
     interrupted run resumes at the first missing shard and produces the same sequences."""
     from trtspec.engine.model import CompactModel

@@ -36,7 +36,7 @@ from trtspec.triton.common import (
     bool_parameter, error_response, input_arrays, load_tokenizer, model_parameters, parameter,
 )
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
-from trtspec.triton.metrics import Metrics
+from trtspec.triton.metrics import Metrics, time_per_output_token
 from trtspec.triton.recovery import Reloader
 
 
@@ -189,8 +189,7 @@ class TritonPythonModel:
             if spec.num_draft_tokens > 0:
                 drafter = self._drafter(plan, watch=sender.is_cancelled)
                 # auto: prompt lookup, which costs no draft call, drafts up to max_draft_len (the model up to K)
-                lookup_k = self.max_draft_len if plan.cap is None else plan.cap
-                bound = max(spec.num_draft_tokens, lookup_k) if plan.method == "auto" else spec.num_draft_tokens
+                bound = max(spec.num_draft_tokens, self._lookup_k(plan)) if plan.method == "auto" else spec.num_draft_tokens
                 policy = (self.costs.policy(bound, model_drafts=plan.model_drafts, load=load)
                           if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
             detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
@@ -229,9 +228,7 @@ class TritonPythonModel:
             if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
                 self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
             raise
-        first, last, tokens = times_ns[2], times_ns[3], stats.generated_tokens
-        self._govern(Outcome(bool(stats.speculative_iterations),
-                             (last - first) / 1e9 / (tokens - 1) if tokens > 1 and first else None,
+        self._govern(Outcome(bool(stats.speculative_iterations), time_per_output_token(times_ns, stats.generated_tokens),
                              stats.draft_tokens, stats.accepted_tokens, probe=probe, admitted_at=admitted), load)
 
     def _drafter(self, plan: "_Plan", watch):
@@ -246,7 +243,11 @@ class TritonPythonModel:
         if plan.method != "auto":
             return model or lookup
         return make_drafter("auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens,
-                            lookup_k=self.max_draft_len if plan.cap is None else plan.cap)
+                            lookup_k=self._lookup_k(plan))
+
+    def _lookup_k(self, plan: "_Plan") -> int:
+        """How far prompt lookup drafts under `auto`: max_draft_len, or the governor's cap when it rolled back."""
+        return self.max_draft_len if plan.cap is None else plan.cap
 
     # ---- the engine models' health ---------------------------------------------------------------------------
     def _recovery(self, deadline: float | None, stop):

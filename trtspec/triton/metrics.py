@@ -23,6 +23,12 @@ TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0]
 ACCEPTANCE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 
 
+def time_per_output_token(times_ns: list[int], tokens: int) -> float | None:
+    """Seconds per output token after the first (times as Metrics.record takes them), or None when it has no meaning."""
+    first, last = times_ns[2], times_ns[3]
+    return (last - first) / 1e9 / (tokens - 1) if first and last and tokens > 1 else None
+
+
 class Metrics:
     """The BLS's metric families, created once per model instance; `record` and `error` are thread-safe."""
 
@@ -63,7 +69,6 @@ class Metrics:
         self._acceptance = family("trtspec_request_acceptance_ratio", "Per request: accepted / drafted tokens (requests that drafted)",
                                   histogram).Metric(labels=self.labels, buckets=ACCEPTANCE_BUCKETS)
         self._break_even = family("trtspec_break_even_acceptance", "The acceptance below which drafting costs more than it returns, as the deployment's learned costs say, by load (requests in flight)", gauge)
-        self._break_even_metrics: dict[str, object] = {}
         self._info = family("trtspec_build_info", "The deployment (value 1): target, draft, quantization, "
                             "max_draft_len, versions", gauge).Metric(labels=self.labels | build)
         self._info.set(1)
@@ -73,16 +78,14 @@ class Metrics:
         self._cap = one("trtspec_draft_length_cap", "The governor's draft-length cap for new requests (0: plain)", gauge)
         self._changes = family("trtspec_speculation_changes_total", "Changes of the deployment's speculation level, by "
                                "the state entered and the reason")
-        self._change_metrics: dict[tuple[str, str], object] = {}
-        self._position_metrics: dict[tuple[str, int], object] = {}
-        self._fallback_metrics: dict[str, object] = {}
+        self._children: dict[tuple, object] = {}  # metrics of families whose label values come as requests do
 
-    def _positional(self, kind: str, position: int):
-        key = (kind, position)
-        if key not in self._position_metrics:
-            fam = self._by_position if kind == "accepted" else self._drafted_by_position
-            self._position_metrics[key] = fam.Metric(labels=self.labels | {"position": str(position)})
-        return self._position_metrics[key]
+    def _child(self, family, **labels):
+        """`family`'s metric for these labels, made on first use (the caller holds the lock)."""
+        key = (id(family), tuple(sorted(labels.items())))  # families live as long as self (_families)
+        if key not in self._children:
+            self._children[key] = family.Metric(labels=self.labels | labels)
+        return self._children[key]
 
     def record(self, stats: RequestStats, times_ns: list[int]) -> None:
         """A finished request: its statistics and its times (arrival, first target call, first and last token,
@@ -97,19 +100,18 @@ class Metrics:
             self._draft_seconds.increment(stats.draft_seconds)
             self._verify_seconds.increment(stats.verify_seconds)
             for i, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
-                self._positional("drafted", i).increment(drafted)
-                self._positional("accepted", i).increment(accepted)
+                self._child(self._drafted_by_position, position=str(i)).increment(drafted)
+                self._child(self._by_position, position=str(i)).increment(accepted)
             self._requests[mode].increment(1)
             for reason, count in stats.fallbacks.items():
-                if reason not in self._fallback_metrics:
-                    self._fallback_metrics[reason] = self._fallbacks.Metric(labels=self.labels | {"reason": reason})
-                self._fallback_metrics[reason].increment(count)
+                self._child(self._fallbacks, reason=reason).increment(count)
             if last:
                 self._duration[mode].observe((last - arrival) / 1e9)
             if first:
                 self._ttft[mode].observe((first - arrival) / 1e9)
-            if first and last and stats.generated_tokens > 1:
-                self._tpot[mode].observe((last - first) / 1e9 / (stats.generated_tokens - 1))
+            tpot = time_per_output_token(times_ns, stats.generated_tokens)
+            if tpot is not None:
+                self._tpot[mode].observe(tpot)
             if stats.draft_tokens:
                 self._acceptance.observe(stats.accepted_tokens / stats.draft_tokens)
 
@@ -121,10 +123,7 @@ class Metrics:
 
     def governor_change(self, state: str, reason: str) -> None:
         with self._lock:
-            key = (state, reason)
-            if key not in self._change_metrics:
-                self._change_metrics[key] = self._changes.Metric(labels=self.labels | {"state": state, "reason": reason})
-            self._change_metrics[key].increment(1)
+            self._child(self._changes, state=state, reason=reason).increment(1)
 
     def error(self, kind: str) -> None:
         with self._lock:
@@ -133,6 +132,4 @@ class Metrics:
     def break_even(self, load: str, value: float) -> None:
         """Set the break-even acceptance of a load range."""
         with self._lock:
-            if load not in self._break_even_metrics:
-                self._break_even_metrics[load] = self._break_even.Metric(labels=self.labels | {"load": load})
-            self._break_even_metrics[load].set(value)
+            self._child(self._break_even, load=load).set(value)
