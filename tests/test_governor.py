@@ -122,3 +122,53 @@ def test_a_released_force_returns_and_a_new_one_replaces_the_old():
     assert [c[2] for c in changes] == ["alertmanager", "alertmanager", "force_release"]
     gov.force(None)                                     # nothing forced: nothing to report
     assert len(changes) == 3
+
+
+def test_kv_cache_pressure_puts_a_floor_under_the_level_until_it_eases():
+    """Above 92 % of the KV blocks: reduced; above 97 %: plain, without probes (each takes KV); the floor stays
+    until the fraction falls below 85 %, and then the judged level is back, with every change reported."""
+    gov, clock, changes = make()
+    run(gov, clock, 5, speculative=False, tpot=0.02)
+    gov.kv_cache(0.5)
+    assert gov.state == "speculating" and changes == []
+    gov.kv_cache(0.93)
+    assert gov.state == "reduced" and gov.cap() == 4
+    gov.kv_cache(0.90)   # between release and warning: the floor holds
+    assert gov.cap() == 4
+    gov.kv_cache(0.98)
+    assert gov.state == "plain" and gov.cap() == 0
+    assert all(gov.admit()[:2] == (0, False) for _ in range(3 * gov.probe_every))   # no probes
+    gov.kv_cache(0.84)
+    assert gov.state == "speculating" and gov.cap() == 8
+    assert changes == [("speculating", "reduced", "kv_cache"), ("reduced", "plain", "kv_cache"),
+                       ("plain", "speculating", "kv_cache_cleared")]
+    gov.kv_cache(None)   # unknown: no floor, no change
+    assert len(changes) == 3
+
+
+def test_a_draft_outage_reduces_the_draft_length_and_its_end_restores_it():
+    """Requests keep drafting (prompt lookup under auto; the draft breaker's probes find the model back)."""
+    gov, clock, changes = make()
+    gov.draft_down(True)
+    gov.draft_down(True)   # reported once
+    assert gov.state == "reduced" and gov.admit()[0] == 4 and changes == [("speculating", "reduced", "draft_down")]
+    gov.kv_cache(0.99)     # the higher floor wins, and lifting it leaves the other
+    assert gov.state == "plain"
+    gov.kv_cache(0.2)
+    assert gov.state == "reduced"
+    gov.draft_down(False)
+    assert gov.state == "speculating" and changes[-1] == ("reduced", "speculating", "draft_down_cleared")
+
+
+def test_a_floor_does_not_hide_judging_and_a_force_overrides_floors():
+    gov, clock, changes = make()
+    run(gov, clock, 5, speculative=False, tpot=0.02)
+    gov.kv_cache(0.99)
+    clock.now += 20
+    gov.force("speculating", 60, reason="operator")
+    assert gov.state == "speculating" and gov.cap() == 8   # the operator's word holds over the floor
+    gov.force(None)
+    assert gov.state == "plain"                             # the floor again, the pressure still on
+    gov.kv_cache(0.1)
+    assert gov.state == "speculating"
+    assert [why for *_, why in changes] == ["kv_cache", "operator", "operator_release", "kv_cache_cleared"]

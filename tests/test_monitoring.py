@@ -45,9 +45,39 @@ def drafting(draft_per_minute: float, accepted_per_minute: float, break_even: fl
                            "values": f"{break_even}x{MINUTES}"}]
 
 
+def gauge(series: str, value: float) -> dict:
+    """A gauge below any threshold for two minutes, then at `value` (so an alert's `for` counts from minute 2, as
+    for the rates)."""
+    return {"series": series, "values": f"0 0 {value:g}x{MINUTES - 2}"}
+
+
+def draft_errors(requests_per_minute: float, errors_per_minute: float) -> list[dict]:
+    return traffic(requests_per_minute) + [counter("trtspec_fallbacks_total", errors_per_minute, reason="draft_error")]
+
+
+def kv_cache(fraction: float, requests_per_minute: float = 60) -> list[dict]:
+    """The target engine model's KV blocks, `fraction` of 1000 in use."""
+    blocks = 'nv_trt_llm_kv_cache_block_metrics{{model="tensorrt_llm",version="1",kv_cache_block_type="{}"}}'
+    return traffic(requests_per_minute) + [gauge(blocks.format("used"), 1000 * fraction),
+                                           {"series": blocks.format("max"), "values": f"1000x{MINUTES}"}]
+
+
+GPU = 'instance="server:8002"'
+
+
+def gpu_memory(fraction: float, planned: float = 0.93, requests_per_minute: float = 60) -> list[dict]:
+    """One GPU of 80 units, `fraction` of them used, against a planned steady `planned`."""
+    return traffic(requests_per_minute) + [
+        gauge(f'nv_gpu_memory_used_bytes{{{GPU},gpu_uuid="GPU-0"}}', 80 * fraction),
+        {"series": f'nv_gpu_memory_total_bytes{{{GPU},gpu_uuid="GPU-0"}}', "values": f"80x{MINUTES}"},
+        {"series": f'trtspec_gpu_memory_planned_ratio{{{GPU},{MODEL}}}', "values": f"{planned}x{MINUTES}"}]
+
+
 def expected(name: str) -> list[dict]:
     alert = next(a for a in ALERTS if a.name == name)
-    labels = {"severity": alert.severity, "model": "tensorrt_llm_bls"} | ({"trtspec_mode": alert.forces} if alert.forces else {})
+    where = ({"model": "tensorrt_llm"} if name.startswith("TrtspecKvCache") else
+             {"instance": "server:8002"} if name.startswith("TrtspecGpuMemory") else {"model": "tensorrt_llm_bls"})
+    labels = {"severity": alert.severity} | where | ({"trtspec_mode": alert.forces} if alert.forces else {})
     return [{"exp_labels": labels,
              "exp_annotations": {"summary": alert.summary, "action": alert.action, "runbook": alert.runbook}}]
 
@@ -65,6 +95,12 @@ CASES = {
     "TrtspecErrorRatioHigh": (traffic(60, 3), traffic(60, 0.6), traffic(1, 1)),
     "TrtspecErrorRatioCritical": (traffic(60, 6), traffic(60, 3), traffic(1, 1)),
     "TrtspecAcceptanceBelowBreakEven": (drafting(600, 60), drafting(600, 300), drafting(30, 3)),
+    "TrtspecDraftModelFailing": (draft_errors(60, 6), draft_errors(60, 2), draft_errors(1, 1)),
+    "TrtspecKvCacheHigh": (kv_cache(0.95), kv_cache(0.90), kv_cache(0.95, requests_per_minute=1)),
+    "TrtspecKvCacheCritical": (kv_cache(0.99), kv_cache(0.96), kv_cache(0.99, requests_per_minute=1)),
+    # below: past 92 % but within the plan (TensorRT-LLM's KV reservation), where it sits from the start
+    "TrtspecGpuMemoryHigh": (gpu_memory(0.96), gpu_memory(0.94), gpu_memory(0.96, requests_per_minute=1)),
+    "TrtspecGpuMemoryCritical": (gpu_memory(0.99), gpu_memory(0.96, planned=0.96), gpu_memory(0.99, requests_per_minute=1)),
 }
 
 
@@ -180,7 +216,12 @@ def test_every_metric_the_rules_and_panels_read_is_exported(scraped):
     text = " ".join([*RECORDING_RULES.values(), *(a.expr for a in ALERTS),
                      *(q for p in PANELS if not p.gpu_only for q, _ in p.queries)])
     queried = set(re.findall(r"\b(?:trtspec|nv)_[a-z0-9_]+", text))  # metric names (recorded ones have a colon)
+    # the GPU's memory, and the plan for it, exist on GPU deployments only
+    queried -= {"nv_gpu_memory_used_bytes", "nv_gpu_memory_total_bytes", "trtspec_gpu_memory_planned_ratio"}
     assert queried and not queried - exported, f"not exported: {sorted(queried - exported)}"
+    kv = [line for line in scrape.splitlines() if line.startswith("nv_trt_llm_kv_cache_block_metrics{")]
+    assert {re.search(r'kv_cache_block_type="(\w+)"', line).group(1) for line in kv} >= {"used", "max", "free", "fraction"}
+    assert {re.search(r'model="(\w+)"', line).group(1) for line in kv} == {"tensorrt_llm", "tensorrt_llm_draft"}
     for histogram in ("trtspec_request_duration_seconds", "trtspec_time_to_first_token_seconds",
                       "trtspec_time_per_output_token_seconds"):
         assert f"{histogram}_bucket" in exported
@@ -190,7 +231,8 @@ def test_every_metric_the_rules_and_panels_read_is_exported(scraped):
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(scraped):
     _, query = scraped
     for name in RECORDING_RULES:
-        assert query(name), f"the recording rule {name} has no data"
+        if name != "trtspec:gpu_memory_used:ratio":  # GPU deployments only
+            assert query(name), f"the recording rule {name} has no data"
     for panel in PANELS:
         if panel.gpu_only:
             continue

@@ -202,6 +202,12 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
     assert float(t["kv_cache_free_gpu_mem_fraction"]) + float(d["kv_cache_free_gpu_mem_fraction"]) == pytest.approx(0.9)
     assert t["max_tokens_in_paged_kv_cache"] == str(16 * 8224) == d["max_tokens_in_paged_kv_cache"]
     assert params(bls)["max_input_len"] == "4096"            # the prompt limit, not the engines' 8191
+    # GPU 0 holds both engines (their files and 2 GiB each) and 0.9 of the rest as KV cache: the GPU-memory alerts
+    # fire above this plan, not at the level the KV reservation reaches at start
+    from trtspec.build.memory import GIB, RUNTIME_OVERHEAD_GIB
+    held = sum((engines / role / "rank0.engine").stat().st_size for role in ("target", "draft")) + 2 * RUNTIME_OVERHEAD_GIB * GIB
+    total = environment.GPU_TYPES[load_config(config).config.gpu.type].memory_gib * GIB
+    assert float(params(bls)["gpu_memory_planned_fraction"]) == pytest.approx(1 - 0.1 * (1 - held / total), abs=1e-4)
     launch = repository_launch(repo)
     assert launch == Launch(mpi=True, world_size=1, spawn_processes=True, engine_models=["tensorrt_llm", "tensorrt_llm_draft"],
                              devices=[0, 1, 2, 3])
@@ -217,8 +223,10 @@ def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
     result = CliRunner().invoke(cli, ["serve", "--repo", str(repo), "--print-command", "--tritonserver", str(binary)])
     assert result.exit_code == 0, result.output
     line = result.output.strip()
-    assert line.startswith(f"TRTLLM_ORCHESTRATOR=1 TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 mpirun --allow-run-as-root -n 1 {binary} "
-                           f"--model-repository {repo}")
+    # the BLS reads the target's KV-cache blocks from the server's metrics (trtspec.triton.kv_watch)
+    assert line.startswith("TRTLLM_ORCHESTRATOR=1 TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 "
+                           "TRTSPEC_METRICS_URL=http://127.0.0.1:8002/metrics "
+                           f"mpirun --allow-run-as-root -n 1 {binary} --model-repository {repo}")
     # launch_triton_server.py's flags for a spawning multi-model server: no memory pools on the engines' GPUs
     assert line.endswith("--pinned-memory-pool-byte-size=0 --enable-peer-access=false "
                          + " ".join(f"--cuda-memory-pool-byte-size={g}:0" for g in range(4))
@@ -280,8 +288,9 @@ def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
                             "prometheusrule.yaml", "service.yaml", "servicemonitor.yaml"]
     for name, doc in docs.items():
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # the prometheus-operator's kinds are not in the core schemas: checked below
-        kubernetes_validate.validate(doc, "1.30.0", strict=True)   # raises on any schema error
+            _validate_prometheus_operator(doc)   # not in the core schemas
+        else:
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)   # raises on any schema error
     from trtspec.monitoring import dashboard, rules
 
     service, monitor = docs["service.yaml"], docs["servicemonitor.yaml"]
@@ -301,6 +310,32 @@ def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
     assert container["volumeMounts"][0]["mountPath"] == str(tmp_path / "volume")
     assert docs["hpa.yaml"]["spec"]["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_pending_request_count"
     assert {p["port"] for p in docs["service.yaml"]["spec"]["ports"]} == {8000, 8001, 8002}
+
+
+def _validate_prometheus_operator(doc: dict) -> None:
+    """Strictly against the prometheus-operator's CRD schemas (cloudcoil's models are generated from them): every
+    field of the right type (no coercion), and none unknown (the models drop unknown fields, so a round trip must
+    give the document back)."""
+    from cloudcoil.models.prometheus_operator import v1
+
+    model = getattr(v1, doc["kind"]).model_validate(doc, strict=True)
+    assert model.model_dump(mode="json", by_alias=True, exclude_unset=True) == doc, f"{doc['kind']}: unknown fields"
+
+
+def test_the_prometheus_operator_check_finds_what_its_schema_refuses():
+    from pydantic import ValidationError
+    from trtspec.monitoring import rules
+
+    good = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": {"name": "r"}, "spec": rules()}
+    _validate_prometheus_operator(good)
+    unknown = json.loads(json.dumps(good))
+    unknown["spec"]["groups"][1]["rules"][0]["severity"] = "critical"   # belongs under labels
+    with pytest.raises(AssertionError, match="unknown fields"):
+        _validate_prometheus_operator(unknown)
+    wrong = json.loads(json.dumps(good))
+    wrong["spec"]["groups"][1]["rules"][0]["labels"] = ["severity"]
+    with pytest.raises(ValidationError):
+        _validate_prometheus_operator(wrong)
 
 
 def test_dockerfile_passes_hadolint_and_uses_the_pinned_container():

@@ -103,6 +103,38 @@ def kv_cache_split(target_kv: int, draft_kv: int | None, shared: bool) -> dict[s
     return {"target": round(TOTAL_KV_FRACTION * (1 - share), 2), "draft": round(TOTAL_KV_FRACTION * share, 2)}
 
 
+def planned_gpu_memory_fraction(config, target: EngineInfo, draft: EngineInfo | None) -> float | None:
+    """The fraction of its memory the fullest GPU holds in steady use, as planned (None without a GPU type or size).
+
+    TensorRT-LLM reserves its KV cache when an engine loads: kv_cache_free_gpu_mem_fraction of the memory free after
+    the engines' weights, so used memory sits near this level from the first minute and a 92 % alert on it would
+    fire forever. Weights per rank are taken as the rank's engine file, plus RUNTIME_OVERHEAD_GIB per engine; the
+    KV cap on a shared GPU (max_tokens_in_paged_kv_cache) can keep real use below the plan. An estimate, not a
+    measurement."""
+    from trtspec.build.memory import GIB, RUNTIME_OVERHEAD_GIB
+    from trtspec.environment import GPU_TYPES
+
+    gpu = config.gpu
+    known = GPU_TYPES.get(gpu.type) if gpu.type else None
+    memory_gib = gpu.memory_gb or (known.memory_gib if known else None)
+    if config.backend != "trtllm" or not memory_gib:
+        return None
+    place = placement(config, target, draft)
+    fractions = kv_cache_split(engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared)
+    total = memory_gib * GIB
+    fullest = 0.0
+    for device in place.devices:
+        held, kv_fraction = 0.0, 0.0
+        for role, info, devices in (("target", target, place.target_devices), ("draft", draft, place.draft_devices)):
+            if info is None or device not in devices:
+                continue
+            engine = Path(info.path) / f"rank{devices.index(device)}.engine"
+            held += (engine.stat().st_size if engine.is_file() else 0) + RUNTIME_OVERHEAD_GIB * GIB
+            kv_fraction += fractions[role]
+        fullest = max(fullest, 1 - (1 - min(kv_fraction, 1.0)) * (1 - min(held / total, 1.0)))
+    return round(fullest, 4)
+
+
 def engine_model_values(config, target: EngineInfo, draft: EngineInfo | None) -> dict[str, dict]:
     """Per engine model ('target', 'draft'), the tensorrtllm template's placement fields; `extra_parameters`: the
     parameters that apply only to some placements (the repository writes them as parameter lines)."""

@@ -4,9 +4,12 @@ from one table of thresholds: `trtspec deploy --monitoring DIR` writes `promethe
 
 The thresholds are the operators' own: request latency p99 above 3 s is a warning and above 5 s critical (roll back
 to plain decoding); an error ratio above 2 % a warning and above 5 % critical (roll back at once); acceptance below
-the break-even the deployment has learned means drafting costs more than it returns. Every alert names the action
-it asks for and a runbook line, and holds its fire below a minimum of traffic, where a ratio or a percentile of a
-few requests says nothing.
+the break-even the deployment has learned means drafting costs more than it returns; GPU memory above 92 % / 97 % asks for fewer
+draft tokens. On TensorRT-LLM the KV cache is reserved when the engines load, so GPU memory sits near its planned
+level from the first minute: the memory alerts fire only above both the threshold and the plan
+(trtspec_gpu_memory_planned_ratio), and the same thresholds apply to the KV-cache blocks in use, the memory that moves
+with load (the governor acts on those itself). Every alert names the action it asks for and a runbook line, and holds
+its fire below a minimum of traffic, where a ratio or a percentile of a few requests says nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from trtspec.orchestrator.governor import KV_CRITICAL, KV_WARNING
 
 RULES_FILE = "prometheus-rules.yaml"
 DASHBOARD_FILE = "grafana-dashboard.json"
@@ -44,11 +49,13 @@ class Alert:
     guard: str = "trtspec:requests_finished:rate5m"
     guard_minimum: float = MIN_REQUESTS_PER_SECOND
     forces: str | None = None  # the mode Alertmanager forces through trtspec serve's control receiver while it fires
+    guard_on: str = "model"    # the label the condition and the guard share ("": the deployment's whole traffic)
 
     @property
     def expr(self) -> str:
+        guard = self.guard if self.guard_on else f"sum({self.guard})"
         return (f"({self.condition.format(threshold=self.threshold)}) "
-                f"and on (model) ({self.guard} >= {self.guard_minimum:g})")
+                f"and on ({self.guard_on}) ({guard} >= {self.guard_minimum:g})")
 
 
 RECORDING_RULES = {
@@ -61,7 +68,21 @@ RECORDING_RULES = {
     "trtspec:draft_tokens:rate5m": f"sum by (model) (rate(trtspec_draft_tokens_total[{WINDOW}]))",
     "trtspec:acceptance:ratio_rate5m": f"sum by (model) (rate(trtspec_accepted_tokens_total[{WINDOW}])) / "
                                        "trtspec:draft_tokens:rate5m",
+    "trtspec:draft_error_ratio:rate5m": f"sum by (model) (rate(trtspec_fallbacks_total{{reason=\"draft_error\"}}[{WINDOW}])) / "
+                                        "trtspec:requests_finished:rate5m",
+    # per engine model (label model: tensorrt_llm, tensorrt_llm_draft): TensorRT-LLM's family, which the embedded
+    # engine reports too
+    "trtspec:kv_cache_used:ratio": 'max by (model) (nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"}) / '
+                                   'max by (model) (nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"} > 0)',
+    # the fullest GPU of each scraped server
+    "trtspec:gpu_memory_used:ratio": "max by (instance) (nv_gpu_memory_used_bytes / nv_gpu_memory_total_bytes)",
 }
+FEWER_DRAFTS = ("fewer draft tokens: `trtspec deploy --default-num-draft-tokens` lower, or force `reduced` through "
+                "`trtspec serve --control-port`")
+# above the plan by more than this, GPU memory is not the KV reservation TensorRT-LLM makes at start
+ABOVE_PLAN = 0.02
+GPU_MEMORY = ("{threshold} and on (instance) trtspec:gpu_memory_used:ratio > on (instance) "
+              f"(max by (instance) (trtspec_gpu_memory_planned_ratio) + {ABOVE_PLAN:g})")
 
 ALERTS = [
     Alert("TrtspecLatencyP99High", "warning", "trtspec:request_duration_seconds:p99_5m > {threshold}", 3.0, "5m",
@@ -87,6 +108,29 @@ ALERTS = [
           "each request pays to find out. Check trtspec_accepted_tokens_by_position_total for where acceptance "
           "falls, and consider speculation prompt_lookup or a better-matched draft.",
           guard="trtspec:draft_tokens:rate5m", guard_minimum=MIN_DRAFT_TOKENS_PER_SECOND, forces="reduced"),
+    Alert("TrtspecDraftModelFailing", "warning", "trtspec:draft_error_ratio:rate5m > {threshold}", 0.05, "1m",
+          "bring the draft model back; until then requests decode without it (the governor reduces the draft length)",
+          "The draft model fails for more than 5 % of requests",
+          "The server log names the draft model's error; the BLS reloads a model whose process died. "
+          "trtspec_speculation_changes_total{reason=\"draft_down\"} shows the governor's step down."),
+    Alert("TrtspecKvCacheHigh", "warning", "trtspec:kv_cache_used:ratio > {threshold}", KV_WARNING, "5m",
+          "fewer draft tokens: the governor reduces the draft length while the KV cache is this full",
+          "The KV cache is more than 92 % used",
+          "Each draft token holds KV cache too. If it lasts at a lower draft length, the server is overloaded: "
+          "scale out, or lower max_tokens.", guard="trtspec:requests_finished:rate5m", guard_on="", forces="reduced"),
+    Alert("TrtspecKvCacheCritical", "critical", "trtspec:kv_cache_used:ratio > {threshold}", KV_CRITICAL, "2m",
+          ROLL_BACK + " while it lasts", "The KV cache is more than 97 % used",
+          "Requests wait for KV cache: plain decoding frees the draft tokens' share; then scale out.",
+          guard_on="", forces="plain"),
+    Alert("TrtspecGpuMemoryHigh", "warning", "trtspec:gpu_memory_used:ratio > " + GPU_MEMORY, 0.92, "10m",
+          FEWER_DRAFTS, "GPU memory is above 92 % and above the deployment's plan",
+          "Compare nv_gpu_memory_used_bytes with trtspec_gpu_memory_planned_ratio: memory beyond the plan is another "
+          "process, activations, or a leak. The KV-cache alerts say whether requests are short of KV.",
+          guard_on="", forces="reduced"),
+    Alert("TrtspecGpuMemoryCritical", "critical", "trtspec:gpu_memory_used:ratio > " + GPU_MEMORY, 0.97, "2m",
+          FEWER_DRAFTS + ", at once", "GPU memory is above 97 % and above the deployment's plan",
+          "An allocation may fail next: find what holds the memory beyond the plan (nvidia-smi).",
+          guard_on="", forces="reduced"),
 ]
 
 
@@ -144,12 +188,11 @@ PANELS = [
         (f"sum by (kind) (rate(trtspec_request_errors_total{{{M}}}[{WINDOW}]))", "{{kind}}"),
         (f"trtspec:request_error_ratio:rate5m{{{M}}}", "error ratio"))),
     Panel("Fallbacks by reason", "ops", ((f"sum by (reason) (rate(trtspec_fallbacks_total{{{M}}}[{WINDOW}]))", "{{reason}}"),)),
-    Panel("KV cache blocks in use (TensorRT-LLM)", "percentunit", (
-        ('nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used"} / '
-         'ignoring(kv_cache_block_type) nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max"}', "{{model}}"),),
-          gpu_only=True),
-    Panel("GPU memory used", "percentunit", (
-        ("nv_gpu_memory_used_bytes / nv_gpu_memory_total_bytes", "GPU {{gpu_uuid}}"),), gpu_only=True),
+    Panel("KV cache blocks in use", "percentunit", (("trtspec:kv_cache_used:ratio", "{{model}}"),),
+          lines=(KV_WARNING, KV_CRITICAL)),
+    Panel("GPU memory used, against the plan", "percentunit", (
+        ("nv_gpu_memory_used_bytes / nv_gpu_memory_total_bytes", "GPU {{gpu_uuid}}"),
+        (f"max(trtspec_gpu_memory_planned_ratio{{{M}}})", "planned")), lines=(0.92, 0.97), gpu_only=True),
 ]
 
 

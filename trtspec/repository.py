@@ -31,7 +31,8 @@ from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, PERF_OUTPUTS, TensorSpec
 from trtspec.interfaces import MODEL_TENSORS, SPECULATION_METHODS
 from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
-from trtspec.launch import RECV_POLL_PERIOD_MS, engine_model_values, launch_for, repository_launch
+from trtspec.launch import (RECV_POLL_PERIOD_MS, engine_model_values, launch_for, planned_gpu_memory_fraction,
+                            repository_launch)
 from trtspec.marker import MARKER_FILE
 from trtspec.errors import EngineError, Problem, TrtspecError
 
@@ -203,6 +204,9 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "max_draft_len": target.max_draft_len,
         "max_input_len": prompt_limit(target),
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)
+        # the fullest GPU's planned steady memory use (0: no GPU plan): the GPU-memory alerts fire above it, not at
+        # a level TensorRT-LLM's KV-cache reservation reaches at start (trtspec.monitoring)
+        "gpu_memory_planned_fraction": str(planned_gpu_memory_fraction(config, target, draft) or 0),
         "gather_context_logits": target.gather_context_logits,
         "gather_generation_logits": target.gather_generation_logits,
         "use_draft_logits_default": config.speculation.use_draft_logits,

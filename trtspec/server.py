@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from trtspec.control import CONTROL_ENV
+from trtspec.triton.kv_watch import METRICS_ENV
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -453,6 +454,7 @@ class TritonServer:
     def environ_additions(self) -> dict[str, str]:
         """Environment variables the launch sets on top of the binary's (TRTLLM_ORCHESTRATOR, ...)."""
         control = {CONTROL_ENV: str(self.control_file)} if self.control_file is not None else {}
+        control[METRICS_ENV] = self.metrics_url  # the BLS reads the target's KV-cache blocks there
         if self.launch is not None:  # TensorRT-LLM under mpirun: no embedded engines
             return dict(self.launch.env) | control
         return {k: os.environ.get(k, v) for k, v in CPU_ENGINE_ENV.items()} | control  # the user's own setting wins

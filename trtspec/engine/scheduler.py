@@ -182,8 +182,9 @@ class Scheduler:
         self._step_lock = threading.Lock()    # one driver at a time: the worker thread or a synchronous caller
         self._worker: threading.Thread | None = None
         self._stop = False
-        self.on_running: Callable[[int], None] | None = None  # hears the number of running calls when it changes
-        self._reported = 0
+        # hears (running calls, KV bytes they hold) when either changes
+        self.on_running: Callable[[int, int], None] | None = None
+        self._reported = (0, 0)
 
     # ---- feeding ------------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -265,9 +266,10 @@ class Scheduler:
             return True
 
     def _report(self) -> None:
-        if self.on_running is not None and len(self.running) != self._reported:
-            self._reported = len(self.running)
-            self.on_running(self._reported)
+        now = (len(self.running), self.pool.running_bytes)
+        if self.on_running is not None and now != self._reported:
+            self._reported = now
+            self.on_running(*now)
 
     def _admit(self) -> None:
         with self._lock:

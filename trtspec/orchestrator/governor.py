@@ -8,9 +8,16 @@ than plain), and steps back up only on evidence: in plain decoding one request i
 reduced length (a probe), and the deployment returns to reduced once the probes pay, to full once reduced pays.
 After each change it holds for `hold_seconds` and judges only requests admitted after the change.
 
+Two live conditions put a floor under the level while they last, whatever the judging says: KV-cache pressure
+(the target's used KV blocks above `kv_warning` of its blocks: reduced; above `kv_critical`: plain; lifted once
+below `kv_release`, since each draft token holds KV too) and an outage of the draft model (reduced: requests keep
+drafting from prompt lookup where `auto` allows, and the draft breaker keeps trying the model, whose recovery lifts
+the floor). Entering and leaving a floor are changes like
+any other, logged and counted with their reason.
+
 An operator (or Alertmanager, through `trtspec serve --control-port`: trtspec.control) can force a level for a
-time: the governor then neither judges nor probes, and when the time is up (or the force is released) it returns to
-the level it had before and judges again from there, as after any change.
+time: the governor then neither judges nor probes, floors included, and when the time is up (or the force is
+released) it returns to the level it had before and judges again from there, as after any change.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 LEVELS = ("speculating", "reduced", "plain")
+# The source material's GPU-memory thresholds, applied to the KV-cache blocks in use (the memory that moves: the
+# engines reserve the rest at start); trtspec.monitoring's KV alerts use the same numbers.
+KV_WARNING, KV_CRITICAL, KV_RELEASE = 0.92, 0.97, 0.85
 STATES = (*LEVELS, "probing")  # probing: plain, with probes running
 
 
@@ -41,14 +51,17 @@ class Outcome:
 class Governor:
     def __init__(self, k_full: int, *, window: int = 40, min_samples: int = 10, min_probes: int = 5, min_failures: int = 2,
                  error_warning: float = 0.02, error_critical: float = 0.05, probe_every: int = 8,
-                 hold_seconds: float = 30.0, pays_below: float = 0.95, clock: Callable[[], float] = time.monotonic,
+                 hold_seconds: float = 30.0, pays_below: float = 0.95, kv_warning: float = KV_WARNING,
+                 kv_critical: float = KV_CRITICAL, kv_release: float = KV_RELEASE, clock: Callable[[], float] = time.monotonic,
                  on_change: Callable[[str, str, str], None] = lambda old, new, reason: None):
         self.k_full, self.min_samples, self.min_probes = k_full, min_samples, min_probes
         self.min_failures = min_failures  # one failure is an incident, not a rate
         self.error_warning, self.error_critical = error_warning, error_critical
         self.probe_every, self.hold_seconds, self.pays_below = probe_every, hold_seconds, pays_below
+        self.kv_warning, self.kv_critical, self.kv_release = kv_warning, kv_critical, kv_release
         self.clock, self.on_change = clock, on_change
-        self.level = 0 if k_full > 0 else 2
+        self.judged = 0 if k_full > 0 else 2   # the level judging reached; `level` adds the floors
+        self.floors: dict[str, int] = {}        # live conditions' floors: kv_cache, draft_down
         self.changed_at = float("-inf")
         self.recent: deque[Outcome] = deque(maxlen=window)
         self.plain_tpot: float | None = None  # the last known plain time per output token (kept across changes)
@@ -56,7 +69,14 @@ class Governor:
         self._probes = 0  # probes admitted since the last change
         self._lock = threading.RLock()  # requests finish on many threads
         self.forced_until: float | None = None  # while forced: until when (its clock)
-        self._level_before = self.level         # the level a force interrupted, restored after it
+        self._level_before = self.judged        # the level a force interrupted, restored after it
+
+    @property
+    def level(self) -> int:
+        """The level in force: a force's, else the judged level raised to the highest floor."""
+        if self.forced:
+            return self.judged
+        return max(self.judged, *self.floors.values()) if self.floors else self.judged
 
     @property
     def state(self) -> str:
@@ -76,13 +96,45 @@ class Governor:
             if state not in LEVELS:
                 raise ValueError(f"state {state!r}: choose one of {', '.join(LEVELS)}")
             if not self.forced:
-                self._level_before = self.level
+                self._level_before = self.judged
+            old = self.state
             self.forced_until = self.clock() + seconds
-            self._go(LEVELS.index(state), reason, always=True)
+            self._go(LEVELS.index(state), reason, always=True, old=old)
 
     def _unforce(self, reason: str) -> None:
+        old = self.state
         self.forced_until = None
-        self._go(self._level_before, reason, always=True)
+        self._go(self._level_before, reason, always=True, old=old)
+
+    def kv_cache(self, fraction: float | None) -> None:
+        """The target's KV-cache blocks in use, as a fraction of its blocks (None: not known)."""
+        with self._lock:
+            floor = self.floors.get("kv_cache", 0)
+            if fraction is None or fraction < self.kv_release:
+                floor = 0
+            elif fraction >= self.kv_critical:
+                floor = 2
+            elif fraction >= self.kv_warning:
+                floor = max(floor, 1)
+            self._floor("kv_cache", floor)
+
+    def draft_down(self, down: bool) -> None:
+        """The draft model failed (an outage begins) or answers again (it ends)."""
+        with self._lock:
+            self._floor("draft_down", 1 if down and self.k_full > 0 else 0)
+
+    def _floor(self, name: str, floor: int) -> None:
+        if floor == self.floors.get(name, 0):
+            return
+        old_state, old_level = self.state, self.level
+        if floor:
+            self.floors[name] = floor
+        else:
+            del self.floors[name]
+        if self.level != old_level:
+            self.changed_at, self._probes = self.clock(), 0
+            self.recent.clear()
+            self.on_change(old_state, self.state, name if floor else f"{name}_cleared")
 
     def _expire(self) -> None:
         if self.forced and self.clock() >= self.forced_until:
@@ -104,7 +156,8 @@ class Governor:
     def _admit(self) -> tuple[int, bool, float]:
         self._expire()
         self._admitted += 1
-        if not self.forced and self.level == 2 and self.k_full > 0 and self._admitted % self.probe_every == 0:
+        probes = not self.forced and self.level == 2 and self.floors.get("kv_cache", 0) == 0  # probes take KV too
+        if probes and self.k_full > 0 and self._admitted % self.probe_every == 0:
             self._probes += 1
             return self.reduced_k, True, self.clock()
         return self.cap(), False, self.clock()
@@ -130,30 +183,33 @@ class Governor:
             errors = failures / len(done)
             if errors > self.error_critical:
                 return self._go(2, "errors")
-            if errors > self.error_warning and self.level == 0:
+            if errors > self.error_warning and self.judged == 0:
                 return self._go(1, "errors")
-        judged = [o for o in done if o.speculative and not o.failed and (self.level < 2 or o.probe)]
-        enough = len(judged) >= (self.min_probes if self.level == 2 else self.min_samples)
+        judging = [o for o in done if o.speculative and not o.failed and (self.judged < 2 or o.probe)]
+        enough = len(judging) >= (self.min_probes if self.judged == 2 else self.min_samples)
         if not enough:
             return
-        drafted = sum(o.drafted for o in judged)
-        acceptance = sum(o.accepted for o in judged) / drafted if drafted else 0.0
-        tpots = [o.seconds_per_token for o in judged if o.seconds_per_token is not None]
+        drafted = sum(o.drafted for o in judging)
+        acceptance = sum(o.accepted for o in judging) / drafted if drafted else 0.0
+        tpots = [o.seconds_per_token for o in judging if o.seconds_per_token is not None]
         faster = (self.plain_tpot is None or not tpots
                   or sum(tpots) / len(tpots) < self.pays_below * self.plain_tpot)
-        if self.level < 2 and acceptance < break_even:
-            return self._go(self.level + 1, "low_acceptance")
-        if self.level < 2 and not faster:
-            return self._go(self.level + 1, "slower_than_plain")
-        if self.level > 0 and acceptance >= break_even and faster and (self.level == 2 or self.plain_tpot is not None):
-            return self._go(self.level - 1, "probes_pay" if self.level == 2 else "pays")
+        if self.judged < 2 and acceptance < break_even:
+            return self._go(self.judged + 1, "low_acceptance")
+        if self.judged < 2 and not faster:
+            return self._go(self.judged + 1, "slower_than_plain")
+        if self.judged > 0 and acceptance >= break_even and faster and (self.judged == 2 or self.plain_tpot is not None):
+            return self._go(self.judged - 1, "probes_pay" if self.judged == 2 else "pays")
 
-    def _go(self, level: int, reason: str, *, always: bool = False) -> None:
-        """Move to `level`; `always`: report it even at the same level (a force taken or ended)."""
+    def _go(self, level: int, reason: str, *, always: bool = False, old: str | None = None) -> None:
+        """Judge the deployment to `level`; reported when the level in force changes, or `always` (a force taken
+        or ended: `old` is the state before it)."""
         level = max(0, min(2, level))
-        if level == self.level and not always:
+        if level == self.judged and not always:
             return
-        old = self.state
-        self.level, self.changed_at, self._probes = level, self.clock(), 0
+        old = self.state if old is None else old
+        before = self.level
+        self.judged, self.changed_at, self._probes = level, self.clock(), 0
         self.recent.clear()
-        self.on_change(old, self.state, reason)
+        if always or self.level != before:
+            self.on_change(old, self.state, reason)

@@ -37,6 +37,7 @@ from trtspec.triton.common import (
 )
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
 from trtspec.triton.metrics import Metrics, time_per_output_token
+from trtspec.triton.kv_watch import METRICS_ENV, KvWatch
 from trtspec.triton.recovery import Reloader
 
 
@@ -90,11 +91,20 @@ class TritonPythonModel:
         self.metrics = Metrics(self.name, {key: parameter(params, f"build_{key}", "") for key in
                                            ("target", "draft", "quantization", "max_draft_len", "trtspec_version")})
         self.metrics.break_even(*self.costs.break_even_at(1, self.max_draft_len))
+        self.metrics.gpu_memory_planned(float(parameter(params, "gpu_memory_planned_fraction", "0")))
         # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
         self.governor = Governor(self.default_k or self.speculation_k, on_change=self._governed)
         self.metrics.governor(self.governor.state, self.governor.cap())
         # an operator's or Alertmanager's force, through `trtspec serve --control-port` (trtspec.control)
         self.control, self._control_lock = Watcher(os.environ.get(CONTROL_ENV)), threading.Lock()
+        # KV-cache pressure on the target, from the server's own metrics (trtspec.triton.kv_watch)
+        self.kv_watch = None
+        if os.environ.get(METRICS_ENV):
+            self.kv_watch = KvWatch(os.environ[METRICS_ENV], self.target.model_name, self._kv_cache,
+                                    on_problem=lambda message: pb_utils.Logger.log_warn(f"{self.name}: {message}"))
+        else:
+            pb_utils.Logger.log_info(f"{self.name}: no {METRICS_ENV} (set by `trtspec serve`): the governor goes "
+                                     "without the KV-cache signal")
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
         self.max_queued = int(parameter(params, "max_queued_requests", "256"))
@@ -118,6 +128,8 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        if self.kv_watch is not None:
+            self.kv_watch.close()
         self.reloader.close()
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.calls.shutdown(wait=False, cancel_futures=True)  # a call to a dead model must not hold up the unload
@@ -308,8 +320,17 @@ class TritonPythonModel:
         pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
                                  "and it is tried again after a cool-down")
 
+        self.governor.draft_down(True)
+        self.metrics.governor(self.governor.state, self.governor.cap())
+
     def _draft_up(self) -> None:
         pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")
+        self.governor.draft_down(False)
+        self.metrics.governor(self.governor.state, self.governor.cap())
+
+    def _kv_cache(self, fraction: float | None) -> None:
+        self.governor.kv_cache(fraction)
+        self.metrics.governor(self.governor.state, self.governor.cap())
 
     def _parse(self, f: "_Fields") -> "_Plan":
         check_neutral(f.inputs, BLS_INPUTS)

@@ -22,7 +22,7 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.contract import tensors_to_request
+from trtspec.contract import KV_TOKENS_PER_BLOCK, tensors_to_request
 from trtspec.errors import EngineError, RequestError
 from trtspec.interfaces import ENGINE_INPUT_NAMES
 from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
@@ -52,6 +52,15 @@ class TritonPythonModel:
                                   description="Engine calls holding a batch slot"),
         ]
         self.calls_metric, self.tokens_metric, self.running_metric = (f.Metric(labels=labels) for f in self._metric_families)
+        # TensorRT-LLM's backend reports its KV cache under this family (custom_metrics_reporter.cc: labels model,
+        # version, kv_cache_block_type); the embedded engine reports its budget the same way, in blocks of
+        # KV_TOKENS_PER_BLOCK tokens, so one rule, one panel and the governor read either.
+        kv = pb_utils.MetricFamily(name="nv_trt_llm_kv_cache_block_metrics", kind=pb_utils.MetricFamily.GAUGE,
+                                   description="TRT LLM KV cache block metrics")
+        self._metric_families.append(kv)
+        kv_labels = {"model": self.name, "version": str(args.get("model_version", "1"))}
+        self.kv_metrics = {kind: kv.Metric(labels=kv_labels | {"kv_cache_block_type": kind})
+                           for kind in ("max", "free", "used", "tokens_per", "fraction")}
         loaded, failure = threading.Event(), []
         threading.Thread(target=self._run, args=(params, device, loaded, failure), name="trtspec-engine", daemon=True).start()
         loaded.wait()
@@ -68,7 +77,18 @@ class TritonPythonModel:
             engine = Engine.load(parameter(params, "engine_dir"), device, forward=parameter(params, "forward", "auto"))
             if not bool_parameter(params, "enable_kv_cache_reuse", True):
                 engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
-            engine.scheduler.on_running = self.running_metric.set
+            block = KV_TOKENS_PER_BLOCK * engine.model.kv_bytes_per_token
+            blocks = max(1, engine.cache.budget_bytes // block)
+
+            def running(calls: int, kv_bytes: int) -> None:
+                used = min(blocks, -(-kv_bytes // block))
+                self.running_metric.set(calls)
+                for kind, value in (("max", blocks), ("free", blocks - used), ("used", used),
+                                    ("tokens_per", KV_TOKENS_PER_BLOCK), ("fraction", used / blocks)):
+                    self.kv_metrics[kind].set(value)
+
+            running(0, 0)
+            engine.scheduler.on_running = running
             self.engine = engine
         except BaseException as exc:  # reported by initialize, which fails the model's load
             failure.append(exc)

@@ -16,6 +16,8 @@ from trtspec.orchestrator.stats import RequestStats
 MODES = ("speculative", "plain")
 # what a failed request is counted as: its own fault, past its deadline, refused at the door, or the server's
 ERROR_KINDS = ("bad_request", "timeout", "refused", "engine_error")
+# why a request was not speculated, or was for only part of it
+FALLBACK_REASONS = ("low_acceptance", "load", "draft_error", "governor")
 # Latency buckets with edges at 3 s and 5 s: the warning and critical thresholds of the alerting rules.
 DURATION_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0]
 TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]
@@ -60,7 +62,7 @@ class Metrics:
         self._drafted_by_position = family("trtspec_draft_tokens_by_position_total", "Draft tokens proposed by draft position (0 = first)")
         requests = family("trtspec_requests_total", "Finished requests by decoding mode")
         self._requests = {m: requests.Metric(labels=self.labels | {"mode": m}) for m in MODES}
-        self._fallbacks = family("trtspec_fallbacks_total", "Times speculation was switched off for a request, by reason (low_acceptance, load, draft_error)")
+        self._fallbacks = family("trtspec_fallbacks_total", "Times speculation was switched off for a request, by reason (low_acceptance, load, draft_error, governor)")
         errors = family("trtspec_request_errors_total", "Requests that ended in an error, by kind (bad_request, timeout, refused, engine_error)")
         self._errors = {k: errors.Metric(labels=self.labels | {"kind": k}) for k in ERROR_KINDS}
         self._duration = by_mode("trtspec_request_duration_seconds", "Request latency, arrival to last response, by decoding mode", DURATION_BUCKETS)
@@ -78,7 +80,12 @@ class Metrics:
         self._cap = one("trtspec_draft_length_cap", "The governor's draft-length cap for new requests (0: plain)", gauge)
         self._changes = family("trtspec_speculation_changes_total", "Changes of the deployment's speculation level, by "
                                "the state entered and the reason")
+        self._planned = family("trtspec_gpu_memory_planned_ratio", "The fullest GPU's planned steady memory use, as a "
+                               "fraction of its memory (TensorRT-LLM reserves its KV cache at start); absent without a "
+                               "GPU plan", gauge)
         self._children: dict[tuple, object] = {}  # metrics of families whose label values come as requests do
+        for reason in FALLBACK_REASONS:  # at 0 from the start, so rates over them (the alerts') have data
+            self._child(self._fallbacks, reason=reason)
 
     def _child(self, family, **labels):
         """`family`'s metric for these labels, made on first use (the caller holds the lock)."""
@@ -114,6 +121,11 @@ class Metrics:
                 self._tpot[mode].observe(tpot)
             if stats.draft_tokens:
                 self._acceptance.observe(stats.accepted_tokens / stats.draft_tokens)
+
+    def gpu_memory_planned(self, fraction: float) -> None:
+        if fraction > 0:
+            with self._lock:
+                self._child(self._planned).set(fraction)
 
     def governor(self, state: str, cap: int) -> None:
         with self._lock:
