@@ -182,9 +182,8 @@ class Scheduler:
         self._step_lock = threading.Lock()    # one driver at a time: the worker thread or a synchronous caller
         self._worker: threading.Thread | None = None
         self._stop = False
-        # hears (running calls, KV bytes they hold) when either changes
+        # hears (running calls, KV bytes they hold) after every step and every change of either
         self.on_running: Callable[[int, int], None] | None = None
-        self._reported = (0, 0)
 
     # ---- feeding ------------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -266,10 +265,8 @@ class Scheduler:
             return True
 
     def _report(self) -> None:
-        now = (len(self.running), self.pool.running_bytes)
-        if self.on_running is not None and now != self._reported:
-            self._reported = now
-            self.on_running(*now)
+        if self.on_running is not None:
+            self.on_running(len(self.running), self.pool.running_bytes)
 
     def _admit(self) -> None:
         with self._lock:

@@ -12,8 +12,7 @@ Two live conditions put a floor under the level while they last, whatever the ju
 (the target's used KV blocks above `kv_warning` of its blocks: reduced; above `kv_critical`: plain; lifted once
 below `kv_release`, since each draft token holds KV too) and an outage of the draft model (reduced: requests keep
 drafting from prompt lookup where `auto` allows, and the draft breaker keeps trying the model, whose recovery lifts
-the floor). Entering and leaving a floor are changes like
-any other, logged and counted with their reason.
+the floor). Entering and leaving a floor are changes like any other, logged and counted with their reason.
 
 An operator (or Alertmanager, through `trtspec serve --control-port`: trtspec.control) can force a level for a
 time: the governor then neither judges nor probes, floors included, and when the time is up (or the force is

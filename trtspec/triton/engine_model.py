@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -26,6 +27,9 @@ from trtspec.contract import KV_TOKENS_PER_BLOCK, tensors_to_request
 from trtspec.errors import EngineError, RequestError
 from trtspec.interfaces import ENGINE_INPUT_NAMES
 from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
+
+
+KV_REPORT_SECONDS = 0.25
 
 
 class TritonPythonModel:
@@ -79,13 +83,22 @@ class TritonPythonModel:
                 engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
             block = KV_TOKENS_PER_BLOCK * engine.model.kv_bytes_per_token
             blocks = max(1, engine.cache.budget_bytes // block)
+            self.kv_metrics["max"].set(blocks)
+            self.kv_metrics["tokens_per"].set(KV_TOKENS_PER_BLOCK)
+            reported = [-1, 0.0, -1]  # used blocks last reported, when, and running calls
 
             def running(calls: int, kv_bytes: int) -> None:
-                used = min(blocks, -(-kv_bytes // block))
-                self.running_metric.set(calls)
-                for kind, value in (("max", blocks), ("free", blocks - used), ("used", used),
-                                    ("tokens_per", KV_TOKENS_PER_BLOCK), ("fraction", used / blocks)):
-                    self.kv_metrics[kind].set(value)
+                # Each metric update is a message to the server, sent from the thread that runs the forward passes
+                # (this is called after every step): the running calls when they change, the KV gauges at most every
+                # KV_REPORT_SECONDS (the governor reads them once a second) and always when the engine falls idle.
+                if calls != reported[2]:
+                    reported[2] = calls
+                    self.running_metric.set(calls)
+                used, now = min(blocks, -(-kv_bytes // block)), time.monotonic()
+                if used != reported[0] and (calls == 0 or now - reported[1] >= KV_REPORT_SECONDS):
+                    reported[:2] = [used, now]
+                    for kind, value in (("free", blocks - used), ("used", used), ("fraction", used / blocks)):
+                        self.kv_metrics[kind].set(value)
 
             running(0, 0)
             engine.scheduler.on_running = running
