@@ -84,6 +84,7 @@ class Metrics:
                                "fraction of its memory (TensorRT-LLM reserves its KV cache at start); absent without a "
                                "GPU plan", gauge)
         self._children: dict[tuple, object] = {}  # metrics of families whose label values come as requests do
+        self._shown: dict = {}  # the gauges' last values sent
         for reason in FALLBACK_REASONS:  # at 0 from the start, so rates over them (the alerts') have data
             self._child(self._fallbacks, reason=reason)
 
@@ -100,18 +101,22 @@ class Metrics:
         mode = "speculative" if stats.speculative_iterations else "plain"
         arrival, _, first, last = times_ns
         with self._lock:
-            self._draft.increment(stats.draft_tokens)
-            self._accepted.increment(stats.accepted_tokens)
-            self._generated.increment(stats.generated_tokens)
-            self._iterations.increment(stats.iterations)
-            self._draft_seconds.increment(stats.draft_seconds)
-            self._verify_seconds.increment(stats.verify_seconds)
+            # each update is a message to the server: counters that did not move are left alone
+            for metric, amount in ((self._draft, stats.draft_tokens), (self._accepted, stats.accepted_tokens),
+                                   (self._generated, stats.generated_tokens), (self._iterations, stats.iterations),
+                                   (self._draft_seconds, stats.draft_seconds), (self._verify_seconds, stats.verify_seconds)):
+                if amount:
+                    metric.increment(amount)
             for i, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):
                 self._child(self._drafted_by_position, position=str(i)).increment(drafted)
-                self._child(self._by_position, position=str(i)).increment(accepted)
+                # made at 0 too: a position never accepted reads 0, not no data
+                by_position = self._child(self._by_position, position=str(i))
+                if accepted:
+                    by_position.increment(accepted)
             self._requests[mode].increment(1)
             for reason, count in stats.fallbacks.items():
-                self._child(self._fallbacks, reason=reason).increment(count)
+                if count:
+                    self._child(self._fallbacks, reason=reason).increment(count)
             if last:
                 self._duration[mode].observe((last - arrival) / 1e9)
             if first:
@@ -128,7 +133,11 @@ class Metrics:
                 self._child(self._planned).set(fraction)
 
     def governor(self, state: str, cap: int) -> None:
+        """The governor's state and cap, sent only when they changed (each update is a message to the server)."""
         with self._lock:
+            if (state, cap) == self._shown.get("governor"):
+                return
+            self._shown["governor"] = (state, cap)
             for name, metric in self._state.items():
                 metric.set(1 if name == state else 0)
             self._cap.set(cap)
@@ -142,6 +151,9 @@ class Metrics:
             self._errors[kind].increment(1)
 
     def break_even(self, load: str, value: float) -> None:
-        """Set the break-even acceptance of a load range."""
+        """Set the break-even acceptance of a load range (when it changed)."""
         with self._lock:
+            if self._shown.get(("break_even", load)) == value:
+                return
+            self._shown[("break_even", load)] = value
             self._child(self._break_even, load=load).set(value)
