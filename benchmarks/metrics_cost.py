@@ -12,7 +12,6 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))  # the tests' gRPC helper for the decoupled BLS
 
 CONFIG = """name: "metrics_probe"
 backend: "python"
@@ -54,13 +52,14 @@ def probe(rounds: int) -> float:
 
 
 def request_ms(url: str, max_tokens: int, requests: int) -> float:
-    from test_serving import grpc_generate
+    from trtspec.client import SpecClient
 
     times = []
-    for i in range(requests + 1):  # the first warms up
-        started = time.perf_counter()
-        grpc_generate(url, {"text_input": f"Write a short note about item {i}.", "max_tokens": max_tokens})
-        times.append(time.perf_counter() - started)
+    with SpecClient(url, "grpc") as client:
+        for i in range(requests + 1):  # the first warms up
+            started = time.perf_counter()
+            client.generate(f"Write a short note about item {i}.", max_tokens=max_tokens)
+            times.append(time.perf_counter() - started)
     return statistics.median(times[1:]) * 1000
 
 

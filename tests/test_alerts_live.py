@@ -6,25 +6,19 @@ governor steps up again and the alert resolves."""
 from __future__ import annotations
 
 import compileall
-import json
 import os
 import re
 import signal
-import socket
-import subprocess
 import threading
 import time
-import urllib.parse
 import urllib.request
 
 import pytest
-import yaml
 
-from test_monitoring import PROMETHEUS, needs_prometheus
-from test_reliability import _aborted_freeing_a_killed_stub, TRITON_ABORT
+from test_monitoring import needs_prometheus, prometheus_scraping
+from test_reliability import kills_a_stub
 from test_serving import grpc_generate
 from trtspec.monitoring import write_monitoring
-from trtspec.server import free_port
 
 # the rules' 5-minute windows and minutes-long `for:` would make a test of hours: windows of 20 s, `for:` of 2 s
 WINDOW, FOR = "20s", "2s"
@@ -32,61 +26,29 @@ REQUEST = {"text_input": "The quick brown fox", "max_tokens": 16, "num_draft_tok
            "speculation": "draft_model", "adaptive_draft_length": False}
 
 
-def scaled_rules(out) -> str:
+def scaled_rules(out):
     path = write_monitoring(out)[0]
     text = re.sub(r"\[5m\]", f"[{WINDOW}]", path.read_text())
     text = re.sub(r"(?m)^(\s+for: )\d+m$", rf"\g<1>{FOR}", text)
     path.write_text(text)
-    return str(path)
+    return path
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
+def server(tmp_path_factory):
     from tiny import served_pair
 
-    root = tmp_path_factory.mktemp("alerts")
-    server = served_pair(root / "pair", overrides={"draft_timeout_ms": 3000})
+    server = served_pair(tmp_path_factory.mktemp("alerts") / "pair", overrides={"draft_timeout_ms": 3000})
     compileall.compile_dir(server.repo, quiet=1)  # as in test_reliability: a reload then loads the model again
     server.start(timeout=300)
-    port = free_port()
-    config = root / "prometheus.yml"
-    config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [scaled_rules(root / "monitoring")],
-        "scrape_configs": [{"job_name": "trtspec", "static_configs": [
-            {"targets": [server.metrics_url.split("//")[1].split("/")[0]]}]}]}))
-    prometheus = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
-                                   f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "prometheus did not start"
-            time.sleep(0.5)
-        yield server, f"http://127.0.0.1:{port}"
-    finally:
-        os.killpg(prometheus.pid, signal.SIGTERM)
-        prometheus.wait(timeout=30)
-        server.stop()
+    yield server
+    server.stop()
 
 
-def _get(url: str) -> dict:
-    body = json.load(urllib.request.urlopen(url, timeout=10))
-    assert body["status"] == "success", body
-    return body["data"]
-
-
-def firing(prometheus: str) -> set[str]:
-    return {a["labels"]["alertname"] for a in _get(f"{prometheus}/api/v1/alerts")["alerts"] if a["state"] == "firing"}
-
-
-def state(prometheus: str) -> str | None:
-    query = urllib.parse.urlencode({"query": "trtspec_speculation_state == 1"})
-    found = _get(f"{prometheus}/api/v1/query?{query}")["result"]
-    return found[0]["metric"]["state"] if found else None
+@pytest.fixture
+def prometheus(server, tmp_path):
+    with prometheus_scraping(server, scaled_rules(tmp_path / "monitoring"), tmp_path) as api:
+        yield api
 
 
 class Traffic:
@@ -110,41 +72,41 @@ class Traffic:
         self.thread.join(timeout=90)
 
 
-def wait_for(what: str, check, timeout: float, timeline: list):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s; timeline so far: {timeline}"
-        time.sleep(1.0)
-    timeline.append((round(time.monotonic() - timeline[0][0], 1) if timeline else 0.0, what))
-
-
 @needs_prometheus
-def test_a_killed_draft_fires_its_alert_and_the_governor_steps_down_and_back(live):
-    server, prometheus = live
-    start = time.monotonic()
-    timeline: list = [(start, "traffic starts")]
+@kills_a_stub
+def test_a_killed_draft_fires_its_alert_and_the_governor_steps_down_and_back(server, prometheus):
+    def firing() -> set[str]:
+        return {a["labels"]["alertname"] for a in prometheus("alerts")["alerts"] if a["state"] == "firing"}
+
+    def state() -> str | None:
+        found = prometheus("query", query="trtspec_speculation_state == 1")["result"]
+        return found[0]["metric"]["state"] if found else None
+
+    start, timeline = time.monotonic(), []
+
+    def wait_for(what: str, check, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s; timeline so far: {timeline}"
+            time.sleep(1.0)
+        timeline.append((round(time.monotonic() - start, 1), what))
+
     traffic = Traffic(server.grpc_url)
     try:
-        wait_for("speculating, no alert", lambda: state(prometheus) == "speculating"
-                 and "TrtspecDraftModelFailing" not in firing(prometheus), 60, timeline)
+        wait_for("speculating, no alert", lambda: state() == "speculating" and "TrtspecDraftModelFailing" not in firing(), 60)
         stubs = server.stub_pids("tensorrt_llm_draft")
         assert stubs, "the draft model's stub process was not found"
         for pid in stubs:
             os.kill(pid, signal.SIGKILL)
         timeline.append((round(time.monotonic() - start, 1), "draft model killed"))
-        wait_for("governor reduced (draft_down)", lambda: state(prometheus) == "reduced", 60, timeline)
-        wait_for("TrtspecDraftModelFailing firing", lambda: "TrtspecDraftModelFailing" in firing(prometheus), 90, timeline)
+        wait_for("governor reduced (draft_down)", lambda: state() == "reduced", 60)
+        wait_for("TrtspecDraftModelFailing firing", lambda: "TrtspecDraftModelFailing" in firing(), 90)
         # the BLS reloads the model whose process died; the breaker's probe finds it back and lifts the floor
-        wait_for("governor speculating again", lambda: state(prometheus) == "speculating", 180, timeline)
-        wait_for("TrtspecDraftModelFailing resolved", lambda: "TrtspecDraftModelFailing" not in firing(prometheus),
-                 120, timeline)
-    except Exception:
-        if _aborted_freeing_a_killed_stub(server):
-            pytest.xfail(TRITON_ABORT)
-        raise
+        wait_for("governor speculating again", lambda: state() == "speculating", 180)
+        wait_for("TrtspecDraftModelFailing resolved", lambda: "TrtspecDraftModelFailing" not in firing(), 120)
     finally:
         traffic.stop()
-    print("timeline (s):", timeline[1:])
+    print("timeline (s):", timeline)
     assert not traffic.errors, traffic.errors[:3]   # a dead draft model costs speed, never an answer
     log = server.log_path.read_text()
     assert "speculating -> reduced (draft_down)" in log and "reduced -> speculating (draft_down_cleared)" in log

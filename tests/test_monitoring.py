@@ -4,11 +4,14 @@ traffic guard); and every metric the rules read exists in a scrape of a real tri
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import shutil
 import subprocess
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -140,70 +143,79 @@ def test_promtool_unit_tests_per_alert(tmp_path, name):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.fixture(scope="module")
-def scraped(tmp_path_factory):
-    """A real tritonserver serving the tiny pair, after requests of each kind (speculative, plain, streamed, refused
-    as bad, past their deadline), and its scrape; with a real Prometheus scraping it every second and evaluating
-    the generated rules when Debian's prometheus is installed (else None)."""
-    import json
+@contextlib.contextmanager
+def prometheus_scraping(server, rules: Path, root: Path):
+    """A real Prometheus on loopback evaluating `rules` and scraping `server` every second; yields its query
+    function (PromQL -> result list, asserting success) and stops it on exit."""
     import os
     import signal
     import socket
     import time
 
+    from trtspec.server import free_port
+
+    port = free_port()
+    config = root / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(rules)],
+        "scrape_configs": [{"job_name": "trtspec", "static_configs": [
+            {"targets": [server.metrics_url.split("//")[1].split("/")[0]]}]}]}))
+    prometheus = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
+                                   f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def api(path: str, **params):
+        url = f"http://127.0.0.1:{port}/api/v1/{path}" + ("?" + urllib.parse.urlencode(params) if params else "")
+        body = json.load(urllib.request.urlopen(url, timeout=10))
+        assert body["status"] == "success", body
+        return body["data"]
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "prometheus did not start"
+            time.sleep(0.5)
+        yield api
+    finally:
+        os.killpg(prometheus.pid, signal.SIGTERM)
+        prometheus.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    """A real tritonserver serving the tiny pair, after requests of each kind (speculative, plain, streamed, refused
+    as bad, past their deadline), and its scrape; with a real Prometheus scraping it every second and evaluating
+    the generated rules when Debian's prometheus is installed (else None)."""
+    import time
+
     from test_serving import grpc_generate
     from tiny import served_pair
     from tritonclient.utils import InferenceServerException
-    from trtspec.server import free_port
 
     root = tmp_path_factory.mktemp("monitoring")
     server = served_pair(root / "pair")
     server.start(timeout=300)
-    prometheus = None
     try:
         rules = write_monitoring(root / "monitoring")[0]
-        if PROMETHEUS is not None:
-            port = free_port()
-            config = root / "prometheus.yml"
-            config.write_text(yaml.safe_dump({
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(rules)],
-                "scrape_configs": [{"job_name": "trtspec", "static_configs": [
-                    {"targets": [server.metrics_url.split("//")[1].split("/")[0]]}]}]}))
-            prometheus = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
-            deadline = time.monotonic() + 60
-            while True:
-                with socket.socket() as sock:
-                    if sock.connect_ex(("127.0.0.1", port)) == 0:
-                        break
-                assert time.monotonic() < deadline, "prometheus did not start"
-                time.sleep(0.5)
-        prompt = "The quick brown fox"
-        for _ in range(3):
-            for fields in ({"num_draft_tokens": 4, "adaptive_draft_length": False}, {"num_draft_tokens": 4},
-                           {"num_draft_tokens": 0}, {"num_draft_tokens": 0, "stream": True}):
-                grpc_generate(server.grpc_url, {"text_input": prompt, "max_tokens": 12, **fields})
-            for bad in ({"max_tokens": 0}, {"max_tokens": 200, "timeout_ms": 1, "num_draft_tokens": 0}):
-                with pytest.raises(InferenceServerException):
-                    grpc_generate(server.grpc_url, {"text_input": prompt, **bad})
-            time.sleep(1.5)
-        time.sleep(3)  # two more scrapes and rule evaluations
-        scrape = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-
-        def query(expr):
-            url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-            body = json.load(urllib.request.urlopen(url, timeout=10))
-            assert body["status"] == "success", body
-            return body["data"]["result"]
-
-        yield scrape, (query if prometheus is not None else None)
+        with (prometheus_scraping(server, rules, root) if PROMETHEUS is not None else contextlib.nullcontext()) as api:
+            prompt = "The quick brown fox"
+            for _ in range(3):
+                for fields in ({"num_draft_tokens": 4, "adaptive_draft_length": False}, {"num_draft_tokens": 4},
+                               {"num_draft_tokens": 0}, {"num_draft_tokens": 0, "stream": True}):
+                    grpc_generate(server.grpc_url, {"text_input": prompt, "max_tokens": 12, **fields})
+                for bad in ({"max_tokens": 0}, {"max_tokens": 200, "timeout_ms": 1, "num_draft_tokens": 0}):
+                    with pytest.raises(InferenceServerException):
+                        grpc_generate(server.grpc_url, {"text_input": prompt, **bad})
+                time.sleep(1.5)
+            time.sleep(3)  # two more scrapes and rule evaluations
+            scrape = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+            query = (lambda expr: api("query", query=expr)["result"]) if api is not None else None
+            yield scrape, query
     finally:
-        if prometheus is not None:
-            os.killpg(prometheus.pid, signal.SIGTERM)
-            prometheus.wait(timeout=30)
         server.stop()
 
 
@@ -275,7 +287,6 @@ def test_amtool_checks_the_alertmanager_example_and_its_routes(tmp_path):
 def test_a_real_alertmanager_forces_and_releases_through_the_control_receiver(tmp_path):
     """The generated example, with its waits shortened and its URL pointed at a control receiver: a critical error
     alert makes Alertmanager call the receiver, which forces plain decoding; resolving it releases the force."""
-    import json
     import time
 
     from conftest import free_ports

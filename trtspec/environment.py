@@ -226,6 +226,19 @@ def named_gpus(gpu_type: str, count: int, memory_gib: float | None = None) -> li
     return [Gpu(i, gpu_type, memory, known.sm if known else None, "config") for i in range(count)]
 
 
+def available_gpus(config) -> tuple[list[Gpu], str]:
+    """The GPUs to plan against (for a BuildConfig) and where they came from: the machine's, else the config's."""
+    report = detect_gpus()
+    if report.gpus:
+        return report.gpus, "detected: " + ", ".join(f"{g.index}:{g.name}" for g in report.gpus)
+    g = config.gpu
+    if g.type or g.memory_gb:
+        count = g.count or max(max(getattr(g, f"{r}_devices") or [0]) + 1 for r in ("target", "draft"))
+        count = max(count, config.target.tp_size * config.target.pp_size)
+        return named_gpus(g.type or "custom", count, g.memory_gb), f"named in the config: {count} x {g.type or 'GPU'}"
+    return [], "no GPU detected and none named in the config (gpu: {type, count})"
+
+
 # ---- the NVIDIA driver -------------------------------------------------------------------------------------
 
 # The one place for image -> CUDA -> driver. CUDA: the "CUDA version" column of Triton's release compatibility matrix

@@ -103,8 +103,20 @@ def kv_cache_split(target_kv: int, draft_kv: int | None, shared: bool) -> dict[s
     return {"target": round(TOTAL_KV_FRACTION * (1 - share), 2), "draft": round(TOTAL_KV_FRACTION * share, 2)}
 
 
+def _kv_fractions(target: EngineInfo, draft: EngineInfo | None, place: Placement) -> dict[str, float]:
+    return kv_cache_split(engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared)
+
+
+def _roles(target: EngineInfo, draft: EngineInfo | None, place: Placement):
+    """(role, engine, GPU ids) of each deployed engine."""
+    for role, info, devices in (("target", target, place.target_devices), ("draft", draft, place.draft_devices)):
+        if info is not None:
+            yield role, info, devices
+
+
 def planned_gpu_memory_fraction(config, target: EngineInfo, draft: EngineInfo | None) -> float | None:
-    """The fraction of its memory the fullest GPU holds in steady use, as planned (None without a GPU type or size).
+    """The fraction of its memory the fullest GPU holds in steady use, as planned (None without GPUs to plan on:
+    the machine's, else the config's, as the build plans).
 
     TensorRT-LLM reserves its KV cache when an engine loads: kv_cache_free_gpu_mem_fraction of the memory free after
     the engines' weights, so used memory sits near this level from the first minute and a 92 % alert on it would
@@ -112,38 +124,34 @@ def planned_gpu_memory_fraction(config, target: EngineInfo, draft: EngineInfo | 
     KV cap on a shared GPU (max_tokens_in_paged_kv_cache) can keep real use below the plan. An estimate, not a
     measurement."""
     from trtspec.build.memory import GIB, RUNTIME_OVERHEAD_GIB
-    from trtspec.environment import GPU_TYPES
+    from trtspec.environment import available_gpus
 
-    gpu = config.gpu
-    known = GPU_TYPES.get(gpu.type) if gpu.type else None
-    memory_gib = gpu.memory_gb or (known.memory_gib if known else None)
-    if config.backend != "trtllm" or not memory_gib:
+    if config.backend != "trtllm":
         return None
+    memory = {g.index: g.memory_gib * GIB for g in available_gpus(config)[0]}
     place = placement(config, target, draft)
-    fractions = kv_cache_split(engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared)
-    total = memory_gib * GIB
-    fullest = 0.0
+    fractions = _kv_fractions(target, draft, place)
+    planned = []
     for device in place.devices:
+        if device not in memory:
+            continue
         held, kv_fraction = 0.0, 0.0
-        for role, info, devices in (("target", target, place.target_devices), ("draft", draft, place.draft_devices)):
-            if info is None or device not in devices:
-                continue
-            engine = Path(info.path) / f"rank{devices.index(device)}.engine"
-            held += (engine.stat().st_size if engine.is_file() else 0) + RUNTIME_OVERHEAD_GIB * GIB
-            kv_fraction += fractions[role]
-        fullest = max(fullest, 1 - (1 - min(kv_fraction, 1.0)) * (1 - min(held / total, 1.0)))
-    return round(fullest, 4)
+        for role, info, devices in _roles(target, draft, place):
+            if device in devices:
+                engine = Path(info.path) / f"rank{devices.index(device)}.engine"
+                held += (engine.stat().st_size if engine.is_file() else 0) + RUNTIME_OVERHEAD_GIB * GIB
+                kv_fraction += fractions[role]
+        planned.append(1 - (1 - min(kv_fraction, 1.0)) * (1 - min(held / memory[device], 1.0)))
+    return round(max(planned), 4) if planned else None
 
 
 def engine_model_values(config, target: EngineInfo, draft: EngineInfo | None) -> dict[str, dict]:
     """Per engine model ('target', 'draft'), the tensorrtllm template's placement fields; `extra_parameters`: the
     parameters that apply only to some placements (the repository writes them as parameter lines)."""
     place = placement(config, target, draft)
-    fractions = kv_cache_split(engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared)
+    fractions = _kv_fractions(target, draft, place)
     values = {}
-    for role, info, devices in (("target", target, place.target_devices), ("draft", draft, place.draft_devices)):
-        if info is None:
-            continue
+    for role, info, devices in _roles(target, draft, place):
         extra = {}
         if place.shared:
             extra["max_tokens_in_paged_kv_cache"] = engine_kv_tokens(info)

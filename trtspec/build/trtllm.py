@@ -45,6 +45,7 @@ from trtspec.build.memory import (
 from trtspec.checkpoint import CheckpointInfo
 from trtspec.config import BuildConfig, LoadedConfig, ModelSpec, is_hub_calibration_set
 from trtspec.engine.manifest import CONFIG_FILE, MANIFEST_FILE, read_manifest
+from trtspec.environment import available_gpus
 from trtspec.errors import TrtspecError
 
 BUILDING_MARKER = ".trtspec-building"   # in an output dir while its step runs: a dir with it is ours to replace
@@ -194,21 +195,6 @@ def engine_step(config: BuildConfig, role: str, spec: ModelSpec, checkpoint: Pat
     spec_text = f", verifies up to {config.speculation.max_draft_len} draft tokens" if role == "target" else ""
     return Step(role, "engine", argv, out, f"trtllm-build ({quant}, batch {limits['max_batch_size']}, "
                 f"seq {config.engine.max_seq_len} + {config.speculation.max_draft_len}{spec_text})")
-
-
-def available_gpus(config: BuildConfig):
-    """The GPUs to plan against and where they came from: the machine's, else the config's."""
-    from trtspec.environment import detect_gpus, named_gpus
-
-    report = detect_gpus()
-    if report.gpus:
-        return report.gpus, "detected: " + ", ".join(f"{g.index}:{g.name}" for g in report.gpus)
-    g = config.gpu
-    if g.type or g.memory_gb:
-        count = g.count or max(max(getattr(g, f"{r}_devices") or [0]) + 1 for r in ("target", "draft"))
-        count = max(count, config.target.tp_size * config.target.pp_size)
-        return named_gpus(g.type or "custom", count, g.memory_gb), f"named in the config: {count} x {g.type or 'GPU'}"
-    return [], "no GPU detected and none named in the config (gpu: {type, count})"
 
 
 def memory_plan(config: BuildConfig, models: list[ModelPlan], gpus, source: str) -> MemoryPlan:

@@ -319,7 +319,6 @@ class TritonPythonModel:
         trtspec.triton.recovery)."""
         pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
                                  "and it is tried again after a cool-down")
-
         self.governor.draft_down(True)
         self.metrics.governor(self.governor.state, self.governor.cap())
 
