@@ -1,7 +1,9 @@
 """The generated alerts and the governor against a real tritonserver, scraped every second by a real Prometheus
 evaluating the generated rules with their windows and `for:` scaled down: a killed draft model makes
 TrtspecDraftModelFailing fire and the governor step down (draft_down), and once the BLS has the model back the
-governor steps up again and the alert resolves."""
+governor steps up again and the alert resolves; a run of prompts the draft cannot predict makes
+TrtspecAcceptanceBelowBreakEven fire and the governor step down to plain decoding (low_acceptance), and once they
+stop its probes pay and it steps back up to speculating."""
 
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ from trtspec.monitoring import write_monitoring
 
 # the rules' 5-minute windows and minutes-long `for:` would make a test of hours: windows of 20 s, `for:` of 2 s
 WINDOW, FOR = "20s", "2s"
-REQUEST = {"text_input": "The quick brown fox", "max_tokens": 16, "num_draft_tokens": 4,
-           "speculation": "draft_model", "adaptive_draft_length": False}
+REQUEST = {"max_tokens": 16, "num_draft_tokens": 4, "speculation": "draft_model", "adaptive_draft_length": False}
+# for the numbers-blind pair (tiny.make_numbers_blind_pair): words it predicts, numbers it cannot
+WORDS = ["The quick brown fox", "Speculative decoding drafts tokens", "def add(a, b):", "Once upon a time",
+         "Triton serves models over HTTP", "What is the capital of France?"]
+NUMBERS = ["Count with me: 1 2 3", "The year 1999", "Call 555 0123", "Primes: 2 3 5 7", "Page 42"]
 
 
 def scaled_rules(out):
@@ -45,70 +50,122 @@ def server(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture
-def prometheus(server, tmp_path):
-    with prometheus_scraping(server, scaled_rules(tmp_path / "monitoring"), tmp_path) as api:
-        yield api
+@pytest.fixture(scope="module")
+def blind_server(tmp_path_factory):
+    from tiny import make_numbers_blind_pair, served_pair
+
+    # a governor that judges 3 s after each change, not 30: the test walks it down two levels and up two
+    server = served_pair(tmp_path_factory.mktemp("alerts") / "blind", pair=make_numbers_blind_pair,
+                         overrides={"governor_hold_seconds": 3})
+    server.start(timeout=300)
+    yield server
+    server.stop()
 
 
 class Traffic:
-    """Speculative requests, one after another, on a thread of their own, until stopped."""
+    """Speculative requests, one after another, on a thread of their own, until stopped; `prompts` may change
+    on the way."""
 
-    def __init__(self, url: str):
-        self.url, self.stopped, self.errors = url, threading.Event(), []
+    def __init__(self, url: str, prompts: list[str], pause: float = 0.2):
+        self.url, self.prompts, self.pause = url, prompts, pause
+        self.stopped, self.errors = threading.Event(), []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
+        sent = 0
         while not self.stopped.is_set():
+            prompts = self.prompts
             try:
-                grpc_generate(self.url, REQUEST, timeout=60)
+                grpc_generate(self.url, REQUEST | {"text_input": prompts[sent % len(prompts)]}, timeout=60)
             except Exception as exc:  # noqa: BLE001 (kept for the assertion)
                 self.errors.append(exc)
-            time.sleep(0.2)
+            sent += 1
+            time.sleep(self.pause)
 
     def stop(self):
         self.stopped.set()
         self.thread.join(timeout=90)
 
 
-@needs_prometheus
-@kills_a_stub
-def test_a_killed_draft_fires_its_alert_and_the_governor_steps_down_and_back(server, prometheus):
-    def firing() -> set[str]:
-        return {a["labels"]["alertname"] for a in prometheus("alerts")["alerts"] if a["state"] == "firing"}
+class Watch:
+    """What Prometheus sees (alerts firing, the speculation state), and a timeline of what was waited for."""
 
-    def state() -> str | None:
-        found = prometheus("query", query="trtspec_speculation_state == 1")["result"]
+    def __init__(self, api):
+        self.api, self.start, self.timeline = api, time.monotonic(), []
+
+    def firing(self) -> set[str]:
+        return {a["labels"]["alertname"] for a in self.api("alerts")["alerts"] if a["state"] == "firing"}
+
+    def state(self) -> str | None:
+        found = self.api("query", query="trtspec_speculation_state == 1")["result"]
         return found[0]["metric"]["state"] if found else None
 
-    start, timeline = time.monotonic(), []
+    def mark(self, what: str) -> None:
+        self.timeline.append((round(time.monotonic() - self.start, 1), what))
 
-    def wait_for(what: str, check, timeout: float) -> None:
+    def wait_for(self, what: str, check, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not check():
-            assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s; timeline so far: {timeline}"
+            assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s; timeline so far: {self.timeline}"
             time.sleep(1.0)
-        timeline.append((round(time.monotonic() - start, 1), what))
+        self.mark(what)
 
-    traffic = Traffic(server.grpc_url)
-    try:
-        wait_for("speculating, no alert", lambda: state() == "speculating" and "TrtspecDraftModelFailing" not in firing(), 60)
-        stubs = server.stub_pids("tensorrt_llm_draft")
-        assert stubs, "the draft model's stub process was not found"
-        for pid in stubs:
-            os.kill(pid, signal.SIGKILL)
-        timeline.append((round(time.monotonic() - start, 1), "draft model killed"))
-        wait_for("governor reduced (draft_down)", lambda: state() == "reduced", 60)
-        wait_for("TrtspecDraftModelFailing firing", lambda: "TrtspecDraftModelFailing" in firing(), 90)
-        # the BLS reloads the model whose process died; the breaker's probe finds it back and lifts the floor
-        wait_for("governor speculating again", lambda: state() == "speculating", 180)
-        wait_for("TrtspecDraftModelFailing resolved", lambda: "TrtspecDraftModelFailing" not in firing(), 120)
-    finally:
-        traffic.stop()
-    print("timeline (s):", timeline)
+
+@needs_prometheus
+@kills_a_stub
+def test_a_killed_draft_fires_its_alert_and_the_governor_steps_down_and_back(server, tmp_path):
+    traffic = Traffic(server.grpc_url, ["The quick brown fox"])
+    with prometheus_scraping(server, scaled_rules(tmp_path / "monitoring"), tmp_path) as api:
+        watch = Watch(api)
+        try:
+            watch.wait_for("speculating, no alert",
+                           lambda: watch.state() == "speculating" and "TrtspecDraftModelFailing" not in watch.firing(), 60)
+            stubs = server.stub_pids("tensorrt_llm_draft")
+            assert stubs, "the draft model's stub process was not found"
+            for pid in stubs:
+                os.kill(pid, signal.SIGKILL)
+            watch.mark("draft model killed")
+            watch.wait_for("governor reduced (draft_down)", lambda: watch.state() == "reduced", 60)
+            watch.wait_for("TrtspecDraftModelFailing firing", lambda: "TrtspecDraftModelFailing" in watch.firing(), 90)
+            # the BLS reloads the model whose process died; the breaker's probe finds it back and lifts the floor
+            watch.wait_for("governor speculating again", lambda: watch.state() == "speculating", 180)
+            watch.wait_for("TrtspecDraftModelFailing resolved", lambda: "TrtspecDraftModelFailing" not in watch.firing(), 120)
+        finally:
+            traffic.stop()
+    print("timeline (s):", watch.timeline)
     assert not traffic.errors, traffic.errors[:3]   # a dead draft model costs speed, never an answer
     log = server.log_path.read_text()
     assert "speculating -> reduced (draft_down)" in log and "reduced -> speculating (draft_down_cleared)" in log
     changes = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     assert re.search(r'trtspec_speculation_changes_total\{[^}]*reason="draft_down"[^}]*\} 1', changes), changes
+
+
+@needs_prometheus
+def test_prompts_the_draft_cannot_predict_fire_the_acceptance_alert_and_roll_speculation_back(blind_server, tmp_path):
+    alert = "TrtspecAcceptanceBelowBreakEven"
+    traffic = Traffic(blind_server.grpc_url, WORDS, pause=0.05)
+    with prometheus_scraping(blind_server, scaled_rules(tmp_path / "monitoring"), tmp_path) as api:
+        watch = Watch(api)
+        try:
+            watch.wait_for("speculating on words, no alert", lambda: watch.state() == "speculating" and api(
+                "query", query="trtspec:acceptance:ratio_rate5m > 0.9")["result"] and alert not in watch.firing(), 90)
+            traffic.prompts = NUMBERS
+            watch.mark("numbers begin")
+            watch.wait_for("governor reduced (low_acceptance)", lambda: watch.state() == "reduced", 90)
+            watch.wait_for("governor plain (low_acceptance)", lambda: watch.state() in ("plain", "probing"), 90)
+            watch.wait_for(f"{alert} firing", lambda: alert in watch.firing(), 90)
+            traffic.prompts = WORDS
+            watch.mark("numbers end")
+            # in plain decoding one request in 8 probes at the reduced length; once the probes pay it steps up
+            watch.wait_for("governor reduced (probes_pay)", lambda: watch.state() == "reduced", 180)
+            watch.wait_for("governor speculating (pays)", lambda: watch.state() == "speculating", 120)
+            watch.wait_for(f"{alert} resolved", lambda: alert not in watch.firing(), 120)
+        finally:
+            traffic.stop()
+    print("timeline (s):", watch.timeline)
+    assert not traffic.errors, traffic.errors[:3]
+    log = blind_server.log_path.read_text()
+    for change in ("speculating -> reduced (low_acceptance)", "reduced -> plain (low_acceptance)",
+                   "-> reduced (probes_pay)", "reduced -> speculating (pays)"):
+        assert change in log, change

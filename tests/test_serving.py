@@ -301,6 +301,8 @@ def test_latency_error_and_deployment_metrics(spec_server):
     grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 4,
                                          "adaptive_draft_length": False})
     grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 0})
+    middle = read_metrics(spec_server.metrics_url)
+    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 0, "stream": True})
     for bad in ({"text_input": PROMPTS[1], "max_tokens": 0}, {"text_input": PROMPTS[1], "max_tokens": 200,
                                                                "timeout_ms": 1, "num_draft_tokens": 0}):
         with pytest.raises(InferenceServerException):
@@ -317,10 +319,15 @@ def test_latency_error_and_deployment_metrics(spec_server):
     def moved(name, **labels):
         return (find(after, name, **labels) or 0.0) - (find(before, name, **labels) or 0.0)
 
+    for mode, requests in (("speculative", 1), ("plain", 2)):
+        for hist in ("trtspec_request_duration_seconds", "trtspec_time_to_first_token_seconds"):
+            assert moved(f"{hist}_count", mode=mode) == requests, (hist, mode)
+        assert moved("trtspec_generated_tokens_total", mode=mode) == 16 * requests
+    # the plain request not streamed got its tokens in one piece: no time per output token of its own
+    tpot = "trtspec_time_per_output_token_seconds_count"
+    assert moved(tpot, mode="speculative") == 1 and moved(tpot, mode="plain") == 1
+    assert find(middle, tpot, mode="plain") == find(before, tpot, mode="plain")
     for mode in ("speculative", "plain"):
-        for hist in ("trtspec_request_duration_seconds", "trtspec_time_to_first_token_seconds",
-                     "trtspec_time_per_output_token_seconds"):
-            assert moved(f"{hist}_count", mode=mode) == 1, (hist, mode)
         for edge in ("3", "5"):  # the latency alerts' thresholds are bucket edges
             assert find(after, "trtspec_request_duration_seconds_bucket", mode=mode, le=edge) is not None
     assert moved("trtspec_request_acceptance_ratio_count") == 1

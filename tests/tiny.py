@@ -113,17 +113,64 @@ def make_bigram_copy(source: Path, path: Path) -> Path:
     return path
 
 
-def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None = None, write=None):
+def make_numbers_blind_pair(root: Path, *, layers: int = 16, hidden: int = 512, seed: int = 0) -> tuple[Path, Path]:
+    """A target and, as its draft, its own first layer: speculation pays on a CPU (the draft costs a fraction of
+    the target) and acceptance depends on the text, as with real pairs. Tokens with a digit carry a flag (hidden
+    dimension 0) that only the target's later layers read: elsewhere they add nothing (attention outputs zeroed,
+    MLPs that read the flag alone; computed all the same), so the draft predicts every token after words; after
+    a number both models continue with numbers, the target's choice moved by its later layers, which the draft
+    does not have. A prompt that ends in numbers is one the draft cannot predict."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    target = make_checkpoint(root / "target", layers=layers, hidden=hidden, seed=seed)
+    path = target / "model.safetensors"
+    state = load_file(str(path))
+    gen = torch.Generator().manual_seed(seed)
+    embed = state["model.embed_tokens.weight"]
+    tokens = AutoTokenizer.from_pretrained(str(target)).convert_ids_to_tokens(list(range(len(embed))))
+    numbers = torch.tensor([any(c.isdigit() for c in token or "") for token in tokens])
+    embed[:, 0] = 0.0
+    embed[numbers] *= 0.1                        # a number never wins after words (tied embeddings: the LM head)
+    embed[numbers, 0] = 50.0                     # far above the rest: after a number, a number comes
+    for name, w in state.items():
+        if name.startswith("model.layers.0.") and name.endswith(("o_proj.weight", "down_proj.weight")):
+            w *= 0.01                            # the first layer moves the text along without drowning the flag
+            w[0] = 0.0                           # and leaves the flag as the token set it
+        elif ".layers." in name and name.endswith("o_proj.weight"):
+            w.zero_()
+        elif ".layers." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):
+            w[:, 1:] = 0.0                       # the later MLPs read the flag alone: zero without it
+        elif ".layers." in name and name.endswith("down_proj.weight"):
+            w.copy_(torch.randn(w.shape, generator=gen) * 3e-4)  # enough to move which number
+            w[0] = 0.0
+    save_file(state, str(path), metadata={"format": "pt"})
+    draft = root / "draft"
+    shutil.copytree(target, draft)
+    config = json.loads((draft / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    (draft / "config.json").write_text(json.dumps(config))
+    save_file({name: w for name, w in state.items() if ".layers." not in name or name.startswith("model.layers.0.")},
+              str(draft / "model.safetensors"), metadata={"format": "pt"})
+    return target, draft
+
+
+def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None = None, write=None, pair=None):
     """A 2-layer target and a perturbed copy as its draft (max_draft_len 4), built and deployed under `root`,
     as a TritonServer not yet started. `write(config_path, engines, repo, overrides=...)` writes the repository
-    (default: `trtspec deploy`'s write_repository)."""
+    (default: `trtspec deploy`'s write_repository); `pair(root)` makes another (target, draft)."""
     from trtspec.build import run_build
     from trtspec.config import load_config
     from trtspec.repository import write_repository
     from trtspec.server import TritonServer, free_port
 
-    target = make_checkpoint(root / "target", layers=2, seed=0)
-    draft = make_perturbed_copy(target, root / "draft", noise=0.01)
+    if pair is None:
+        target = make_checkpoint(root / "target", layers=2, seed=0)
+        draft = make_perturbed_copy(target, root / "draft", noise=0.01)
+    else:
+        target, draft = pair(root)
     config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
                           engine={"max_input_len": max_input_len, "max_seq_len": 2 * max_input_len,
                                   "gather_context_logits": True, "gather_generation_logits": True})

@@ -201,6 +201,8 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "draft_cost_ratio": "0.3",
         "verify_cost_per_token": "0.1",
         "verify_cost_fixed": "0",
+        # the speculation governor judges requests admitted this long after each of its changes (seconds)
+        "governor_hold_seconds": 30,
         "max_draft_len": target.max_draft_len,
         "max_input_len": prompt_limit(target),
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)

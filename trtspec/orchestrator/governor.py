@@ -39,7 +39,7 @@ class Outcome:
     """A finished request as the governor sees it."""
 
     speculative: bool            # it drafted at least once
-    seconds_per_token: float | None
+    seconds_per_token: float | None  # arrival to last token, per output token (the same for either mode)
     drafted: int = 0
     accepted: int = 0
     failed: bool = False         # a server error or a timeout

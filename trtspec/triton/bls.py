@@ -36,7 +36,7 @@ from trtspec.triton.common import (
     bool_parameter, error_response, input_arrays, load_tokenizer, model_parameters, parameter,
 )
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
-from trtspec.triton.metrics import Metrics, time_per_output_token
+from trtspec.triton.metrics import Metrics, seconds_per_output_token
 from trtspec.triton.kv_watch import METRICS_ENV, KvWatch
 from trtspec.triton.recovery import Reloader
 
@@ -93,7 +93,10 @@ class TritonPythonModel:
         self.metrics.break_even(*self.costs.break_even_at(1, self.max_draft_len))
         self.metrics.gpu_memory_planned(float(parameter(params, "gpu_memory_planned_fraction", "0")))
         # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
-        self.governor = Governor(self.default_k or self.speculation_k, on_change=self._governed)
+        hold = float(parameter(params, "governor_hold_seconds", "30"))
+        if hold < 0:
+            raise ValueError(f"the parameter governor_hold_seconds must be >= 0, got {hold:g}")
+        self.governor = Governor(self.default_k or self.speculation_k, hold_seconds=hold, on_change=self._governed)
         self.metrics.governor(self.governor.state, self.governor.cap())
         # an operator's or Alertmanager's force, through `trtspec serve --control-port` (trtspec.control)
         self.control, self._control_lock = Watcher(os.environ.get(CONTROL_ENV)), threading.Lock()
@@ -215,8 +218,9 @@ class TritonPythonModel:
             recover = self._recovery(deadline, stop)
             for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace,
                                    recover=recover):
-                run.times_ns[2] = run.times_ns[2] or time.monotonic_ns()
-                run.times_ns[3] = time.monotonic_ns()
+                now = time.monotonic_ns()  # one reading: tokens that came in one piece have first == last
+                run.times_ns[2] = run.times_ns[2] or now
+                run.times_ns[3] = now
                 ids += chunk
                 piece = detok.push(chunk)
                 if spec.stream:
@@ -240,7 +244,7 @@ class TritonPythonModel:
             if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
                 self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
             raise
-        self._govern(Outcome(bool(stats.speculative_iterations), time_per_output_token(times_ns, stats.generated_tokens),
+        self._govern(Outcome(bool(stats.speculative_iterations), seconds_per_output_token(times_ns, stats.generated_tokens),
                              stats.draft_tokens, stats.accepted_tokens, probe=probe, admitted_at=admitted), load)
 
     def _drafter(self, plan: "_Plan", watch):

@@ -26,9 +26,16 @@ ACCEPTANCE_BUCKETS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 
 
 def time_per_output_token(times_ns: list[int], tokens: int) -> float | None:
-    """Seconds per output token after the first (times as Metrics.record takes them), or None when it has no meaning."""
+    """Seconds per output token after the first (times as Metrics.record takes them), or None when it has no meaning:
+    one token, or all of them in one piece (a plain request not streamed: its tokens' times are not seen)."""
     first, last = times_ns[2], times_ns[3]
-    return (last - first) / 1e9 / (tokens - 1) if first and last and tokens > 1 else None
+    return (last - first) / 1e9 / (tokens - 1) if first and last > first and tokens > 1 else None
+
+
+def seconds_per_output_token(times_ns: list[int], tokens: int) -> float | None:
+    """Arrival to last token, per output token: what a request cost whether its tokens came apart or at once."""
+    arrival, last = times_ns[0], times_ns[3]
+    return (last - arrival) / 1e9 / tokens if last and tokens else None
 
 
 class Metrics:
@@ -54,7 +61,8 @@ class Metrics:
 
         self._draft = one("trtspec_draft_tokens_total", "Draft tokens proposed to the target")
         self._accepted = one("trtspec_accepted_tokens_total", "Draft tokens the target accepted")
-        self._generated = one("trtspec_generated_tokens_total", "Tokens returned to clients")
+        generated = family("trtspec_generated_tokens_total", "Tokens returned to clients, by decoding mode")
+        self._generated = {m: generated.Metric(labels=self.labels | {"mode": m}) for m in MODES}
         self._iterations = one("trtspec_iterations_total", "Draft-then-verify iterations (plain decoding steps included)")
         self._draft_seconds = one("trtspec_draft_seconds_total", "Seconds requests spent drafting")
         self._verify_seconds = one("trtspec_verify_seconds_total", "Seconds requests spent in target calls")
@@ -103,7 +111,7 @@ class Metrics:
         with self._lock:
             # each update is a message to the server: counters that did not move are left alone
             for metric, amount in ((self._draft, stats.draft_tokens), (self._accepted, stats.accepted_tokens),
-                                   (self._generated, stats.generated_tokens), (self._iterations, stats.iterations),
+                                   (self._generated[mode], stats.generated_tokens), (self._iterations, stats.iterations),
                                    (self._draft_seconds, stats.draft_seconds), (self._verify_seconds, stats.verify_seconds)):
                 if amount:
                     metric.increment(amount)
