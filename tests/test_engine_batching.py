@@ -17,7 +17,7 @@ from trtspec.contract import GenerationRequest, SamplingParams, request_to_tenso
 from trtspec.engine import kernels
 from trtspec.engine.model import CompactModel, HFModel, Segment
 from trtspec.engine.runtime import Engine
-from trtspec.errors import RequestError
+from trtspec.errors import EngineError, RequestError
 
 ARCHITECTURES = {
     "llama": ("LlamaConfig", {}),
@@ -330,6 +330,41 @@ def test_a_call_beyond_the_kv_budget_is_refused_while_others_finish(built_fp8):
     # the same outputs as an engine with room to spare
     roomy = Engine.load(built_fp8.target)
     assert [o.output_ids for o in outcomes] == [roomy.generate(r).output_ids for r in fits]
+
+
+def test_kept_caches_of_the_same_tokens_are_evicted_without_harm(built_fp8):
+    engine = Engine.load(built_fp8.target)
+    per_token, vocab = engine.model.kv_bytes_per_token, engine.info.vocab_size
+    engine.cache.budget_bytes = engine.cache.reuse_bytes = 160 * per_token  # two 64-token key blocks and a half
+    same = GenerationRequest(input_ids=_ids(20, 1, vocab), request_output_len=30, end_id=-1)
+    first = engine.generate_many([same, same])       # at once: two kept caches that hold the same tokens
+    assert len(engine.cache.entries) == 2 and first[0].output_ids == first[1].output_ids
+    others = [GenerationRequest(input_ids=_ids(20, s, vocab), request_output_len=30, end_id=-1) for s in (2, 3)]
+    outcomes = engine.generate_many(others)          # their room comes from evicting those
+    assert engine.cache.stats.evictions >= 1 and all(len(o.new_tokens) == 30 for o in outcomes)
+    assert engine.generate(same).output_ids == first[0].output_ids
+
+
+def test_a_fault_outside_the_forward_pass_fails_the_calls_in_flight_not_the_engine(built_fp8):
+    engine = Engine.load(built_fp8.target)
+    vocab = engine.info.vocab_size
+    request = GenerationRequest(input_ids=_ids(12, 4, vocab), request_output_len=8, end_id=-1)
+    expected = engine.generate(request).output_ids
+    acquire = engine.cache.acquire
+
+    def broken(*args, **kwargs):  # a fault in admission, once
+        engine.cache.acquire = acquire
+        raise RuntimeError("bookkeeping fault")
+
+    engine.cache.acquire = broken
+    engine.scheduler.start()   # the worker thread, as in the server
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:   # (a worker killed by the fault would leave the call waiting)
+            with pytest.raises(EngineError, match="bookkeeping fault"):
+                pool.submit(engine.generate, request).result(timeout=60)
+            assert pool.submit(engine.generate, request).result(timeout=60).output_ids == expected
+    finally:
+        engine.scheduler.stop()
 
 
 def test_kv_budget_comes_from_the_build_config(tiny_pair, tmp_path):

@@ -29,14 +29,14 @@ class KVStats:
     peak_bytes: int = 0
 
 
-@dataclass
+@dataclass(eq=False)  # kept caches are told apart by identity: two may hold the same tokens, and tensors have no ==
 class _Kept:
     tokens: tuple[int, ...]   # the tokens whose keys and values the cache holds
     kv: object
     nbytes: int
 
 
-@dataclass
+@dataclass(eq=False)
 class Lease:
     """A running request's cache: it holds the first `cached` of its tokens on admission."""
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -320,7 +321,23 @@ class Scheduler:
                         self._wake.wait()
                     if self._stop:
                         return
-                self.step()
+                try:
+                    self.step()
+                except Exception as exc:  # a fault outside the forward pass: its calls fail, never the engine
+                    self._fail_in_flight(EngineError(f"engine step failed: {exc}"))
+
+    def _fail_in_flight(self, error: EngineError) -> None:
+        """End every running and waiting call with `error`, releasing their caches (after a fault the engine cannot
+        tell which call caused it; left alone, they would wait forever)."""
+        traceback.print_exc()
+        with self._lock:
+            jobs = [*self.running, *self.waiting]
+            self.running.clear()
+            self.waiting.clear()
+        for job in jobs:
+            if job.lease is not None:
+                self.pool.release(job.lease, [])
+            self._deliver(job, error)
 
     def stop(self) -> None:
         worker = self._worker
