@@ -63,21 +63,22 @@ def blind_server(tmp_path_factory):
 
 
 class Traffic:
-    """Speculative requests, one after another, on a thread of their own, until stopped; `prompts` may change
-    on the way."""
+    """Requests (`fields` and one of `prompts`, which may change on the way), one after another on each of
+    `clients` threads, until stopped."""
 
-    def __init__(self, url: str, prompts: list[str], pause: float = 0.2):
-        self.url, self.prompts, self.pause = url, prompts, pause
+    def __init__(self, url: str, prompts: list[str], pause: float = 0.2, clients: int = 1, fields: dict = REQUEST):
+        self.url, self.prompts, self.pause, self.fields = url, prompts, pause, fields
         self.stopped, self.errors = threading.Event(), []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+        for thread in self.threads:
+            thread.start()
 
     def _run(self):
         sent = 0
         while not self.stopped.is_set():
             prompts = self.prompts
             try:
-                grpc_generate(self.url, REQUEST | {"text_input": prompts[sent % len(prompts)]}, timeout=60)
+                grpc_generate(self.url, self.fields | {"text_input": prompts[sent % len(prompts)]}, timeout=60)
             except Exception as exc:  # noqa: BLE001 (kept for the assertion)
                 self.errors.append(exc)
             sent += 1
@@ -85,7 +86,20 @@ class Traffic:
 
     def stop(self):
         self.stopped.set()
-        self.thread.join(timeout=90)
+        for thread in self.threads:
+            thread.join(timeout=90)
+
+
+@pytest.fixture(scope="module")
+def small_kv_server(tmp_path_factory):
+    from tiny import served_pair
+
+    # a 1 MiB KV cache: 64 blocks of 32 tokens, of which a call for 200 tokens holds 7
+    server = served_pair(tmp_path_factory.mktemp("alerts") / "small-kv", engine={"kv_cache_mb": 1},
+                         overrides={"governor_hold_seconds": 3})
+    server.start(timeout=300)
+    yield server
+    server.stop()
 
 
 class Watch:
@@ -169,3 +183,29 @@ def test_prompts_the_draft_cannot_predict_fire_the_acceptance_alert_and_roll_spe
     for change in ("speculating -> reduced (low_acceptance)", "reduced -> plain (low_acceptance)",
                    "-> reduced (probes_pay)", "reduced -> speculating (pays)"):
         assert change in log, change
+
+
+@needs_prometheus
+def test_a_full_kv_cache_fires_its_alert_and_the_governor_decodes_plainly_until_it_empties(small_kv_server, tmp_path):
+    alert = "TrtspecKvCacheCritical"
+    with prometheus_scraping(small_kv_server, scaled_rules(tmp_path / "monitoring"), tmp_path) as api:
+        watch = Watch(api)
+        watch.wait_for("speculating, KV cache empty", lambda: watch.state() == "speculating" and api(
+            "query", query='trtspec:kv_cache_used:ratio{model="tensorrt_llm"} < 0.5')["result"], 60)
+        # nine clients whose calls hold 7 blocks each want 63 of the 64 blocks
+        traffic = Traffic(small_kv_server.grpc_url, WORDS, pause=0.0, clients=9,
+                          fields={"max_tokens": 200, "min_tokens": 200})
+        try:
+            watch.wait_for("governor plain (kv_cache)", lambda: watch.state() == "plain", 60)
+            watch.wait_for(f"{alert} firing", lambda: alert in watch.firing(), 60)
+        finally:
+            traffic.stop()
+        watch.mark("load ends")
+        # the floor lifts; the level is then the one judging reached (the tiny pair's drafts, as costly as the
+        # target, may not have paid under that load)
+        watch.wait_for("floor lifted (kv_cache_cleared)", lambda: "(kv_cache_cleared)" in small_kv_server.log_path.read_text()
+                       and watch.state() in ("speculating", "reduced"), 60)
+        watch.wait_for(f"{alert} resolved", lambda: alert not in watch.firing(), 60)
+    print("timeline (s):", watch.timeline)
+    assert not traffic.errors, traffic.errors[:3]   # a full KV cache makes calls wait, never fail
+    assert "(kv_cache); draft-length cap now 0" in small_kv_server.log_path.read_text()

@@ -157,10 +157,12 @@ def make_numbers_blind_pair(root: Path, *, layers: int = 16, hidden: int = 512, 
     return target, draft
 
 
-def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None = None, write=None, pair=None):
+def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None = None, write=None, pair=None,
+                engine: dict | None = None):
     """A 2-layer target and a perturbed copy as its draft (max_draft_len 4), built and deployed under `root`,
     as a TritonServer not yet started. `write(config_path, engines, repo, overrides=...)` writes the repository
-    (default: `trtspec deploy`'s write_repository); `pair(root)` makes another (target, draft)."""
+    (default: `trtspec deploy`'s write_repository); `pair(root)` makes another (target, draft); `engine` adds to
+    the build config's engine section."""
     from trtspec.build import run_build
     from trtspec.config import load_config
     from trtspec.repository import write_repository
@@ -173,7 +175,7 @@ def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None 
         target, draft = pair(root)
     config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
                           engine={"max_input_len": max_input_len, "max_seq_len": 2 * max_input_len,
-                                  "gather_context_logits": True, "gather_generation_logits": True})
+                                  "gather_context_logits": True, "gather_generation_logits": True, **(engine or {})})
     engines = run_build(config, root / "engines")
     if write is None:
         repo = write_repository(load_config(config), engines, root / "repo", overrides=overrides or {})
