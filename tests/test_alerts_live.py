@@ -3,7 +3,8 @@ evaluating the generated rules with their windows and `for:` scaled down: a kill
 TrtspecDraftModelFailing fire and the governor step down (draft_down), and once the BLS has the model back the
 governor steps up again and the alert resolves; a run of prompts the draft cannot predict makes
 TrtspecAcceptanceBelowBreakEven fire and the governor step down to plain decoding (low_acceptance), and once they
-stop its probes pay and it steps back up to speculating."""
+stop its probes pay and it steps back up to speculating; a full KV cache makes TrtspecKvCacheCritical fire and holds
+the governor at plain decoding (kv_cache) until it empties."""
 
 from __future__ import annotations
 
@@ -39,11 +40,11 @@ def scaled_rules(out):
     return path
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def serving(tmp_path_factory, name: str, **kwargs):
+    """A served pair (tiny.served_pair's `kwargs`) under a folder of its own, started, and stopped afterwards."""
     from tiny import served_pair
 
-    server = served_pair(tmp_path_factory.mktemp("alerts") / "pair", overrides={"draft_timeout_ms": 3000})
+    server = served_pair(tmp_path_factory.mktemp("alerts") / name, **kwargs)
     compileall.compile_dir(server.repo, quiet=1)  # as in test_reliability: a reload then loads the model again
     server.start(timeout=300)
     yield server
@@ -51,15 +52,22 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from serving(tmp_path_factory, "pair", overrides={"draft_timeout_ms": 3000})
+
+
+@pytest.fixture(scope="module")
 def blind_server(tmp_path_factory):
-    from tiny import make_numbers_blind_pair, served_pair
+    from tiny import make_numbers_blind_pair
 
     # a governor that judges 3 s after each change, not 30: the test walks it down two levels and up two
-    server = served_pair(tmp_path_factory.mktemp("alerts") / "blind", pair=make_numbers_blind_pair,
-                         overrides={"governor_hold_seconds": 3})
-    server.start(timeout=300)
-    yield server
-    server.stop()
+    yield from serving(tmp_path_factory, "blind", pair=make_numbers_blind_pair, overrides={"governor_hold_seconds": 3})
+
+
+@pytest.fixture(scope="module")
+def small_kv_server(tmp_path_factory):
+    # a 1 MiB KV cache: 64 blocks of 32 tokens, of which a call for 200 tokens holds 7
+    yield from serving(tmp_path_factory, "small-kv", engine={"kv_cache_mb": 1})
 
 
 class Traffic:
@@ -88,18 +96,6 @@ class Traffic:
         self.stopped.set()
         for thread in self.threads:
             thread.join(timeout=90)
-
-
-@pytest.fixture(scope="module")
-def small_kv_server(tmp_path_factory):
-    from tiny import served_pair
-
-    # a 1 MiB KV cache: 64 blocks of 32 tokens, of which a call for 200 tokens holds 7
-    server = served_pair(tmp_path_factory.mktemp("alerts") / "small-kv", engine={"kv_cache_mb": 1},
-                         overrides={"governor_hold_seconds": 3})
-    server.start(timeout=300)
-    yield server
-    server.stop()
 
 
 class Watch:

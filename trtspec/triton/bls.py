@@ -103,7 +103,7 @@ class TritonPythonModel:
         # KV-cache pressure on the target, from the server's own metrics (trtspec.triton.kv_watch)
         self.kv_watch = None
         if os.environ.get(METRICS_ENV):
-            self.kv_watch = KvWatch(os.environ[METRICS_ENV], self.target.model_name, self._kv_cache,
+            self.kv_watch = KvWatch(os.environ[METRICS_ENV], self.target.model_name, self.governor.kv_cache,
                                     on_problem=lambda message: pb_utils.Logger.log_warn(f"{self.name}: {message}"))
         else:
             pb_utils.Logger.log_info(f"{self.name}: no {METRICS_ENV} (set by `trtspec serve`): the governor goes "
@@ -296,7 +296,7 @@ class TritonPythonModel:
         loads, even = self.costs.break_even_at(load, self.max_draft_len)
         self.metrics.break_even(loads, even)
         self.governor.observe(outcome, even)
-        self.metrics.governor(self.governor.state, self.governor.cap())
+        self.metrics.governor(self.governor.state, self.governor.cap())  # probing starts without a change of level
 
     def _controlled(self) -> None:
         """Apply a force the control file gained or lost since the last request."""
@@ -310,13 +310,14 @@ class TritonPythonModel:
                 self.governor.force(force.mode, force.remaining(), reason=force.source)
             else:
                 self.governor.force(None, reason="force")
-            self.metrics.governor(self.governor.state, self.governor.cap())
 
     def _governed(self, old: str, new: str, reason: str) -> None:
-        """A change of the deployment's speculation level: logged once, counted by reason, in the state gauge."""
+        """A change of the deployment's speculation level (judged, a floor's, or a force's): logged once, counted by
+        reason, in the state gauge."""
         pb_utils.Logger.log_warn(f"{self.name}: speculation {old} -> {new} ({reason}); draft-length cap now "
                                  f"{self.governor.cap()}")
         self.metrics.governor_change(new, reason)
+        self.metrics.governor(new, self.governor.cap())
 
     def _draft_down(self, cause: Exception) -> None:
         """The first failure of an outage: say so once (a model whose process died is being reloaded: see
@@ -324,16 +325,10 @@ class TritonPythonModel:
         pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
                                  "and it is tried again after a cool-down")
         self.governor.draft_down(True)
-        self.metrics.governor(self.governor.state, self.governor.cap())
 
     def _draft_up(self) -> None:
         pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")
         self.governor.draft_down(False)
-        self.metrics.governor(self.governor.state, self.governor.cap())
-
-    def _kv_cache(self, fraction: float | None) -> None:
-        self.governor.kv_cache(fraction)
-        self.metrics.governor(self.governor.state, self.governor.cap())
 
     def _parse(self, f: "_Fields") -> "_Plan":
         check_neutral(f.inputs, BLS_INPUTS)
