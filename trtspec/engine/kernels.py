@@ -48,9 +48,23 @@ def _cpu_module():
     return _cpu_kernels if _cpu_kernels.available() else None
 
 
-_CPU = _cpu_module()
-ISAS: tuple[str, ...] = tuple(_CPU.isas()) if _CPU is not None else ()   # the widest last
 _ISA_CODE = {"avx2": 0, "avx512": 1}
+ISA_ENV = "TRTSPEC_CPU_ISA"              # caps the instruction set the kernels use (avx2 on an AVX-512 machine)
+
+
+def _isas() -> tuple[str, ...]:
+    """The instruction sets trtspec's kernels run here, the widest last, up to $TRTSPEC_CPU_ISA when it is set."""
+    import os
+
+    have = tuple(_CPU.isas()) if _CPU is not None else ()
+    cap = os.environ.get(ISA_ENV, "").strip()
+    if cap and cap not in _ISA_CODE:
+        raise ValueError(f"${ISA_ENV}={cap!r}: set it to one of {', '.join(_ISA_CODE)}, or unset it")
+    return tuple(isa for isa in have if not cap or _ISA_CODE[isa] <= _ISA_CODE[cap])
+
+
+_CPU = _cpu_module()
+ISAS = _isas()
 _FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2}          # uint8: FP8 E4M3 codes
 FP8_STORAGES = ("e4m3", "bf16")
 FP8_STORAGE_ENV = "TRTSPEC_FP8_WEIGHTS"  # pins the choice fp8_storage would measure
@@ -220,6 +234,7 @@ class PackedLinear:
 
 
 _fp8_storage: str | None = None
+_fp8_reason = ""
 
 
 def fp8_storage() -> str:
@@ -228,7 +243,7 @@ def fp8_storage() -> str:
     the machine: the codes halve the bytes but cost more instructions per weight, which a core with little
     bandwidth to spare hides and one with much may not. Measured once per process on one-row and four-row
     products over weights larger than the last-level cache, unless $TRTSPEC_FP8_WEIGHTS names one."""
-    global _fp8_storage
+    global _fp8_storage, _fp8_reason
     if _fp8_storage is None:
         import os
 
@@ -236,14 +251,20 @@ def fp8_storage() -> str:
         if pinned and pinned not in FP8_STORAGES:
             raise ValueError(f"${FP8_STORAGE_ENV}={pinned!r}: set it to one of {', '.join(FP8_STORAGES)}, or unset it")
         if pinned:
-            _fp8_storage = pinned
+            _fp8_storage, _fp8_reason = pinned, f"pinned by ${FP8_STORAGE_ENV}"
         else:
             seconds = measure_fp8_storages()
             _fp8_storage = min(seconds, key=seconds.get)
+            _fp8_reason = "measured: " + ", ".join(f"{name} {s * 1e12:.0f} ps" for name, s in seconds.items()) + " a weight"
     return _fp8_storage
 
 
-def measure_fp8_storages(weights_mb: int = 64, reps: int = 5) -> dict[str, float]:
+def fp8_storage_reason() -> str:
+    """Why fp8_storage chose what it chose (after it has)."""
+    return _fp8_reason
+
+
+def measure_fp8_storages(weights_mb: int = 48, reps: int = 3) -> dict[str, float]:
     """Seconds per weight of a one-row plus a four-row product, for each FP8 storage, interleaved; the best of
     `reps`. The weights (`weights_mb` million, normal E4M3 values) outgrow a last-level cache of that size."""
     import time

@@ -118,6 +118,7 @@ class CompactModel:
         return torch.cat([s.expand(state[n].shape[0]) for s, n in zip(scales, names)])
 
     def _load(self, state: dict[str, torch.Tensor]) -> None:
+        self.weights_fp8 = any(t.dtype == fp8.FP8_DTYPE for t in state.values())
         need = ["model.embed_tokens.weight", "model.norm.weight"]
         missing = [n for n in need if n not in state]
         if missing:
@@ -159,6 +160,18 @@ class CompactModel:
         if not all(isinstance(lin, kernels.PackedLinear) and lin.n == lin.n_padded for lin in linears):
             return None
         return kernels.layer_table(self.layers)
+
+    @property
+    def kernel_summary(self) -> str:
+        """The products this model runs on, for the engine's log line."""
+        if self.linear_kind != "packed":
+            return self.linear_kind
+        linears = [lin for layer in self.layers for lin in layer.values() if isinstance(lin, kernels.PackedLinear)]
+        formats = {lin.format for lin in linears}
+        text = f"packed ({linears[0].isa}), layer weights {'/'.join(sorted(formats))}, head {self.head.format}"
+        if "e4m3" in formats or (self.weights_fp8 and "bfloat16" in formats):
+            text += f" (FP8 kept as {kernels.fp8_storage()}: {kernels.fp8_storage_reason()})"
+        return text + (", all decoder layers in one kernel call" if self.layer_table is not None else "")
 
     @property
     def weight_bytes(self) -> int:
@@ -327,7 +340,7 @@ class HFModel:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         elem = next(model.parameters()).element_size()
         self.kv_bytes_per_token = cfg.num_hidden_layers * 2 * hkv * head_dim * elem
-        self.linear_kind = "hf-eager"
+        self.linear_kind = self.kernel_summary = "hf-eager"
 
     def _layer_table(self) -> torch.Tensor | None:
         """What trtspec's decoder kernel reads of each layer (kernels.decoder_layers), when it covers this model:
