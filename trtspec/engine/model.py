@@ -342,16 +342,6 @@ class HFModel:
         self.kv_bytes_per_token = cfg.num_hidden_layers * 2 * hkv * head_dim * elem
         self.linear_kind = self.kernel_summary = "hf-eager"
 
-    def _layer_table(self) -> torch.Tensor | None:
-        """What trtspec's decoder kernel reads of each layer (kernels.decoder_layers), when it covers this model:
-        trtspec's CPU kernels, no per-head norms (Qwen3), and every product's width a whole number of blocks."""
-        if not self.fused or "q_norm" in self.layers[0] or self.config.intermediate_size % 8:
-            return None
-        linears = [layer[key] for layer in self.layers for key in kernels.DECODER_LINEARS]
-        if not all(isinstance(lin, kernels.PackedLinear) and lin.n == lin.n_padded for lin in linears):
-            return None
-        return kernels.layer_table(self.layers)
-
     @property
     def weight_bytes(self) -> int:
         emb = self.model.get_input_embeddings().weight
