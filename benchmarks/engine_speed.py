@@ -36,15 +36,9 @@ from trtspec.contract import GenerationRequest
 from trtspec.engine.model import Segment
 from trtspec.engine.runtime import Engine
 
+from cpu_meter import cpu_flags  # benchmarks/cpu_meter.py, beside this script
+
 CONTEXT = 106
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
 
 
 def bandwidth(mib: int = 256) -> dict[str, float]:
@@ -195,7 +189,7 @@ def main(argv=None) -> int:
     model = target.model
     report = {"command": "python " + " ".join(sys.argv), "threads": args.threads, "reps": args.reps,
               "batch_invariant": target.batch_invariant, "linears": getattr(model, "kernel_summary", model.linear_kind),
-              "cpu_flags": sorted(f for f in _cpu_flags() if f.startswith("avx")),
+              "cpu_flags": sorted(f for f in cpu_flags() if f.startswith("avx")),
               "copy_gbs": median(lambda r: max(r["bandwidth"]["copy_gbs"], r["bandwidth_after"]["copy_gbs"])),
               "read_gbs": read, "models": {}}
     for role in roles:

@@ -1,8 +1,10 @@
-/* The embedded engine's CPU kernels (x86-64, AVX2 + FMA), float32 activations:
- *   linear     y[M, N] = x[M, K] W^T (+ bias), weights float32 or bfloat16, streamed once per call whatever M is;
+/* The embedded engine's CPU kernels (x86-64, AVX-512 or AVX2 + FMA + F16C), float32 activations:
+ *   linear     y[M, N] = x[M, K] W^T * scale (+ bias), weights float32, bfloat16 or FP8 E4M3 codes, streamed
+ *              once per call for up to 12 (AVX-512) or 6 (AVX2) rows;
  *   rms_norm   y = w * (x / rms(x)), after adding a residual into x when one is given;
  *   attention  rotary embedding of the new rows' queries and keys, their keys and values written into the
- *              sequence's KV cache, and causal (optionally sliding-window) attention over it.
+ *              sequence's KV cache, and causal (optionally sliding-window) attention over it;
+ *   decoder    every decoder layer of a Llama-style model (the above, and silu(gate) * up) in one parallel region.
  *
  * Why kernels of its own: a decode step is a few hundred small products whose cost is reading their weights,
  * and the library products read them at half the memory bandwidth (oneDNN's prepacked float32 product
@@ -13,14 +15,14 @@
  * in the same order whatever the number of rows, the row's place among them, the other sequences in the pass
  * or the thread that computes it: a linear's output is one multiply-add chain over k = 0..K-1 in order; an
  * attention row sums over its keys in position order. Batch invariance holds by construction, not by a
- * library's habits.
+ * library's habits; the AVX-512 and AVX2 paths compute the same chains and give the same bits.
  *
  * Linear layout: W is packed once (trtspec/engine/kernels.py) as [N/16][K][16]: each block of 16 outputs is
- * one contiguous stream, and the blocks are split between threads in order, so each thread reads one
- * sequential stream. Rows are taken up to 6 at a time (6 x 16 accumulators fill 12 of AVX2's 16 registers);
- * a block is read from memory by its first group of rows and from cache by the others.
+ * one contiguous stream, and the blocks are split between threads in order, each thread one range of them.
+ * A tile of rows x blocks (the tile shapes below) reads its blocks from memory with its first rows and from
+ * cache for the others.
  *
- * Built by setup.py as an optional extension; where it is missing or the CPU lacks AVX2/FMA the engine uses
+ * Built by setup.py as an optional extension; where it is missing or the CPU lacks AVX2/FMA/F16C the engine uses
  * PyTorch's operations instead (kernels.py). */
 
 #define PY_SSIZE_T_CLEAN
@@ -491,32 +493,15 @@ TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, 
 }
 #endif
 
-static PyObject *py_available(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
-#ifdef HAVE_KERNEL
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) Py_RETURN_TRUE;
-#endif
-    Py_RETURN_FALSE;
-}
-
-/* The instruction sets a linear can use on this CPU, as names: "avx2" wherever the kernels run, "avx512" too
- * where the CPU has AVX-512F and F16C */
+/* The instruction sets a linear can use on this CPU, the widest last: "avx2" wherever the kernels run (AVX2, FMA
+ * and F16C), "avx512" too where the CPU has AVX-512F; none where the kernels do not run */
 static PyObject *py_isas(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
-    PyObject *out = PyList_New(0);
 #ifdef HAVE_KERNEL
     __builtin_cpu_init();
-    if (out && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-        PyObject *name = PyUnicode_FromString("avx2");
-        if (!name || PyList_Append(out, name)) { Py_XDECREF(name); Py_DECREF(out); return NULL; }
-        Py_DECREF(name);
-        if (__builtin_cpu_supports("avx512f")) {
-            name = PyUnicode_FromString("avx512");
-            if (!name || PyList_Append(out, name)) { Py_XDECREF(name); Py_DECREF(out); return NULL; }
-            Py_DECREF(name);
-        }
-    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return __builtin_cpu_supports("avx512f") ? Py_BuildValue("(ss)", "avx2", "avx512") : Py_BuildValue("(s)", "avx2");
 #endif
-    return out;
+    return PyTuple_New(0);
 }
 
 /* The arguments as `spec` says: 'i' an integer (an address, a size; 0 for no tensor), 'f' a float. */
@@ -598,7 +583,6 @@ static PyObject *py_attention(PyObject *Py_UNUSED(self), PyObject *const *args, 
 }
 
 static PyMethodDef methods[] = {
-    {"available", py_available, METH_NOARGS, "Whether this CPU runs the kernels (AVX2 and FMA)."},
     {"isas", py_isas, METH_NOARGS, "The instruction sets a linear can use here: avx2, avx512."},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, "y = x W^T * scale (+ bias) on packed W."},
     {"decoder", (PyCFunction)(void (*)(void))py_decoder, METH_FASTCALL, "every decoder layer in one call."},

@@ -45,7 +45,7 @@ def _cpu_module():
         from trtspec.engine import _cpu_kernels
     except ImportError:  # built without a C compiler, or on a platform the kernels do not cover
         return None
-    return _cpu_kernels if _cpu_kernels.available() else None
+    return _cpu_kernels if _cpu_kernels.isas() else None
 
 
 _ISA_CODE = {"avx2": 0, "avx512": 1}
@@ -65,7 +65,7 @@ def _isas() -> tuple[str, ...]:
 
 _CPU = _cpu_module()
 ISAS = _isas()
-_FORMAT = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2}          # uint8: FP8 E4M3 codes
+_FORMATS = {torch.float32: ("float32", 0), torch.bfloat16: ("bfloat16", 1), torch.uint8: ("e4m3", 2)}  # name, code
 FP8_STORAGES = ("e4m3", "bf16")
 FP8_STORAGE_ENV = "TRTSPEC_FP8_WEIGHTS"  # pins the choice fp8_storage would measure
 
@@ -112,13 +112,12 @@ DECODER_LINEARS = ("qkv", "o", "gate_up", "down")   # in the order of a layer ta
 
 def layer_table(layers: list[dict]) -> torch.Tensor:
     """The decoder kernel's table of layers: per layer the addresses of its two norms' weights, then of each of
-    DECODER_LINEARS its (packed weight, format, width, scale, bias). The tensors must outlive the table."""
+    DECODER_LINEARS its `fields`. The tensors must outlive the table."""
     rows = []
     for layer in layers:
         row = [_f32_rows(layer["input_norm"]).data_ptr(), _f32_rows(layer["post_norm"]).data_ptr()]
         for key in DECODER_LINEARS:
-            lin = layer[key]
-            row += [lin._args[1], lin._args[2], lin.n_padded, lin._args[4], lin._args[5]]
+            row += layer[key].fields
         rows.append(row)
     return torch.tensor(rows, dtype=torch.int64)
 
@@ -210,13 +209,14 @@ class PackedLinear:
         w = torch.zeros(self.n_padded, k, dtype=weight.dtype)
         w[:n] = weight
         self.packed = w.view(blocks, self.BLOCK, k).transpose(1, 2).contiguous()
-        self.format = {0: "float32", 1: "bfloat16", 2: "e4m3"}[_FORMAT[weight.dtype]]
+        self.format, code = _FORMATS[weight.dtype]
         self.scale = None if scale is None else self._padded(scale.float().reshape(-1).expand(n))
         self.bias = None if bias is None else self._padded(bias.float())
         self.nbytes = self.packed.numel() * self.packed.element_size()
         self.out_features = n
-        self._args = (self.k, self.packed.data_ptr(), _FORMAT[weight.dtype], self.n_padded,
-                      0 if self.scale is None else self.scale.data_ptr(), 0 if self.bias is None else self.bias.data_ptr())
+        # what the kernel reads of this product, as `linear` and a decoder layer table take it
+        self.fields = (self.packed.data_ptr(), code, self.n_padded, 0 if self.scale is None else self.scale.data_ptr(),
+                       0 if self.bias is None else self.bias.data_ptr())
 
     def _padded(self, values: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(self.n_padded)
@@ -229,7 +229,7 @@ class PackedLinear:
             raise TypeError(f"PackedLinear takes float32 rows, not {x.dtype}")
         m = x.shape[0]
         y = torch.empty(m, self.n_padded)
-        _CPU.linear(x.data_ptr(), m, *self._args, y.data_ptr(), torch.get_num_threads(), _ISA_CODE[self.isa])
+        _CPU.linear(x.data_ptr(), m, self.k, *self.fields, y.data_ptr(), torch.get_num_threads(), _ISA_CODE[self.isa])
         return y if self.n_padded == self.n else y[:, : self.n]
 
 

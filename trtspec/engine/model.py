@@ -53,9 +53,9 @@ class Prepared:
     rows' logits are wanted."""
 
     ids: torch.Tensor
-    attend: object
+    attend: object                           # per layer (framework loop), or None
     rows: torch.Tensor
-    segments: torch.Tensor | None = None     # the decoder kernel's segment table (CompactModel.decoder_layers)
+    decoder: tuple | None = None             # (segment table, cos, sin) for kernels.decoder_layers, or None
 
 
 class CompactModel:
@@ -118,7 +118,6 @@ class CompactModel:
         return torch.cat([s.expand(state[n].shape[0]) for s, n in zip(scales, names)])
 
     def _load(self, state: dict[str, torch.Tensor]) -> None:
-        self.weights_fp8 = any(t.dtype == fp8.FP8_DTYPE for t in state.values())
         need = ["model.embed_tokens.weight", "model.norm.weight"]
         missing = [n for n in need if n not in state]
         if missing:
@@ -154,7 +153,7 @@ class CompactModel:
     def _layer_table(self) -> torch.Tensor | None:
         """What trtspec's decoder kernel reads of each layer (kernels.decoder_layers), when it covers this model:
         trtspec's CPU kernels, no per-head norms (Qwen3), and every product's width a whole number of blocks."""
-        if not self.fused or "q_norm" in self.layers[0] or self.config.intermediate_size % 8:
+        if not self.fused or "q_norm" in self.layers[0]:
             return None
         linears = [layer[key] for layer in self.layers for key in kernels.DECODER_LINEARS]
         if not all(isinstance(lin, kernels.PackedLinear) and lin.n == lin.n_padded for lin in linears):
@@ -169,7 +168,7 @@ class CompactModel:
         linears = [lin for layer in self.layers for lin in layer.values() if isinstance(lin, kernels.PackedLinear)]
         formats = {lin.format for lin in linears}
         text = f"packed ({linears[0].isa}), layer weights {'/'.join(sorted(formats))}, head {self.head.format}"
-        if "e4m3" in formats or (self.weights_fp8 and "bfloat16" in formats):
+        if any(lin.scale is not None for lin in linears):
             text += f" (FP8 kept as {kernels.fp8_storage()}: {kernels.fp8_storage_reason()})"
         return text + (", all decoder layers in one kernel call" if self.layer_table is not None else "")
 
@@ -236,16 +235,16 @@ class CompactModel:
                             device=self.device)
         if self.layer_table is not None and not pad:
             table = kernels.segment_table([(off, len(s.ids), s.start, s.kv) for s, off in zip(segments, offsets)])
-            return Prepared(ids, (cos[0].contiguous(), sin[0].contiguous()), rows, table)
+            return Prepared(ids, None, rows, (table, cos[0].contiguous(), sin[0].contiguous()))
         attend = (self._fused_attention if self.fused else self._torch_attention)(segments, offsets, cos[0], sin[0], at + pad)
         return Prepared(ids, attend, rows)
 
     def run(self, p: "Prepared") -> torch.Tensor:
         """The network on a prepared pass: the logits of the wanted rows, [rows, V], on the device."""
         x = F.embedding(p.ids, self.embed)
-        if p.segments is not None:               # every layer in one call of trtspec's kernel, in place on x
-            cos, sin = p.attend
-            kernels.decoder_layers(x, self.layer_table, p.segments, cos, sin, heads=(self.hq, self.hkv, self.head_dim),
+        if p.decoder is not None:                # every layer in one call of trtspec's kernel, in place on x
+            segments, cos, sin = p.decoder
+            kernels.decoder_layers(x, self.layer_table, segments, cos, sin, heads=(self.hq, self.hkv, self.head_dim),
                                    intermediate=self.config.intermediate_size, window=self.window, scale=self.scale,
                                    eps=self.eps, isa=self.layers[0]["qkv"].isa)
             return self._head(self._norm(x[p.rows], self.norm))
