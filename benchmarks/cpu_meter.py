@@ -8,6 +8,15 @@ import os
 import time
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
 def _busy_jiffies() -> int:
     with open("/proc/stat") as f:
         values = [int(v) for v in f.readline().split()[1:]]

@@ -46,7 +46,7 @@ from trtspec.contract import GenerationRequest
 from trtspec.engine.manifest import read_manifest
 from trtspec.engine.runtime import Engine
 
-from cpu_meter import CpuMeter  # benchmarks/cpu_meter.py, beside this script
+from cpu_meter import CpuMeter, cpu_flags  # benchmarks/cpu_meter.py, beside this script
 
 PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
@@ -428,14 +428,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     console = Console()
-    cpu_flags = _cpu_flags()
+    flags = cpu_flags()
     report: dict = {
         "meta": {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:] if argv is None else argv,
             "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
             "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "cpu": _cpu_model(),
-            "cpu_bf16_instructions": sorted(f for f in cpu_flags if "bf16" in f) or None,
-            "avx512": any(f.startswith("avx512") for f in cpu_flags), "loadavg_start": os.getloadavg(),
+            "cpu_bf16_instructions": sorted(f for f in flags if "bf16" in f) or None,
+            "avx512": any(f.startswith("avx512") for f in flags), "loadavg_start": os.getloadavg(),
         }
     }
     scratch = []
@@ -645,16 +645,6 @@ def _print_agreement(console: Console, r: dict) -> None:
 
 
 # ---- machine --------------------------------------------------------------------------------------------------
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
 
 def _cpu_model() -> str:
     try:

@@ -5,14 +5,18 @@ under in-flight batching, on a built pair (the demo pair by default).
 
 Every repetition measures, interleaved, so that the machine's noise hits all of them alike:
   a. bandwidth: a 256 MiB float32 copy (`copy_`, read + written bytes, as STREAM counts) and a read (`sum`);
+     and the CPU product's multiply-adds per second on weights in cache (the roofline's compute side);
   b. the decode step (one row on a cached 106-token sequence) of the compact forward and of the Hugging Face
-     eager forward, for the target and the draft; the bound is the step's weight bytes / copy bandwidth;
+     eager forward, for the target and the draft; the bound is the weight bytes the step reads (as the
+     engine keeps them: FP8 codes are 1 byte) / read bandwidth;
   c. passes of k+1 rows (k = 1..8 draft tokens) on the same cache, in decode steps of the same repetition;
   d. target-only generation of 32 tokens by C = 1, 4, 8 requests at once (the scheduler batches them), in
      process and, with --url, sent at once to a served `tensorrt_llm` model over gRPC;
   e. the draft's decode step as the draft-then-verify loop runs it: right after a target step of two rows (a
      verification at K=1), which leaves the caches holding the target's weights, against back to back.
 Ratios are taken within a repetition, then the median over repetitions is reported.
+$TRTSPEC_CPU_ISA=avx2 measures the AVX2 kernels on an AVX-512 machine; $TRTSPEC_FP8_WEIGHTS=bf16 the FP8 weights
+kept as bfloat16.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from trtspec.contract import GenerationRequest
 from trtspec.engine.model import Segment
 from trtspec.engine.runtime import Engine
 
+from cpu_meter import cpu_flags  # benchmarks/cpu_meter.py, beside this script
+
 CONTEXT = 106
 
 
@@ -49,6 +55,21 @@ def bandwidth(mib: int = 256) -> dict[str, float]:
         reads.append(time.perf_counter() - t)
     nbytes = src.numel() * 4
     return {"copy_gbs": 2 * nbytes / statistics.median(copies) / 1e9, "read_gbs": nbytes / statistics.median(reads) / 1e9}
+
+
+def kernel_fma_rate(rows: int = 12, reps: int = 50) -> float:
+    """Multiply-adds per second of trtspec's CPU product on weights that stay in cache (the demo target's q/k/v
+    shape, FP8 codes), `rows` rows at a time: the compute side of the roofline."""
+    from trtspec.engine import fp8, kernels
+
+    weight, scale = fp8.quantize(torch.randn(960, 576))
+    linear = kernels.PackedLinear(weight, None, scale=scale)
+    x = torch.randn(rows, 576)
+    linear(x)
+    t = time.perf_counter()
+    for _ in range(reps):
+        linear(x)
+    return rows * weight.numel() * reps / (time.perf_counter() - t)
 
 
 def pass_times(model, ids: list[int], ks: list[int], steps: int) -> dict[int, float]:
@@ -145,7 +166,7 @@ def main(argv=None) -> int:
         batched_rate(target, prompts[:8], 8, 4)  # warm-up
         for rep in range(args.reps):
             console.print(f"repetition {rep + 1}/{args.reps}")
-            r = {"bandwidth": bandwidth(), "passes": {}, "rates": {}}
+            r = {"bandwidth": bandwidth(), "passes": {}, "rates": {}, "fma_rate": kernel_fma_rate()}
             for (role, forward), engine in engines.items():
                 r["passes"][f"{role}/{forward}"] = pass_times(engine.model, ids, ks if role == "target" else [0], args.steps)
             if "draft" in roles:
@@ -161,23 +182,36 @@ def main(argv=None) -> int:
     def median(fn):
         return statistics.median(fn(r) for r in reps)
 
-    copy_gbs = median(lambda r: max(r["bandwidth"]["copy_gbs"], r["bandwidth_after"]["copy_gbs"]))
+    def read_gbs(r):  # the best read bandwidth seen around a repetition
+        return max(r["bandwidth"]["read_gbs"], r["bandwidth_after"]["read_gbs"])
+
+    read = median(read_gbs)
+    model = target.model
     report = {"command": "python " + " ".join(sys.argv), "threads": args.threads, "reps": args.reps,
-              "batch_invariant": target.batch_invariant, "linears": target.model.linear_kind,
-              "copy_gbs": copy_gbs, "read_gbs": median(lambda r: r["bandwidth"]["read_gbs"]), "models": {}}
+              "batch_invariant": target.batch_invariant, "linears": getattr(model, "kernel_summary", model.linear_kind),
+              "cpu_flags": sorted(f for f in cpu_flags() if f.startswith("avx")),
+              "copy_gbs": median(lambda r: max(r["bandwidth"]["copy_gbs"], r["bandwidth_after"]["copy_gbs"])),
+              "read_gbs": read, "models": {}}
     for role in roles:
         wb = engines[role, "compact"].model.weight_bytes
         name = f"{role}/compact"
-        # the bound of each repetition: its weight bytes over the best copy bandwidth seen around it
-        ratio = median(lambda r: r["passes"][name][0] / (wb / (max(r["bandwidth"]["copy_gbs"], r["bandwidth_after"]["copy_gbs"]) * 1e9)))
         report["models"][role] = {
             "weight_mb": wb / 1e6,
             "decode_ms": median(lambda r: r["passes"][name][0]) * 1e3,
             "eager_decode_ms": median(lambda r: r["passes"][f"{role}/hf"][0]) * 1e3,
             "eager_over_compact": median(lambda r: r["passes"][f"{role}/hf"][0] / r["passes"][name][0]),
-            "bound_ms": wb / (copy_gbs * 1e9) * 1e3,
-            "decode_over_bound": ratio,
+            "bound_ms": wb / (read * 1e9) * 1e3,
+            # the bound of each repetition: the weight bytes a step reads over the read bandwidth around it
+            "decode_over_bound": median(lambda r: r["passes"][name][0] / (wb / (read_gbs(r) * 1e9))),
+            "tokens_per_s": 1 / median(lambda r: r["passes"][name][0]),
         }
+    # The roofline: rows at which a pass's multiply-adds (rows x weights at the kernel's in-cache rate) take
+    # as long as reading its weights once; below it a pass costs about one decode step.
+    fma = median(lambda r: r["fma_rate"])
+    weights = sum(lin.n_padded * lin.k for layer in model.layers for lin in layer.values() if hasattr(lin, "n_padded"))
+    weights += getattr(model.head, "n_padded", 0) * getattr(model.head, "k", 0)
+    report["roofline"] = {"fma_per_s": fma, "weights": weights,
+                          "rows": fma * report["models"]["target"]["weight_mb"] * 1e6 / weights / (read * 1e9)}
     for forward in ("compact", "hf"):
         name = f"target/{forward}"
         report[f"passes_{forward}"] = {k + 1: median(lambda r: r["passes"][name][k] / r["passes"][name][0]) for k in ks[1:]}
@@ -199,14 +233,18 @@ def main(argv=None) -> int:
 
 
 def _print(console: Console, r: dict) -> None:
-    t = Table(title=f"decode step vs the bandwidth bound (copy {r['copy_gbs']:.1f} GB/s, read {r['read_gbs']:.1f} GB/s; "
-                    f"linears {r['linears']}, batch-invariant {r['batch_invariant']})")
-    for col in ("model", "weights MB", "decode ms", "bound ms", "decode / bound", "HF eager ms", "eager / compact"):
+    t = Table(title=f"decode step vs the bandwidth bound (read {r['read_gbs']:.1f} GB/s, copy {r['copy_gbs']:.1f} GB/s; "
+                    f"{', '.join(r['cpu_flags'])}; linears {r['linears']}; batch-invariant {r['batch_invariant']})")
+    for col in ("model", "weights MB read", "decode ms", "tok/s", "bound ms", "decode / bound", "HF eager ms", "eager / compact"):
         t.add_column(col, justify="right")
     for role, m in r["models"].items():
-        t.add_row(role, f"{m['weight_mb']:.0f}", f"{m['decode_ms']:.1f}", f"{m['bound_ms']:.1f}", f"{m['decode_over_bound']:.2f}x",
-                  f"{m['eager_decode_ms']:.1f}", f"{m['eager_over_compact']:.2f}x")
+        t.add_row(role, f"{m['weight_mb']:.0f}", f"{m['decode_ms']:.2f}", f"{m['tokens_per_s']:.0f}", f"{m['bound_ms']:.2f}",
+                  f"{m['decode_over_bound']:.2f}x", f"{m['eager_decode_ms']:.1f}", f"{m['eager_over_compact']:.2f}x")
     console.print(t)
+    rf = r["roofline"]
+    console.print(f"roofline (target): the kernel's in-cache rate {rf['fma_per_s'] / 1e9:.0f} G multiply-adds/s over "
+                  f"{rf['weights'] / 1e6:.0f} M weights of {r['models']['target']['weight_mb']:.0f} MB: a pass is "
+                  f"memory-bound up to {rf['rows']:.1f} rows")
     t = Table(title="a pass of k+1 rows, in decode steps (target)")
     t.add_column("forward")
     for k in r["passes_compact"]:

@@ -113,39 +113,58 @@ def make_bigram_copy(source: Path, path: Path) -> Path:
     return path
 
 
-def make_numbers_blind_pair(root: Path, *, layers: int = 16, hidden: int = 512, seed: int = 0) -> tuple[Path, Path]:
+def make_numbers_blind_pair(root: Path, *, layers: int = 24, hidden: int = 768, seed: int = 0) -> tuple[Path, Path]:
     """A target and, as its draft, its own first layer: speculation pays on a CPU (the draft costs a fraction of
     the target) and acceptance depends on the text, as with real pairs. Tokens with a digit carry a flag (hidden
-    dimension 0) that only the target's later layers read: elsewhere they add nothing (attention outputs zeroed,
-    MLPs that read the flag alone; computed all the same), so the draft predicts every token after words; after
-    a number both models continue with numbers, the target's choice moved by its later layers, which the draft
-    does not have. A prompt that ends in numbers is one the draft cannot predict."""
+    dimension 0) that only the target's last layer reads: elsewhere the later layers add nothing (attention
+    outputs zeroed, MLPs gated by the flag; computed all the same), so the draft predicts every token after words.
+    After a number both models continue with a number: the draft with the same one again, the target with the
+    number a fixed derangement of the numbers assigns to it (its last MLP maps each number's hidden state to the
+    next number's embedding), so the draft is wrong on every token after a number, whatever the models' size.
+    A prompt that ends in numbers is one the draft cannot predict."""
     import shutil
 
     from safetensors.torch import load_file, save_file
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     target = make_checkpoint(root / "target", layers=layers, hidden=hidden, seed=seed)
     path = target / "model.safetensors"
     state = load_file(str(path))
-    gen = torch.Generator().manual_seed(seed)
     embed = state["model.embed_tokens.weight"]
     tokens = AutoTokenizer.from_pretrained(str(target)).convert_ids_to_tokens(list(range(len(embed))))
-    numbers = torch.tensor([any(c.isdigit() for c in token or "") for token in tokens])
+    numbers = torch.tensor([i for i, token in enumerate(tokens) if any(c.isdigit() for c in token or "")])
     embed[:, 0] = 0.0
     embed[numbers] *= 0.1                        # a number never wins after words (tied embeddings: the LM head)
     embed[numbers, 0] = 50.0                     # far above the rest: after a number, a number comes
+    last = layers - 1
     for name, w in state.items():
-        if name.startswith("model.layers.0.") and name.endswith(("o_proj.weight", "down_proj.weight")):
+        if name.endswith("o_proj.weight"):
+            w.zero_()                            # no layer reads the context: each token's state is its own
+        elif name.startswith("model.layers.0.") and name.endswith("down_proj.weight"):
             w *= 0.01                            # the first layer moves the text along without drowning the flag
             w[0] = 0.0                           # and leaves the flag as the token set it
-        elif ".layers." in name and name.endswith("o_proj.weight"):
+        elif ".layers." in name and name.endswith(("down_proj.weight", "up_proj.weight")):
             w.zero_()
-        elif ".layers." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):
-            w[:, 1:] = 0.0                       # the later MLPs read the flag alone: zero without it
-        elif ".layers." in name and name.endswith("down_proj.weight"):
-            w.copy_(torch.randn(w.shape, generator=gen) * 3e-4)  # enough to move which number
-            w[0] = 0.0
+        elif ".layers." in name and name.endswith("gate_proj.weight"):
+            w.zero_()
+            w[:, 0] = 4.0 / hidden ** 0.5        # the flag, normalized (about sqrt(hidden)), opens the gate; 0 shuts it
+    # the last MLP: up passes dimensions 1.. through, down maps each number's state after the first layer (what
+    # the last layer sees: the layers between add nothing) to the embedding of the number that follows it, never
+    # the one the draft predicts there
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(target)), dtype=torch.float32)
+    model.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        h = model(numbers[:, None], output_hidden_states=True).hidden_states[1][:, 0]  # after layer 0
+        drafted = model.lm_head(model.model.norm(h)).argmax(-1)
+        order, follower = numbers.tolist(), []
+        for i, d in enumerate(drafted.tolist()):  # the next number in the list that is not the draft's guess
+            follower.append(next(m for m in order[i + 1:] + order[:i] if m != d))
+        x = model.model.layers[last].post_attention_layernorm(h)
+        g = torch.nn.functional.silu(x[:, :1] * 4.0 / hidden ** 0.5)
+        wanted = embed[torch.tensor(follower), 1:] - h[:, 1:]
+        state[f"model.layers.{last}.mlp.up_proj.weight"][1:hidden, 1:] = torch.eye(hidden - 1)
+        solution = torch.linalg.lstsq((g * x[:, 1:]).double(), wanted.double(), driver="gelsd").solution
+        state[f"model.layers.{last}.mlp.down_proj.weight"][1:, 1:hidden] = solution.T.float()
     save_file(state, str(path), metadata={"format": "pt"})
     draft = root / "draft"
     shutil.copytree(target, draft)

@@ -1,8 +1,10 @@
-/* The embedded engine's CPU kernels (x86-64, AVX2 + FMA), float32 activations:
- *   linear     y[M, N] = x[M, K] W^T (+ bias), weights float32 or bfloat16, streamed once per call whatever M is;
+/* The embedded engine's CPU kernels (x86-64, AVX-512 or AVX2 + FMA + F16C), float32 activations:
+ *   linear     y[M, N] = x[M, K] W^T * scale (+ bias), weights float32, bfloat16 or FP8 E4M3 codes, streamed
+ *              once per call for up to 12 (AVX-512) or 6 (AVX2) rows;
  *   rms_norm   y = w * (x / rms(x)), after adding a residual into x when one is given;
  *   attention  rotary embedding of the new rows' queries and keys, their keys and values written into the
- *              sequence's KV cache, and causal (optionally sliding-window) attention over it.
+ *              sequence's KV cache, and causal (optionally sliding-window) attention over it;
+ *   decoder    every decoder layer of a Llama-style model (the above, and silu(gate) * up) in one parallel region.
  *
  * Why kernels of its own: a decode step is a few hundred small products whose cost is reading their weights,
  * and the library products read them at half the memory bandwidth (oneDNN's prepacked float32 product
@@ -13,14 +15,14 @@
  * in the same order whatever the number of rows, the row's place among them, the other sequences in the pass
  * or the thread that computes it: a linear's output is one multiply-add chain over k = 0..K-1 in order; an
  * attention row sums over its keys in position order. Batch invariance holds by construction, not by a
- * library's habits.
+ * library's habits; the AVX-512 and AVX2 paths compute the same chains and give the same bits.
  *
  * Linear layout: W is packed once (trtspec/engine/kernels.py) as [N/16][K][16]: each block of 16 outputs is
- * one contiguous stream, and the blocks are split between threads in order, so each thread reads one
- * sequential stream. Rows are taken up to 6 at a time (6 x 16 accumulators fill 12 of AVX2's 16 registers);
- * a block is read from memory by its first group of rows and from cache by the others.
+ * one contiguous stream, and the blocks are split between threads in order, each thread one range of them.
+ * A tile of rows x blocks (the tile shapes below) reads its blocks from memory with its first rows and from
+ * cache for the others.
  *
- * Built by setup.py as an optional extension; where it is missing or the CPU lacks AVX2/FMA the engine uses
+ * Built by setup.py as an optional extension; where it is missing or the CPU lacks AVX2/FMA/F16C the engine uses
  * PyTorch's operations instead (kernels.py). */
 
 #define PY_SSIZE_T_CLEAN
@@ -30,6 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Weight formats of a packed linear (kernels.PackedLinear), and the instruction sets a product can use */
+enum { W_F32 = 0, W_BF16 = 1, W_E4M3 = 2 };
+enum { ISA_AVX2 = 0, ISA_AVX512 = 1 };
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_KERNEL 1
 #include <immintrin.h>
@@ -38,78 +44,216 @@
 #endif
 
 #define BLOCK 16
-#define MAX_ROWS 6
-#define TARGET __attribute__((target("avx2,fma")))
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
 #define INLINE inline __attribute__((always_inline))
 
-TARGET static INLINE void load16(const void *w, int bf16, ptrdiff_t at, __m256 *lo, __m256 *hi) {
-    if (bf16) {
+static const int ELEM[3] = {4, 2, 1};
+
+/* FP8 E4M3 codes as IEEE half floats, 16 at a time: each code sign-extended to 16 bits and shifted up by 7
+ * puts its exponent and mantissa (bits 0-6) at fp16 bits 7-13 and its sign at bit 15; bit 14, a copy of the
+ * sign, is cleared. An E4M3 exponent e (bias 7) read with fp16's bias 15 gives code value * 2^-8,
+ * subnormals included; F16C widens that to float32 exactly (ignoring the denormals-are-zero mode), and the
+ * product's epilogue multiplies by 2^8, which is exact. The NaN codes (0x7F, 0xFF) read as +-480: the
+ * quantizer never writes them (it clamps to 448). */
+TARGET static INLINE __m256i e4m3_as_fp16(__m128i codes) {
+    return _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7), _mm256_set1_epi16((short)0xBFFF));
+}
+
+/* The 16 weights of one block at one k, widened to float32 exactly: two AVX2 vectors or one AVX-512 vector */
+TARGET static INLINE void load16(const char *w, int fmt, __m256 *lo, __m256 *hi) {
+    if (fmt == W_E4M3) {
+        __m256i h = e4m3_as_fp16(_mm_loadu_si128((const __m128i *)w));
+        *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    } else if (fmt == W_BF16) {
         /* a bfloat16 is the top half of a float32: widen and shift, exactly */
-        __m256i raw = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + at));
+        __m256i raw = _mm256_loadu_si256((const __m256i *)w);
         *lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
         *hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
     } else {
-        *lo = _mm256_loadu_ps((const float *)w + at);
-        *hi = _mm256_loadu_ps((const float *)w + at + 8);
+        *lo = _mm256_loadu_ps((const float *)w);
+        *hi = _mm256_loadu_ps((const float *)w + 8);
     }
 }
 
-/* `rows` (1..MAX_ROWS) rows of x against one packed block; a constant after inlining, so the accumulators
- * stay in registers */
-TARGET static INLINE void rows_block(const float *x, ptrdiff_t ldx, int rows, int K, const void *wb, int bf16,
-                                     float *y, ptrdiff_t ldy, const float *scale, const float *bias, const char *ahead) {
-    __m256 acc[MAX_ROWS][2];
-    ptrdiff_t step = bf16 ? 2 * BLOCK : 4 * BLOCK;   /* bytes of the block per k */
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+TARGET512 static INLINE __m512 load16_512(const char *w, int fmt) {
+    if (fmt == W_E4M3) return _mm512_cvtph_ps(e4m3_as_fp16(_mm_loadu_si128((const __m128i *)w)));
+    if (fmt == W_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)w)), 16));
+    return _mm512_loadu_ps((const float *)w);
+}
+
+/* The epilogue every path shares, on one output's chain `acc`: E4M3 codes were read as value * 2^-8 (exact
+ * to undo), then the scale, then the bias. The same operations in the same order on every path. */
+#define EPILOGUE(SUFFIX, acc, s, b, fmt, scale, bias)                                        \
+    do {                                                                                     \
+        if (fmt == W_E4M3) acc = _mm##SUFFIX##_mul_ps(acc, _mm##SUFFIX##_set1_ps(256.0f));  \
+        if (scale) acc = _mm##SUFFIX##_mul_ps(acc, s);                                      \
+        if (bias) acc = _mm##SUFFIX##_add_ps(acc, b);                                       \
+    } while (0)
+
+/* A tile: R rows of x against G consecutive packed blocks (16 outputs each, `stride` bytes apart), every output
+ * one multiply-add chain over k = 0..K-1 in order, whatever R and G are: the tile shape only decides how
+ * many independent chains are in flight (a single chain waits on its multiply-add's latency every k) and
+ * how often a block is read. R and G are constants after inlining, so the accumulators stay in registers.
+ * `ahead`: where to prefetch the blocks the next tile of this thread reads, when rows come in several tiles. */
+TARGET static INLINE void tile_avx2(const float *x, ptrdiff_t ldx, int R, int G, int K, const char *w, ptrdiff_t stride,
+                                    int fmt, float *y, ptrdiff_t ldy, const float *scale, const float *bias, const char *ahead) {
+    __m256 acc[6][3][2];                              /* R * G * 2 <= 12 of AVX2's 16 registers */
+    ptrdiff_t step = BLOCK * ELEM[fmt];
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++) acc[r][g][0] = acc[r][g][1] = _mm256_setzero_ps();
     for (int k = 0; k < K; k++) {
-        __m256 w0, w1;
-        if (ahead) _mm_prefetch(ahead + k * step, _MM_HINT_T1);
-        load16(wb, bf16, (ptrdiff_t)k * BLOCK, &w0, &w1);
-        for (int r = 0; r < rows; r++) {
+        __m256 w0[3], w1[3];
+        for (int g = 0; g < G; g++) {
+            if (ahead) _mm_prefetch(ahead + g * stride + k * step, _MM_HINT_T1);
+            load16(w + g * stride + k * step, fmt, &w0[g], &w1[g]);
+        }
+        for (int r = 0; r < R; r++) {
             __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
-            acc[r][0] = _mm256_fmadd_ps(w0, xv, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(w1, xv, acc[r][1]);
+            for (int g = 0; g < G; g++) {
+                acc[r][g][0] = _mm256_fmadd_ps(w0[g], xv, acc[r][g][0]);
+                acc[r][g][1] = _mm256_fmadd_ps(w1[g], xv, acc[r][g][1]);
+            }
         }
     }
-    __m256 s0 = scale ? _mm256_loadu_ps(scale) : _mm256_set1_ps(1.0f), s1 = scale ? _mm256_loadu_ps(scale + 8) : s0;
-    __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps(), b1 = bias ? _mm256_loadu_ps(bias + 8) : b0;
-    for (int r = 0; r < rows; r++) {
-        __m256 a0 = acc[r][0], a1 = acc[r][1];
-        if (scale) { a0 = _mm256_mul_ps(a0, s0); a1 = _mm256_mul_ps(a1, s1); }
-        if (bias) { a0 = _mm256_add_ps(a0, b0); a1 = _mm256_add_ps(a1, b1); }
-        _mm256_storeu_ps(y + r * ldy, a0);
-        _mm256_storeu_ps(y + r * ldy + 8, a1);
-    }
-}
-
-TARGET static void one_block(const float *x, ptrdiff_t M, int K, const void *wb, int bf16, float *y, ptrdiff_t N,
-                             const float *scale, const float *bias) {
-    /* With more rows than one group, every group also fetches the next block into L2 (a block ahead in this
-     * thread's stream), so that the weights keep streaming from memory while the later groups compute from
-     * cache instead of after them. Past the last block the address is merely not fetched: a prefetch never
-     * faults. */
-    const char *ahead = M > MAX_ROWS ? (const char *)wb + (ptrdiff_t)K * BLOCK * (bf16 ? 2 : 4) : NULL;
-    for (ptrdiff_t m = 0; m < M; m += MAX_ROWS) {
-        const float *xm = x + m * K;
-        float *ym = y + m * N;
-        switch (M - m >= MAX_ROWS ? MAX_ROWS : (int)(M - m)) {
-        case 6: rows_block(xm, K, 6, K, wb, bf16, ym, N, scale, bias, ahead); break;
-        case 5: rows_block(xm, K, 5, K, wb, bf16, ym, N, scale, bias, ahead); break;
-        case 4: rows_block(xm, K, 4, K, wb, bf16, ym, N, scale, bias, ahead); break;
-        case 3: rows_block(xm, K, 3, K, wb, bf16, ym, N, scale, bias, ahead); break;
-        case 2: rows_block(xm, K, 2, K, wb, bf16, ym, N, scale, bias, ahead); break;
-        default: rows_block(xm, K, 1, K, wb, bf16, ym, N, scale, bias, ahead); break;
+    for (int g = 0; g < G; g++) {
+        const float *sg = scale ? scale + g * BLOCK : NULL, *bg = bias ? bias + g * BLOCK : NULL;
+        __m256 s0 = sg ? _mm256_loadu_ps(sg) : _mm256_setzero_ps(), s1 = sg ? _mm256_loadu_ps(sg + 8) : s0;
+        __m256 b0 = bg ? _mm256_loadu_ps(bg) : _mm256_setzero_ps(), b1 = bg ? _mm256_loadu_ps(bg + 8) : b0;
+        for (int r = 0; r < R; r++) {
+            __m256 a0 = acc[r][g][0], a1 = acc[r][g][1];
+            EPILOGUE(256, a0, s0, b0, fmt, sg, bg);
+            EPILOGUE(256, a1, s1, b1, fmt, sg, bg);
+            _mm256_storeu_ps(y + r * ldy + g * BLOCK, a0);
+            _mm256_storeu_ps(y + r * ldy + g * BLOCK + 8, a1);
         }
     }
 }
 
-static void linear(const float *x, ptrdiff_t M, int K, const void *w, int bf16, ptrdiff_t N, const float *bias,
-                   float *y, int threads) {
-    ptrdiff_t blocks = N / BLOCK, elem = bf16 ? 2 : 4;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (ptrdiff_t b = 0; b < blocks; b++)
-        one_block(x, M, K, (const char *)w + b * (ptrdiff_t)K * BLOCK * elem, bf16, y + b * BLOCK, N, NULL,
-                  bias ? bias + b * BLOCK : NULL);
+TARGET512 static INLINE void tile_avx512(const float *x, ptrdiff_t ldx, int R, int G, int K, const char *w, ptrdiff_t stride,
+                                         int fmt, float *y, ptrdiff_t ldy, const float *scale, const float *bias, const char *ahead) {
+    __m512 acc[24];                                   /* R * G <= 24 of AVX-512's 32 registers */
+    ptrdiff_t step = BLOCK * ELEM[fmt];
+    for (int i = 0; i < R * G; i++) acc[i] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 wv[8];
+        for (int g = 0; g < G; g++) {
+            if (ahead) _mm_prefetch(ahead + g * stride + k * step, _MM_HINT_T1);
+            wv[g] = load16_512(w + g * stride + k * step, fmt);
+        }
+        for (int r = 0; r < R; r++) {
+            __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
+            for (int g = 0; g < G; g++) acc[r * G + g] = _mm512_fmadd_ps(wv[g], xv, acc[r * G + g]);
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float *sg = scale ? scale + g * BLOCK : NULL, *bg = bias ? bias + g * BLOCK : NULL;
+        __m512 s = sg ? _mm512_loadu_ps(sg) : _mm512_setzero_ps(), b = bg ? _mm512_loadu_ps(bg) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            __m512 a = acc[r * G + g];
+            EPILOGUE(512, a, s, b, fmt, sg, bg);
+            _mm512_storeu_ps(y + r * ldy + g * BLOCK, a);
+        }
+    }
+}
+
+/* The tile shapes, chosen by the number of rows: a single row needs several blocks at once to keep enough
+ * multiply-adds in flight (one chain waits 4 cycles a step; on a 2-core AVX-512 machine one row over FP8
+ * codes streamed 20 GB/s two blocks at a time and 30 GB/s eight at a time); more rows bring their own
+ * chains, and as many rows as the registers hold make one tile, so that a pass of up to 6 (AVX2) or 12
+ * (AVX-512) rows reads each weight once. */
+#define ROWS_AVX2(M) ((M) == 1 ? 1 : (M) < 6 ? (int)(M) : 6)
+#define GROUP_AVX2(M) ((M) == 1 ? 3 : (M) <= 3 ? 2 : 1)
+#define ROWS_AVX512(M) ((M) < 12 ? (int)(M) : 12)
+#define GROUP_AVX512(M) ((M) <= 3 ? 8 : (M) <= 6 ? 4 : 2)
+
+#define CASE_R(ISA, R, G) case R: tile_##ISA(xm, K, R, G, K, wb, stride, fmt, ym, N, sb, bb, ahead); break
+#define TILE_SWITCH_3(ISA, G)                                                                            \
+    switch (rows) { CASE_R(ISA, 1, G); CASE_R(ISA, 2, G);                                               \
+                    default: tile_##ISA(xm, K, 3, G, K, wb, stride, fmt, ym, N, sb, bb, ahead); }
+#define TILE_SWITCH_6(ISA, G)                                                                            \
+    switch (rows) { CASE_R(ISA, 1, G); CASE_R(ISA, 2, G); CASE_R(ISA, 3, G); CASE_R(ISA, 4, G);         \
+                    CASE_R(ISA, 5, G); default: tile_##ISA(xm, K, 6, G, K, wb, stride, fmt, ym, N, sb, bb, ahead); }
+#define TILE_SWITCH_12(ISA, G)                                                                           \
+    switch (rows) { CASE_R(ISA, 1, G); CASE_R(ISA, 2, G); CASE_R(ISA, 3, G); CASE_R(ISA, 4, G);         \
+                    CASE_R(ISA, 5, G); CASE_R(ISA, 6, G); CASE_R(ISA, 7, G); CASE_R(ISA, 8, G);         \
+                    CASE_R(ISA, 9, G); CASE_R(ISA, 10, G); CASE_R(ISA, 11, G);                          \
+                    default: tile_##ISA(xm, K, 12, G, K, wb, stride, fmt, ym, N, sb, bb, ahead); }
+
+/* Blocks b0..b1-1 (one thread's share) against all M rows, g blocks at a time, every group of rows in turn.
+ * With more rows than one tile, every tile also fetches the next group's blocks into L2, so that the weights
+ * keep streaming from memory while the later tiles compute from cache. Past the last block the address is
+ * merely not fetched: a prefetch never faults. */
+TARGET static void blocks_avx2(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N, const float *scale,
+                               const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1) {
+    ptrdiff_t stride = (ptrdiff_t)K * BLOCK * ELEM[fmt];
+    int group = GROUP_AVX2(M), per_tile = ROWS_AVX2(M);
+    for (ptrdiff_t b = b0; b < b1; b += group) {
+        int g = b1 - b < group ? (int)(b1 - b) : group;
+        const char *wb = w + b * stride, *ahead = M > per_tile ? wb + g * stride : NULL;
+        const float *sb = scale ? scale + b * BLOCK : NULL, *bb = bias ? bias + b * BLOCK : NULL;
+        for (ptrdiff_t m = 0; m < M; m += per_tile) {
+            const float *xm = x + m * K;
+            float *ym = y + m * N + b * BLOCK;
+            int rows = M - m < per_tile ? (int)(M - m) : per_tile;
+            switch (g) {                        /* rows * g * 2 <= 12 accumulators */
+            case 3: tile_avx2(xm, K, 1, 3, K, wb, stride, fmt, ym, N, sb, bb, ahead); break;   /* M == 1 */
+            case 2: TILE_SWITCH_3(avx2, 2) break;
+            default: TILE_SWITCH_6(avx2, 1) break;
+            }
+        }
+    }
+}
+
+TARGET512 static void blocks_avx512(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N,
+                                    const float *scale, const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1) {
+    ptrdiff_t stride = (ptrdiff_t)K * BLOCK * ELEM[fmt];
+    int group = GROUP_AVX512(M), per_tile = ROWS_AVX512(M);
+    for (ptrdiff_t b = b0; b < b1; b += group) {
+        int g = b1 - b < group ? (int)(b1 - b) : group;
+        const char *wb = w + b * stride, *ahead = M > per_tile ? wb + g * stride : NULL;
+        const float *sb = scale ? scale + b * BLOCK : NULL, *bb = bias ? bias + b * BLOCK : NULL;
+        for (ptrdiff_t m = 0; m < M; m += per_tile) {
+            const float *xm = x + m * K;
+            float *ym = y + m * N + b * BLOCK;
+            int rows = M - m < per_tile ? (int)(M - m) : per_tile;
+            switch (g) {                        /* rows * g <= 24 accumulators */
+            case 8: TILE_SWITCH_3(avx512, 8) break;
+            case 7: TILE_SWITCH_3(avx512, 7) break;
+            case 6: TILE_SWITCH_3(avx512, 6) break;
+            case 5: TILE_SWITCH_3(avx512, 5) break;
+            case 4: TILE_SWITCH_6(avx512, 4) break;
+            case 3: TILE_SWITCH_6(avx512, 3) break;
+            case 2: TILE_SWITCH_12(avx512, 2) break;
+            default: TILE_SWITCH_12(avx512, 1) break;
+            }
+        }
+    }
+}
+
+/* This thread's share of y[M, N] = x[M, K] W^T * scale + bias, where `lin` is (packed W, format, N, scale, bias)
+ * (addresses as integers, 0 for none). The blocks are split between the threads of the enclosing parallel region
+ * (all of them when there is none) in order, each thread one contiguous range and so one sequential stream
+ * (or `group` of them). */
+static void linear_part(const float *x, ptrdiff_t M, int K, const int64_t *lin, float *y, int isa) {
+    ptrdiff_t N = (ptrdiff_t)lin[2], blocks = N / BLOCK;
+    int t = 0, nt = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    nt = omp_get_num_threads();
+#endif
+    ptrdiff_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    const char *w = (const char *)(intptr_t)lin[0];
+    const float *scale = (const float *)(intptr_t)lin[3], *bias = (const float *)(intptr_t)lin[4];
+    if (isa == ISA_AVX512) blocks_avx512(x, M, K, w, (int)lin[1], N, scale, bias, y, b0, b1);
+    else blocks_avx2(x, M, K, w, (int)lin[1], N, scale, bias, y, b0, b1);
+}
+
+static void linear(const float *x, ptrdiff_t M, int K, const int64_t *lin, float *y, int threads, int isa) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    linear_part(x, M, K, lin, y, isa);
 }
 
 /* sum of a[i] * b[i], i < n (a multiple of 8), in a fixed order: eight lanes, then the lanes pairwise */
@@ -123,9 +267,11 @@ TARGET static INLINE float dot(const float *a, const float *b, int n) {
 }
 
 /* Each row: x += residual (when given), then y = w * (x * 1 / sqrt(mean(x^2) + eps)), as transformers'
- * LlamaRMSNorm computes it in float32. K a multiple of 8. */
+ * LlamaRMSNorm computes it in float32. K a multiple of 8. Rows are split between the threads of the enclosing
+ * parallel region, if any. */
 TARGET static void rms_norm(float *x, const float *residual, ptrdiff_t M, int K, const float *w, float eps,
                             float *y) {
+#pragma omp for schedule(static)
     for (ptrdiff_t m = 0; m < M; m++) {
         float *xr = x + m * K, *yr = y + m * K;
         if (residual)
@@ -236,43 +382,126 @@ TARGET static void attend_one(const float *q, const float *keys, const float *va
  * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values),
  * holding positions 0..start-1; window: keys a row may see are those within `window` positions of it
  * (0: all earlier ones). Writes the rotated keys and the values into the cache, then out[r*ldo + h*d ..]. */
+TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
+                                  ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
+                                  float *cache, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale, float *out,
+                                  ptrdiff_t ldo, float *scores) {
+    float *keys = cache, *values = cache + (ptrdiff_t)hkv * cap * d, *qr = scores + start + n + 8;
+#pragma omp for schedule(static)
+    for (ptrdiff_t t = 0; t < n * hkv; t++) {
+        ptrdiff_t r = t / hkv, at = ((t % hkv) * cap + start + r) * d;
+        rope(k + r * ldk + (t % hkv) * d, cos + r * d, sin + r * d, d, keys + at);
+        memcpy(values + at, v + r * ldv + (t % hkv) * d, sizeof(float) * d);
+    }
+    int groups = hq / hkv;
+#pragma omp for schedule(static)
+    for (ptrdiff_t t = 0; t < n * hq; t++) {
+        ptrdiff_t r = t / hq, pos = start + r;
+        int h = (int)(t % hq), kh = h / groups;
+        ptrdiff_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        rope(q + r * ldq + h * d, cos + r * d, sin + r * d, d, qr);
+        attend_one(qr, keys + (ptrdiff_t)kh * cap * d, values + (ptrdiff_t)kh * cap * d, lo, pos, d, scale, scores,
+                   out + r * ldo + (ptrdiff_t)h * d);
+    }
+}
+
+/* The new rows of one sequence, at positions start..start+n-1, on one layer.
+ * q, k, v: row r's heads at q + r*ldq (hq heads of d), k + r*ldk, v + r*ldv (hkv heads each);
+ * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values),
+ * holding positions 0..start-1; window: keys a row may see are those within `window` positions of it
+ * (0: all earlier ones). Writes the rotated keys and the values into the cache, then out[r*ldo + h*d ..]. */
 TARGET static void attention(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                              ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
                              float *cache, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale, float *out,
                              ptrdiff_t ldo, int threads) {
-    float *keys = cache, *values = cache + (ptrdiff_t)hkv * cap * d;
-    for (ptrdiff_t r = 0; r < n; r++)
-        for (int h = 0; h < hkv; h++) {
-            ptrdiff_t at = ((ptrdiff_t)h * cap + start + r) * d;
-            rope(k + r * ldk + h * d, cos + r * d, sin + r * d, d, keys + at);
-            memcpy(values + at, v + r * ldv + h * d, sizeof(float) * d);
-        }
-    int groups = hq / hkv;
-    ptrdiff_t tasks = n * hq, longest = start + n;
-#pragma omp parallel num_threads(threads) if (threads > 1 && tasks > 1)
+#pragma omp parallel num_threads(threads) if (threads > 1 && n * hq > 1)
     {
-        float *scores = malloc(sizeof(float) * (longest + 8 + d));
-        float *qr = scores + longest + 8;
-#pragma omp for schedule(static)
-        for (ptrdiff_t t = 0; t < tasks; t++) {
-            ptrdiff_t r = t / hq, pos = start + r;
-            int h = (int)(t % hq), kh = h / groups;
-            ptrdiff_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-            rope(q + r * ldq + h * d, cos + r * d, sin + r * d, d, qr);
-            attend_one(qr, keys + (ptrdiff_t)kh * cap * d, values + (ptrdiff_t)kh * cap * d, lo, pos, d, scale, scores,
-                       out + r * ldo + (ptrdiff_t)h * d);
-        }
+        float *scores = malloc(sizeof(float) * (start + n + 8 + d));
+        attention_part(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, cap, start, window, scale, out, ldo, scores);
         free(scores);
     }
 }
+
+/* silu(g) * u for the rows of gu = [gate | up] (I each, I a multiple of 8) into act [rows][I]: silu(g) = g *
+ * sigmoid(g), with e^-|g| from exp_neg, so each element is the same few operations wherever it is computed */
+TARGET static void silu_mul(const float *gu, ptrdiff_t rows, int I, float *act) {
+    ptrdiff_t vectors = rows * (I / 8);
+#pragma omp for schedule(static)
+    for (ptrdiff_t t = 0; t < vectors; t++) {
+        ptrdiff_t r = t / (I / 8), i = (t % (I / 8)) * 8;
+        __m256 g = _mm256_loadu_ps(gu + r * 2 * I + i), u = _mm256_loadu_ps(gu + r * 2 * I + I + i);
+        __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+        __m256 e = exp_neg(_mm256_min_ps(g, _mm256_sub_ps(_mm256_setzero_ps(), g)));   /* e^-|g| */
+        __m256 one = _mm256_set1_ps(1.0f);
+        /* sigmoid(g) = 1 / (1 + e^-g) for g >= 0, e^g / (1 + e^g) for g < 0 */
+        __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(act + r * I + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), u));
+    }
+}
+
+/* A decoder layer's table (int64 each): input norm, post-attention norm, then qkv, o, gate_up and down as
+ * linear_part's (packed, format, N, scale, bias). A segment's: first row, rows, start position, its cache's
+ * first layer [2][hkv][cap][d], floats from one layer's cache to the next, cap. */
+#define LAYER_FIELDS 22
+#define SEGMENT_FIELDS 6
+
+/* Every decoder layer of a Llama-style model over the rows x [T][H] (the embeddings; left holding the last
+ * residual stream), in one parallel region: the same kernels in the same order as the framework's loop over
+ * them, with barriers in place of returns. */
+TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, int L, const int64_t *segs, int S,
+                           const float *cos, const float *sin, int hq, int hkv, int d, int I, ptrdiff_t window,
+                           float scale, float eps, int threads, int isa) {
+    ptrdiff_t nqkv = (ptrdiff_t)(hq + 2 * hkv) * d, na = (ptrdiff_t)hq * d, longest = 0;
+    for (int s = 0; s < S; s++) {
+        const int64_t *sg = segs + s * SEGMENT_FIELDS;
+        if (sg[2] + sg[1] > longest) longest = sg[2] + sg[1];
+    }
+    float *h = malloc(sizeof(float) * T * (2 * H + nqkv + na + 3 * (ptrdiff_t)I + H));
+    float *qkv = h + T * H, *att = qkv + T * nqkv, *o = att + T * na, *gu = o + T * H, *act = gu + T * 2 * I,
+          *mlp = act + T * I;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        float *scores = malloc(sizeof(float) * (longest + 8 + d));
+        rms_norm(x, NULL, T, H, (const float *)(intptr_t)layers[0], eps, h);
+        for (int i = 0; i < L; i++) {
+            const int64_t *ly = layers + (ptrdiff_t)i * LAYER_FIELDS;
+            linear_part(h, T, H, ly + 2, qkv, isa);
+#pragma omp barrier
+            for (int s = 0; s < S; s++) {
+                const int64_t *sg = segs + s * SEGMENT_FIELDS;
+                ptrdiff_t off = sg[0];
+                const float *row = qkv + off * nqkv;
+                attention_part(row, nqkv, row + na, nqkv, row + na + (ptrdiff_t)hkv * d, nqkv, sg[1], hq, hkv, d,
+                               cos + off * d, sin + off * d, (float *)(intptr_t)sg[3] + i * sg[4], sg[5], sg[2],
+                               window, scale, att + off * na, na, scores);
+            }
+            linear_part(att, T, (int)na, ly + 7, o, isa);
+#pragma omp barrier
+            rms_norm(x, o, T, H, (const float *)(intptr_t)ly[1], eps, h);
+            linear_part(h, T, H, ly + 12, gu, isa);
+#pragma omp barrier
+            silu_mul(gu, T, I, act);
+            linear_part(act, T, I, ly + 17, mlp, isa);
+#pragma omp barrier
+            if (i + 1 < L) rms_norm(x, mlp, T, H, (const float *)(intptr_t)layers[(ptrdiff_t)(i + 1) * LAYER_FIELDS], eps, h);
+        }
+#pragma omp for schedule(static)
+        for (ptrdiff_t j = 0; j < T * H; j++) x[j] += mlp[j];
+        free(scores);
+    }
+    free(h);
+}
 #endif
 
-static PyObject *py_available(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
+/* The instruction sets a linear can use on this CPU, the widest last: "avx2" wherever the kernels run (AVX2, FMA
+ * and F16C), "avx512" too where the CPU has AVX-512F; none where the kernels do not run */
+static PyObject *py_isas(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
 #ifdef HAVE_KERNEL
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) Py_RETURN_TRUE;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return __builtin_cpu_supports("avx512f") ? Py_BuildValue("(ss)", "avx2", "avx512") : Py_BuildValue("(s)", "avx2");
 #endif
-    Py_RETURN_FALSE;
+    return PyTuple_New(0);
 }
 
 /* The arguments as `spec` says: 'i' an integer (an address, a size; 0 for no tensor), 'f' a float. */
@@ -301,15 +530,31 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, const char *spec, Py_s
 #endif
 #define F(i) ((float *)v[i])
 
-/* linear(x, M, K, w, bf16, N, bias, y, threads): x [M, K] and y [M, N] contiguous, w packed [N/16][K][16] */
+/* linear(x, M, K, w, fmt, N, scale, bias, y, threads, isa): x [M, K] and y [M, N] contiguous float32, w packed
+ * [N/16][K][16] in format fmt (0 float32, 1 bfloat16, 2 FP8 E4M3 codes), scale and bias N floats or 0 */
 static PyObject *py_linear(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t v[9];
-    if (parse(args, nargs, "iiiiiiiii", v, NULL)) return NULL;
-    if (v[5] % 16 || v[1] < 0 || v[2] <= 0) {
-        PyErr_SetString(PyExc_ValueError, "linear: N must be a multiple of 16, M >= 0, K > 0");
+    Py_ssize_t v[11];
+    if (parse(args, nargs, "iiiiiiiiiii", v, NULL)) return NULL;
+    if (v[5] % 16 || v[1] < 0 || v[2] <= 0 || v[4] < W_F32 || v[4] > W_E4M3 || v[10] < ISA_AVX2 || v[10] > ISA_AVX512) {
+        PyErr_SetString(PyExc_ValueError, "linear: N must be a multiple of 16, M >= 0, K > 0, fmt 0-2, isa 0-1");
         return NULL;
     }
-    CALL(linear(F(0), v[1], (int)v[2], (const void *)v[3], (int)v[4], v[5], F(6), F(7), (int)v[8]));
+    int64_t lin[5] = {v[3], v[4], v[5], v[6], v[7]};
+    CALL(linear(F(0), v[1], (int)v[2], lin, F(8), (int)v[9], (int)v[10]));
+}
+
+/* decoder(x, T, H, layers, L, segments, S, cos, sin, hq, hkv, d, I, window, scale, eps, threads, isa): tables as
+ * `decoder` reads them (int64), every N a multiple of 16, H, d and I multiples of 8 */
+static PyObject *py_decoder(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t v[18];
+    double f[18];
+    if (parse(args, nargs, "iiiiiiiiiiiiiiffii", v, f)) return NULL;
+    if (v[2] % 8 || v[11] % 8 || v[12] % 8 || v[10] <= 0 || v[9] % v[10] || v[17] < ISA_AVX2 || v[17] > ISA_AVX512) {
+        PyErr_SetString(PyExc_ValueError, "decoder: H, d and I must be multiples of 8, hq of hkv, isa 0-1");
+        return NULL;
+    }
+    CALL(decoder(F(0), v[1], (int)v[2], (const int64_t *)v[3], (int)v[4], (const int64_t *)v[5], (int)v[6], F(7), F(8),
+                 (int)v[9], (int)v[10], (int)v[11], (int)v[12], v[13], (float)f[14], (float)f[15], (int)v[16], (int)v[17]));
 }
 
 /* rms_norm(x, residual, M, K, w, eps, y): rows of K (a multiple of 8), contiguous */
@@ -338,8 +583,9 @@ static PyObject *py_attention(PyObject *Py_UNUSED(self), PyObject *const *args, 
 }
 
 static PyMethodDef methods[] = {
-    {"available", py_available, METH_NOARGS, "Whether this CPU runs the kernels (AVX2 and FMA)."},
-    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, "y = x W^T (+ bias) on packed W."},
+    {"isas", py_isas, METH_NOARGS, "The instruction sets a linear can use here: avx2, avx512."},
+    {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, "y = x W^T * scale (+ bias) on packed W."},
+    {"decoder", (PyCFunction)(void (*)(void))py_decoder, METH_FASTCALL, "every decoder layer in one call."},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, "x += residual; y = w * x / rms(x)."},
     {"attention", (PyCFunction)(void (*)(void))py_attention, METH_FASTCALL, "rope, KV write, causal attention."},
     {NULL, NULL, 0, NULL},

@@ -3,10 +3,13 @@
 Batch invariance is what makes greedy speculative output equal target-only output by construction: the
 target's logits for a position must be bitwise the same whether that position is decoded alone, verified
 with draft tokens after it, or computed in one pass with other requests' sequences. The products used here:
-- `PackedLinear` (CPU, the default): trtspec's own kernel (`_cpu_kernels.c`, AVX2 + FMA, built at install), on
-  weights packed once as [N/16][K][16] in float32 or bfloat16, with float32 activations. Each output is one
-  multiply-add chain over K in order, whatever the number of rows, so rows are batch-invariant by
-  construction; and it streams the weights at close to the machine's read bandwidth, which a decode step's
+- `PackedLinear` (CPU, the default): trtspec's own kernel (`_cpu_kernels.c`, AVX-512 or AVX2 + FMA, built at
+  install), on weights packed once as [N/16][K][16] in float32, bfloat16 or, for an FP8 model, the E4M3
+  codes themselves (1 byte a weight, or 2 as their exact bfloat16 values where this machine streams those
+  faster: `fp8_storage`), widened exactly in the kernel with the scale applied to the output; float32
+  activations. Each output is one multiply-add chain over K in order, whatever the number of rows and on
+  either instruction set, so rows are batch-invariant by construction and the two instruction sets give
+  the same bits; and it streams the weights at close to the machine's read bandwidth, which a decode step's
   few hundred small products need (oneDNN's float32 product reached half of it on a 2-core AVX2 machine, and
   a bfloat16 weight on a CPU without bfloat16 instructions took PyTorch's slow path).
 - `PrepackedLinear` (CPU without the kernel: no compiler at install, or no AVX2): oneDNN's prepacked linear
@@ -42,14 +45,33 @@ def _cpu_module():
         from trtspec.engine import _cpu_kernels
     except ImportError:  # built without a C compiler, or on a platform the kernels do not cover
         return None
-    return _cpu_kernels if _cpu_kernels.available() else None
+    return _cpu_kernels if _cpu_kernels.isas() else None
+
+
+_ISA_CODE = {"avx2": 0, "avx512": 1}
+ISA_ENV = "TRTSPEC_CPU_ISA"              # caps the instruction set the kernels use (avx2 on an AVX-512 machine)
+
+
+def _isas() -> tuple[str, ...]:
+    """The instruction sets trtspec's kernels run here, the widest last, up to $TRTSPEC_CPU_ISA when it is set."""
+    import os
+
+    have = tuple(_CPU.isas()) if _CPU is not None else ()
+    cap = os.environ.get(ISA_ENV, "").strip()
+    if cap and cap not in _ISA_CODE:
+        raise ValueError(f"${ISA_ENV}={cap!r}: set it to one of {', '.join(_ISA_CODE)}, or unset it")
+    return tuple(isa for isa in have if not cap or _ISA_CODE[isa] <= _ISA_CODE[cap])
 
 
 _CPU = _cpu_module()
+ISAS = _isas()
+_FORMATS = {torch.float32: ("float32", 0), torch.bfloat16: ("bfloat16", 1), torch.uint8: ("e4m3", 2)}  # name, code
+FP8_STORAGES = ("e4m3", "bf16")
+FP8_STORAGE_ENV = "TRTSPEC_FP8_WEIGHTS"  # pins the choice fp8_storage would measure
 
 
 def packed_available(device: torch.device) -> bool:
-    """Whether trtspec's own CPU kernels run here (built at install, AVX2 + FMA)."""
+    """Whether trtspec's own CPU kernels run here (built at install, AVX2 + FMA + F16C at least)."""
     return device.type == "cpu" and _CPU is not None
 
 
@@ -85,6 +107,48 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Te
                    out.data_ptr(), out.stride(0), torch.get_num_threads())
 
 
+DECODER_LINEARS = ("qkv", "o", "gate_up", "down")   # in the order of a layer table's fields
+
+
+def layer_table(layers: list[dict]) -> torch.Tensor:
+    """The decoder kernel's table of layers: per layer the addresses of its two norms' weights, then of each of
+    DECODER_LINEARS its `fields`. The tensors must outlive the table."""
+    rows = []
+    for layer in layers:
+        row = [_f32_rows(layer["input_norm"]).data_ptr(), _f32_rows(layer["post_norm"]).data_ptr()]
+        for key in DECODER_LINEARS:
+            row += layer[key].fields
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def segment_table(segments: list[tuple[int, int, int, torch.Tensor]]) -> torch.Tensor:
+    """The decoder kernel's table of sequences in a pass: (first row, rows, start position, KV cache
+    [layers, 2, Hkv, capacity, d]) each."""
+    rows = []
+    for first, n, start, kv in segments:
+        _f32_rows(kv)
+        if start + n > kv.shape[3]:
+            raise ValueError(f"a KV cache of {kv.shape[3]} positions cannot take rows up to {start + n}")
+        rows.append([first, n, start, kv.data_ptr(), kv.stride(0), kv.shape[3]])
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def decoder_layers(x: torch.Tensor, layers: torch.Tensor, segments: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                   heads: tuple[int, int, int], intermediate: int, window: int | None, scale: float, eps: float,
+                   isa: str) -> None:
+    """With trtspec's kernel, every decoder layer over the rows x [T, H] (the embeddings; left holding the last
+    residual stream, before the final norm), in one call: the norms, products, attention and activation that
+    the framework's loop runs one by one, in the same order, each row's result its own alone. `layers` from
+    `layer_table`, `segments` from `segment_table`, cos and sin [T, d] the rows' rotary tables; `isa` the
+    instruction set of the layers' products."""
+    hq, hkv, d = heads
+    x, cos, sin = _f32_rows(x), _f32_rows(cos), _f32_rows(sin)
+    _CPU.decoder(x.data_ptr(), x.shape[0], x.shape[1], layers.data_ptr(), layers.shape[0], segments.data_ptr(),
+                 segments.shape[0], cos.data_ptr(), sin.data_ptr(), hq, hkv, d, intermediate, window or 0, scale, eps,
+                 torch.get_num_threads(), _ISA_CODE[isa])
+
+
 def _f32_rows(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != torch.float32 or not t.is_contiguous():
         raise ValueError(f"trtspec's CPU kernels take contiguous float32 tensors, not {t.dtype} of strides {t.stride()}")
@@ -114,28 +178,50 @@ class DenseLinear:
 
 
 class PackedLinear:
-    """trtspec's own CPU product (`_cpu_kernels.c`): y = x W^T + b for float32 rows x, on W packed once as
-    [N/16][K][16] in float32, or in bfloat16 when it was given in bfloat16 (half the bytes to read, widened
-    exactly in the kernel)."""
+    """trtspec's own CPU product (`_cpu_kernels.c`): y = x W^T * scale + b for float32 rows x, on W packed once
+    as [N/16][K][16]: float32 or bfloat16 as given, or FP8 E4M3 codes (`weight` of dtype float8_e4m3fn with
+    its `scale`, per tensor or per output channel) kept as codes or as their exact bfloat16 values
+    (`storage`, by default what `fp8_storage` measured fastest here). `isa`: "avx2" or "avx512", by default
+    the widest this CPU has; every choice gives the same bits."""
 
     MIN_ROWS = 1
     BLOCK = 16
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, scale: torch.Tensor | None = None,
+                 storage: str | None = None, isa: str | None = None):
         n, k = weight.shape
-        store = torch.bfloat16 if weight.dtype == torch.bfloat16 else torch.float32
+        if weight.dtype == torch.float8_e4m3fn:
+            if scale is None:
+                raise ValueError("an FP8 weight needs its scale")
+            storage = storage or fp8_storage()
+            if storage not in FP8_STORAGES:
+                raise ValueError(f"FP8 storage {storage!r}: choose one of {', '.join(FP8_STORAGES)}")
+            weight = weight.view(torch.uint8) if storage == "e4m3" else weight.to(torch.bfloat16)   # both exact
+        elif scale is not None:
+            raise ValueError("a scale goes with FP8 weights only")
+        elif weight.dtype != torch.bfloat16:
+            weight = weight.float()
+        self.isa = isa or ISAS[-1]
+        if self.isa not in ISAS:
+            raise ValueError(f"instruction set {self.isa!r} does not run here (this CPU runs {', '.join(ISAS) or 'none'})")
         blocks = -(-n // self.BLOCK)
-        w = torch.zeros(blocks * self.BLOCK, k, dtype=store)
+        self.n, self.n_padded, self.k = n, blocks * self.BLOCK, k
+        w = torch.zeros(self.n_padded, k, dtype=weight.dtype)
         w[:n] = weight
         self.packed = w.view(blocks, self.BLOCK, k).transpose(1, 2).contiguous()
-        self.bias = None
-        if bias is not None:
-            self.bias = torch.zeros(blocks * self.BLOCK)
-            self.bias[:n] = bias
-        self.bf16 = int(store == torch.bfloat16)
-        self.n, self.n_padded, self.k = n, blocks * self.BLOCK, k
+        self.format, code = _FORMATS[weight.dtype]
+        self.scale = None if scale is None else self._padded(scale.float().reshape(-1).expand(n))
+        self.bias = None if bias is None else self._padded(bias.float())
         self.nbytes = self.packed.numel() * self.packed.element_size()
         self.out_features = n
+        # what the kernel reads of this product, as `linear` and a decoder layer table take it
+        self.fields = (self.packed.data_ptr(), code, self.n_padded, 0 if self.scale is None else self.scale.data_ptr(),
+                       0 if self.bias is None else self.bias.data_ptr())
+
+    def _padded(self, values: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(self.n_padded)
+        out[: self.n] = values
+        return out
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -143,9 +229,62 @@ class PackedLinear:
             raise TypeError(f"PackedLinear takes float32 rows, not {x.dtype}")
         m = x.shape[0]
         y = torch.empty(m, self.n_padded)
-        _CPU.linear(x.data_ptr(), m, self.k, self.packed.data_ptr(), self.bf16, self.n_padded,
-                    0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        _CPU.linear(x.data_ptr(), m, self.k, *self.fields, y.data_ptr(), torch.get_num_threads(), _ISA_CODE[self.isa])
         return y if self.n_padded == self.n else y[:, : self.n]
+
+
+_fp8_storage: str | None = None
+_fp8_reason = ""
+
+
+def fp8_storage() -> str:
+    """How FP8 weights are kept for trtspec's CPU kernel on this machine: "e4m3" (1 byte a weight, widened
+    through F16C in the kernel) or "bf16" (2 bytes, widened with a shift). Which streams faster depends on
+    the machine: the codes halve the bytes but cost more instructions per weight, which a core with little
+    bandwidth to spare hides and one with much may not. Measured once per process on one-row and four-row
+    products over weights larger than the last-level cache, unless $TRTSPEC_FP8_WEIGHTS names one."""
+    global _fp8_storage, _fp8_reason
+    if _fp8_storage is None:
+        import os
+
+        pinned = os.environ.get(FP8_STORAGE_ENV, "").strip()
+        if pinned and pinned not in FP8_STORAGES:
+            raise ValueError(f"${FP8_STORAGE_ENV}={pinned!r}: set it to one of {', '.join(FP8_STORAGES)}, or unset it")
+        if pinned:
+            _fp8_storage, _fp8_reason = pinned, f"pinned by ${FP8_STORAGE_ENV}"
+        else:
+            seconds = measure_fp8_storages()
+            _fp8_storage = min(seconds, key=seconds.get)
+            _fp8_reason = "measured: " + ", ".join(f"{name} {s * 1e12:.0f} ps" for name, s in seconds.items()) + " a weight"
+    return _fp8_storage
+
+
+def fp8_storage_reason() -> str:
+    """Why fp8_storage chose what it chose (after it has)."""
+    return _fp8_reason
+
+
+def measure_fp8_storages(weights_mb: int = 48, reps: int = 3) -> dict[str, float]:
+    """Seconds per weight of a one-row plus a four-row product, for each FP8 storage, interleaved; the best of
+    `reps`. The weights (`weights_mb` million, normal E4M3 values) outgrow a last-level cache of that size."""
+    import time
+
+    k = 1024
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(0x08, 0x70, (weights_mb * 1024, k), dtype=torch.uint8, generator=gen)
+    codes |= torch.randint(0, 2, codes.shape, dtype=torch.uint8, generator=gen) << 7
+    weight, scale = codes.view(torch.float8_e4m3fn), torch.tensor(0.01)
+    linears = {s: PackedLinear(weight, None, scale=scale, storage=s) for s in FP8_STORAGES}
+    del codes, weight
+    x = torch.randn(4, k, generator=gen)
+    best = dict.fromkeys(linears, float("inf"))
+    for _ in range(reps):
+        for name, linear in linears.items():
+            t = time.perf_counter()
+            linear(x[:1])
+            linear(x)
+            best[name] = min(best[name], time.perf_counter() - t)
+    return {name: s / (weights_mb * 1024 * k) for name, s in best.items()}
 
 
 class PrepackedLinear:

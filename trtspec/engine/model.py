@@ -53,8 +53,9 @@ class Prepared:
     rows' logits are wanted."""
 
     ids: torch.Tensor
-    attend: object
+    attend: object                           # per layer (framework loop), or None
     rows: torch.Tensor
+    decoder: tuple | None = None             # (segment table, cos, sin) for kernels.decoder_layers, or None
 
 
 class CompactModel:
@@ -89,6 +90,7 @@ class CompactModel:
         self.fused = self.linear_kind == "packed" and config.hidden_size % 8 == 0 and self.head_dim % 8 == 0
         self._load(state)
         self.rotary = _rotary(config, device)
+        self.layer_table = self._layer_table()
 
     # ---- weights ----------------------------------------------------------------------------------------------
     def _tensor(self, state, name):
@@ -100,12 +102,20 @@ class CompactModel:
         b = torch.cat([x.to(self.device, self.dtype) for x in biases]) if biases and all(x is not None for x in biases) else None
         if self.fp8_matmul and all(state[n].dtype == fp8.FP8_DTYPE for n in names):
             w8 = torch.cat([state[n] for n in names]).to(self.device)
-            scales = [state[n.removesuffix(".weight") + fp8.SCALE_SUFFIX].float().reshape(-1) for n in names]
-            scale = torch.cat([s.expand(state[n].shape[0]) for s, n in zip(scales, names)]).to(self.device)
+            scale = self._row_scales(state, names).to(self.device)
             if kernels.Fp8Linear.supported(w8):
                 return kernels.Fp8Linear(w8, scale, b, self.dtype)
+        if self.linear_kind == "packed" and all(state[n].dtype == fp8.FP8_DTYPE for n in names):
+            # trtspec's CPU kernel reads the E4M3 codes themselves and scales its outputs
+            return kernels.PackedLinear(torch.cat([state[n] for n in names]), b, scale=self._row_scales(state, names))
         w = torch.cat([_dequantized(state, n, self.weight_dtype) for n in names]).to(self.device)
         return kernels.make_linear(w, b, kind=self.linear_kind)
+
+    @staticmethod
+    def _row_scales(state, names: list[str]) -> torch.Tensor:
+        """One dequantization scale per output row of the stacked FP8 weights (per tensor or per channel)."""
+        scales = [state[n.removesuffix(".weight") + fp8.SCALE_SUFFIX].float().reshape(-1) for n in names]
+        return torch.cat([s.expand(state[n].shape[0]) for s, n in zip(scales, names)])
 
     def _load(self, state: dict[str, torch.Tensor]) -> None:
         need = ["model.embed_tokens.weight", "model.norm.weight"]
@@ -139,6 +149,28 @@ class CompactModel:
         if subset_head.head_tokens(self.config):
             self.head_ids = state["lm_head.token_ids"].to(self.device)
         self.vocab_size = self.config.vocab_size
+
+    def _layer_table(self) -> torch.Tensor | None:
+        """What trtspec's decoder kernel reads of each layer (kernels.decoder_layers), when it covers this model:
+        trtspec's CPU kernels, no per-head norms (Qwen3), and every product's width a whole number of blocks."""
+        if not self.fused or "q_norm" in self.layers[0]:
+            return None
+        linears = [layer[key] for layer in self.layers for key in kernels.DECODER_LINEARS]
+        if not all(isinstance(lin, kernels.PackedLinear) and lin.n == lin.n_padded for lin in linears):
+            return None
+        return kernels.layer_table(self.layers)
+
+    @property
+    def kernel_summary(self) -> str:
+        """The products this model runs on, for the engine's log line."""
+        if self.linear_kind != "packed":
+            return self.linear_kind
+        linears = [lin for layer in self.layers for lin in layer.values() if isinstance(lin, kernels.PackedLinear)]
+        formats = {lin.format for lin in linears}
+        text = f"packed ({linears[0].isa}), layer weights {'/'.join(sorted(formats))}, head {self.head.format}"
+        if any(lin.scale is not None for lin in linears):
+            text += f" (FP8 kept as {kernels.fp8_storage()}: {kernels.fp8_storage_reason()})"
+        return text + (", all decoder layers in one kernel call" if self.layer_table is not None else "")
 
     @property
     def weight_bytes(self) -> int:
@@ -199,14 +231,23 @@ class CompactModel:
         for s in segments:
             offsets.append(at)
             at += len(s.ids)
-        attend = (self._fused_attention if self.fused else self._torch_attention)(segments, offsets, cos[0], sin[0], at + pad)
         rows = torch.tensor([off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
                             device=self.device)
+        if self.layer_table is not None and not pad:
+            table = kernels.segment_table([(off, len(s.ids), s.start, s.kv) for s, off in zip(segments, offsets)])
+            return Prepared(ids, None, rows, (table, cos[0].contiguous(), sin[0].contiguous()))
+        attend = (self._fused_attention if self.fused else self._torch_attention)(segments, offsets, cos[0], sin[0], at + pad)
         return Prepared(ids, attend, rows)
 
     def run(self, p: "Prepared") -> torch.Tensor:
         """The network on a prepared pass: the logits of the wanted rows, [rows, V], on the device."""
         x = F.embedding(p.ids, self.embed)
+        if p.decoder is not None:                # every layer in one call of trtspec's kernel, in place on x
+            segments, cos, sin = p.decoder
+            kernels.decoder_layers(x, self.layer_table, segments, cos, sin, heads=(self.hq, self.hkv, self.head_dim),
+                                   intermediate=self.config.intermediate_size, window=self.window, scale=self.scale,
+                                   eps=self.eps, isa=self.layers[0]["qkv"].isa)
+            return self._head(self._norm(x[p.rows], self.norm))
         h = self._norm(x, self.layers[0]["input_norm"])
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer["post_norm"], residual=layer["o"](p.attend(i, layer, layer["qkv"](h))))
@@ -298,7 +339,7 @@ class HFModel:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         elem = next(model.parameters()).element_size()
         self.kv_bytes_per_token = cfg.num_hidden_layers * 2 * hkv * head_dim * elem
-        self.linear_kind = "hf-eager"
+        self.linear_kind = self.kernel_summary = "hf-eager"
 
     @property
     def weight_bytes(self) -> int:

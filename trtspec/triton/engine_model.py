@@ -71,7 +71,7 @@ class TritonPythonModel:
         if failure:
             raise failure[0]
         pb_utils.Logger.log_info(
-            f"{self.name}: {type(self.engine.model).__name__} on {device}, linears {self.engine.model.linear_kind}, "
+            f"{self.name}: {type(self.engine.model).__name__} on {device}, linears {self.engine.model.kernel_summary}, "
             f"batch-invariant logits: {'yes' if self.engine.batch_invariant else 'no (validation classifies near-ties)'}")
 
     def _run(self, params, device: str, loaded: threading.Event, failure: list) -> None:

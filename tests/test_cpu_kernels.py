@@ -1,0 +1,134 @@
+"""trtspec's CPU kernels on FP8 weights and on each instruction set: products against float64, each row bitwise
+the same in any batch, every path the same bits, FP8 codes exact through bfloat16, the decoder kernel against the
+framework's loop over the same kernels, and FP8 models against Hugging Face on the dequantized weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_engine_batching import ARCHITECTURES, _hf_model, _ids
+from trtspec.engine import fp8, kernels
+from trtspec.engine.model import CompactModel, Segment
+
+pytestmark = pytest.mark.skipif(not kernels.packed_available(torch.device("cpu")),
+                                reason="trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)")
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def test_every_e4m3_code_is_exact_as_bfloat16():
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = ~codes.float().isnan()
+    as_bf16 = codes[finite].to(torch.bfloat16)
+    assert torch.equal(as_bf16.float(), codes[finite].float())
+    assert torch.equal(as_bf16.to(torch.float8_e4m3fn).view(torch.uint8), codes[finite].view(torch.uint8))
+    assert int(finite.sum()) == 254  # only 0x7F and 0xFF are NaN, and the quantizer never writes them
+    q, _ = fp8.quantize(torch.tensor([[1e9, -1e9, 1e-9, 0.0]]))
+    assert not q.float().isnan().any()
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+@pytest.mark.parametrize("isa", kernels.ISAS)
+@pytest.mark.parametrize("storage", kernels.FP8_STORAGES)
+def test_fp8_products_on_every_path(storage, isa, per_channel, threads):
+    """Each path against float64 on the dequantized weights (subnormal codes included), each row bitwise the
+    same alone, in any batch and on any thread count, and the same bits as every other path."""
+    gen = torch.Generator().manual_seed(7)
+    for n, k, bias in [(960, 576, False), (50, 24, True), (64, 1536, True)]:
+        w = torch.randn(n, k, generator=gen) / k**0.5
+        w[0, :8] = torch.tensor([1e-6, -3e-7, 0.0, 5e-8, 1e-3, -1e-3, 2.0, -2.0])   # subnormal and zero codes
+        q, scale = fp8.quantize(w, per_channel=per_channel)
+        b = torch.randn(n, generator=gen) if bias else None
+        linear = kernels.PackedLinear(q, b, scale=scale, storage=storage, isa=isa)
+        assert linear.format == {"e4m3": "e4m3", "bf16": "bfloat16"}[storage]
+        assert linear.nbytes == -(-n // 16) * 16 * k * (1 if storage == "e4m3" else 2)
+        x = torch.randn(30, k, generator=gen)
+        full = linear(x)
+        exact = x.double() @ fp8.dequantize(q, scale, torch.float64).T + (b.double() if bias else 0)
+        torch.testing.assert_close(full.double(), exact, atol=1e-5, rtol=1e-5)
+        for m in (1, 2, 3, 4, 5, 7, 12, 13, 25):
+            for row in {0, m // 2, m - 1}:
+                assert torch.equal(linear(x[row : row + m][:1]), full[row : row + 1]), (n, k, m, row)
+                assert torch.equal(linear(x[:m])[row], full[row]), (n, k, m, row)
+        torch.set_num_threads(3 - threads)
+        assert torch.equal(linear(x), full)
+        torch.set_num_threads(threads)
+        for other_isa in kernels.ISAS:
+            for other in kernels.FP8_STORAGES:
+                assert torch.equal(kernels.PackedLinear(q, b, scale=scale, storage=other, isa=other_isa)(x), full)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_instruction_sets_give_the_same_bits(dtype):
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(100, 200, generator=gen).to(dtype), torch.randn(17, 200, generator=gen)
+    outs = [kernels.PackedLinear(w, None, isa=isa)(x) for isa in kernels.ISAS]
+    assert all(torch.equal(out, outs[0]) for out in outs)
+
+
+def test_bad_packed_linear_arguments_are_named():
+    q, scale = fp8.quantize(torch.randn(16, 16))
+    with pytest.raises(ValueError, match="scale"):
+        kernels.PackedLinear(q, None)
+    with pytest.raises(ValueError, match="scale"):
+        kernels.PackedLinear(torch.randn(16, 16), None, scale=scale)
+    with pytest.raises(ValueError, match="storage"):
+        kernels.PackedLinear(q, None, scale=scale, storage="int8")
+    with pytest.raises(ValueError, match="does not run here"):
+        kernels.PackedLinear(q, None, scale=scale, isa="neon")
+
+
+def test_the_fp8_storage_is_measured_or_pinned(monkeypatch):
+    monkeypatch.setattr(kernels, "_fp8_storage", None)
+    monkeypatch.setenv(kernels.FP8_STORAGE_ENV, "bf16")
+    assert kernels.fp8_storage() == "bf16" and kernels.FP8_STORAGE_ENV in kernels.fp8_storage_reason()
+    monkeypatch.setattr(kernels, "_fp8_storage", None)
+    monkeypatch.setenv(kernels.FP8_STORAGE_ENV, "fp4")
+    with pytest.raises(ValueError, match=kernels.FP8_STORAGE_ENV):
+        kernels.fp8_storage()
+    seconds = kernels.measure_fp8_storages(weights_mb=4, reps=1)
+    assert set(seconds) == set(kernels.FP8_STORAGES) and all(s > 0 for s in seconds.values())
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
+def test_the_decoder_kernel_equals_the_framework_loop(kind, threads):
+    """One call for every layer against the same kernels called layer by layer from Python: the same network
+    (the activation is computed by another formula: a few ulps), and bitwise batch-invariant itself."""
+    hf = _hf_model(kind, seed=5)
+    model = CompactModel(hf.config, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    assert model.layer_table is not None
+    ids = _ids(90, 6)
+    with torch.inference_mode():
+        fused = model.forward([Segment(ids, 0, model.new_kv(90), 20)])[0]
+        kv = model.new_kv(90)
+        model.forward([Segment(ids[:70], 0, kv, 1)])
+        stepwise = torch.cat([model.forward([Segment([ids[p]], p, kv, 1)])[0] for p in range(70, 90)])
+        batched = model.forward([Segment(_ids(9, 1), 0, model.new_kv(9), 2), Segment(ids, 0, model.new_kv(90), 20)])[1]
+        table, model.layer_table = model.layer_table, None
+        loop = model.forward([Segment(ids, 0, model.new_kv(90), 20)])[0]
+        model.layer_table = table
+    assert torch.equal(fused, stepwise) and torch.equal(fused, batched)
+    torch.testing.assert_close(fused, loop, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
+def test_an_fp8_model_equals_hugging_face_on_its_dequantized_weights(kind, per_channel):
+    hf = _hf_model(kind, seed=2)
+    state = fp8.quantize_state_dict(hf.state_dict(), per_channel=per_channel)
+    hf.load_state_dict(fp8.dequantize_state_dict(state, torch.float32))
+    model = CompactModel(hf.config, state, dtype=torch.float32, device=torch.device("cpu"))
+    assert {lin.format for lin in model.layers[0].values() if isinstance(lin, kernels.PackedLinear)} <= {"e4m3", "bfloat16"}
+    ids = _ids(80, 3)
+    with torch.inference_mode():
+        got = model.forward([Segment(ids, 0, model.new_kv(80), 80)])[0]
+        reference = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(got, reference, atol=3e-5, rtol=1e-5)
+    assert "FP8 kept as" in model.kernel_summary
