@@ -1,6 +1,7 @@
 """trtspec's CPU kernels on FP8 weights and on each instruction set: products against float64, each row bitwise
 the same in any batch, every path the same bits, FP8 codes exact through bfloat16, the decoder kernel against the
-framework's loop over the same kernels, and FP8 models against Hugging Face on the dequantized weights."""
+framework's loop over the same kernels, FP8 models against Hugging Face on the dequantized weights, and KV caches of
+bfloat16 or float16 written rounded to nearest even and read exactly."""
 
 from __future__ import annotations
 
@@ -97,13 +98,46 @@ def test_the_fp8_storage_is_measured_or_pinned(monkeypatch):
     assert set(seconds) == set(kernels.FP8_STORAGES) and all(s > 0 for s in seconds.values())
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_kv_cache_holds_rounded_keys_and_values_and_attention_reads_them_exactly(kv_dtype, threads):
+    """The attention kernel writes the rotated keys and the values into a cache of `kv_dtype` (rounded to nearest
+    even, as torch rounds) and attends over what the cache holds: against float64 on the rounded keys and values."""
+    gen = torch.Generator().manual_seed(3)
+    n, start, hq, hkv, d = 5, 11, 4, 2, 32
+    q, k, v = (torch.randn(n, h, d, generator=gen) for h in (hq, hkv, hkv))
+    angles = torch.arange(start, start + n)[:, None] * torch.rand(d // 2, generator=gen)[None]
+    cos, sin = torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1)
+    cache = torch.zeros(2, hkv, kernels.attention_length(start + n), d, dtype=kv_dtype)
+    cache[:, :, :start] = torch.randn(2, hkv, start, d, generator=gen).to(kv_dtype)
+    out = torch.empty(n, hq * d)
+    kernels.attend_rows(q, k, v, cos, sin, cache, start, window=None, scale=d ** -0.5, out=out)
+
+    def rope(x):  # the kernel's expression in float32, operation by operation
+        a, b = x[..., : d // 2], x[..., d // 2 :]
+        c, s = cos[:, None], sin[:, None]
+        return torch.cat([a * c[..., : d // 2] - b * s[..., : d // 2], b * c[..., d // 2 :] + a * s[..., d // 2 :]], -1)
+
+    assert torch.equal(cache[0, :, start : start + n], rope(k).to(kv_dtype).transpose(0, 1))
+    assert torch.equal(cache[1, :, start : start + n], v.to(kv_dtype).transpose(0, 1))
+    keys, values = cache[0].double(), cache[1].double()
+    qr = rope(q).double()
+    for r in range(n):
+        for h in range(hq):
+            scores = (keys[h // (hq // hkv), : start + r + 1] @ qr[r, h]) * d ** -0.5
+            want = torch.softmax(scores, 0) @ values[h // (hq // hkv), : start + r + 1]
+            torch.testing.assert_close(out[r, h * d : (h + 1) * d].double(), want, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
-def test_the_decoder_kernel_equals_the_framework_loop(kind, threads):
+def test_the_decoder_kernel_equals_the_framework_loop(kind, dtype, threads):
     """One call for every layer against the same kernels called layer by layer from Python: the same network
-    (the activation is computed by another formula: a few ulps), and bitwise batch-invariant itself."""
+    (the activation is computed by another formula: a few ulps), and bitwise batch-invariant itself, with the KV
+    cache in the configured dtype (half the bytes of float32 for bfloat16 and float16)."""
     hf = _hf_model(kind, seed=5)
-    model = CompactModel(hf.config, hf.state_dict(), dtype=torch.float32, device=torch.device("cpu"))
+    model = CompactModel(hf.config, hf.state_dict(), dtype=dtype, device=torch.device("cpu"))
     assert model.layer_table is not None
+    assert model.new_kv(90).dtype == dtype and model.kv_bytes_per_token == model.num_layers * 2 * model.hkv * model.head_dim * dtype.itemsize
     ids = _ids(90, 6)
     with torch.inference_mode():
         fused = model.forward([Segment(ids, 0, model.new_kv(90), 20)])[0]

@@ -292,6 +292,39 @@ static INLINE void rope(const float *x, const float *cos, const float *sin, int 
     }
 }
 
+/* KV cache elements: float32, or bfloat16 or float16 (half the bytes: float32 rounded to nearest even when written,
+ * widened exactly when read); the codes kernels.KV_FORMATS gives */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_F16 = 2 };
+
+TARGET static INLINE __m256 kv_load8(const void *base, ptrdiff_t at, int kvf) {
+    if (kvf == KV_F32) return _mm256_loadu_ps((const float *)base + at);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + at));
+    if (kvf == KV_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* n floats (a multiple of 8) into the cache from element `at` on */
+TARGET static INLINE void kv_store(void *base, ptrdiff_t at, const float *x, int n, int kvf) {
+    if (kvf == KV_F32) {
+        memcpy((float *)base + at, x, sizeof(float) * n);
+        return;
+    }
+    uint16_t *out = (uint16_t *)base + at;
+    for (int i = 0; i < n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m128i h;
+        if (kvf == KV_F16) {
+            h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        } else {  /* bfloat16: round to nearest even on the 16 bits dropped (cache values are finite) */
+            __m256i b = _mm256_castps_si256(v);
+            __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+            b = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+            h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0xD8));
+        }
+        _mm_storeu_si128((__m128i *)(out + i), h);
+    }
+}
+
 /* The lanes of v summed as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): the order sum8x8 uses for each of its
  * eight vectors, so a key's score is the same bits whichever way it is computed */
 TARGET static INLINE float sum8(__m256 v) {
@@ -330,21 +363,21 @@ TARGET static INLINE __m256 exp_neg(__m256 x) {
 /* One query row of one head over keys lo..pos (inclusive): scores q.k * scale, softmax, the weighted sum of
  * values into out[d]. scores: room for pos + 8 floats. Every key's score, weight and contribution is computed
  * in the same order whatever lo, pos and the other rows are. */
-TARGET static void attend_one(const float *q, const float *keys, const float *values, ptrdiff_t lo, ptrdiff_t pos,
-                              int d, float scale, float *scores, float *out) {
+TARGET static void attend_one(const float *q, const void *keys, const void *values, int kvf, ptrdiff_t lo,
+                              ptrdiff_t pos, int d, float scale, float *scores, float *out) {
     ptrdiff_t j = lo, end = pos + 1;
     for (; j + 8 <= end; j += 8) {
         __m256 acc[8];
         for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
         for (int i = 0; i < d; i += 8) {
             __m256 qv = _mm256_loadu_ps(q + i);
-            for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (j + t) * d + i), acc[t]);
+            for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(qv, kv_load8(keys, (j + t) * d + i, kvf), acc[t]);
         }
         _mm256_storeu_ps(scores + j, _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
     }
     for (; j < end; j++) {
         __m256 acc = _mm256_setzero_ps();
-        for (int i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(keys + j * d + i), acc);
+        for (int i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv_load8(keys, j * d + i, kvf), acc);
         scores[j] = sum8(acc) * scale;
     }
     float top = -INFINITY;
@@ -370,8 +403,7 @@ TARGET static void attend_one(const float *q, const float *keys, const float *va
         for (int t = 0; t < w; t++) acc[t] = _mm256_setzero_ps();
         for (j = lo; j < end; j++) {
             __m256 pj = _mm256_set1_ps(scores[j]);
-            const float *vj = values + j * d + i0;
-            for (int t = 0; t < w; t++) acc[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * t), acc[t]);
+            for (int t = 0; t < w; t++) acc[t] = _mm256_fmadd_ps(pj, kv_load8(values, j * d + i0 + 8 * t, kvf), acc[t]);
         }
         for (int t = 0; t < w; t++) _mm256_storeu_ps(out + i0 + 8 * t, _mm256_mul_ps(acc[t], _mm256_set1_ps(inv)));
     }
@@ -379,19 +411,22 @@ TARGET static void attend_one(const float *q, const float *keys, const float *va
 
 /* The new rows of one sequence, at positions start..start+n-1, on one layer.
  * q, k, v: row r's heads at q + r*ldq (hq heads of d), k + r*ldk, v + r*ldv (hkv heads each);
- * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values),
- * holding positions 0..start-1; window: keys a row may see are those within `window` positions of it
+ * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values) of
+ * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window` positions of it
  * (0: all earlier ones). Writes the rotated keys and the values into the cache, then out[r*ldo + h*d ..]. */
 TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                                   ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
-                                  float *cache, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale, float *out,
-                                  ptrdiff_t ldo, float *scores) {
-    float *keys = cache, *values = cache + (ptrdiff_t)hkv * cap * d, *qr = scores + start + n + 8;
+                                  void *cache, int kvf, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale,
+                                  float *out, ptrdiff_t ldo, float *scores) {
+    ptrdiff_t head = cap * d * (kvf == KV_F32 ? 4 : 2);    /* bytes of one head's keys (or values) */
+    char *keys = cache, *values = keys + hkv * head;
+    float *qr = scores + start + n + 8;
 #pragma omp for schedule(static)
     for (ptrdiff_t t = 0; t < n * hkv; t++) {
         ptrdiff_t r = t / hkv, at = ((t % hkv) * cap + start + r) * d;
-        rope(k + r * ldk + (t % hkv) * d, cos + r * d, sin + r * d, d, keys + at);
-        memcpy(values + at, v + r * ldv + (t % hkv) * d, sizeof(float) * d);
+        rope(k + r * ldk + (t % hkv) * d, cos + r * d, sin + r * d, d, qr);
+        kv_store(keys, at, qr, d, kvf);
+        kv_store(values, at, v + r * ldv + (t % hkv) * d, d, kvf);
     }
     int groups = hq / hkv;
 #pragma omp for schedule(static)
@@ -400,24 +435,24 @@ TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k,
         int h = (int)(t % hq), kh = h / groups;
         ptrdiff_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
         rope(q + r * ldq + h * d, cos + r * d, sin + r * d, d, qr);
-        attend_one(qr, keys + (ptrdiff_t)kh * cap * d, values + (ptrdiff_t)kh * cap * d, lo, pos, d, scale, scores,
-                   out + r * ldo + (ptrdiff_t)h * d);
+        attend_one(qr, keys + kh * head, values + kh * head, kvf, lo, pos, d, scale, scores, out + r * ldo + (ptrdiff_t)h * d);
     }
 }
 
 /* The new rows of one sequence, at positions start..start+n-1, on one layer.
  * q, k, v: row r's heads at q + r*ldq (hq heads of d), k + r*ldk, v + r*ldv (hkv heads each);
- * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values),
- * holding positions 0..start-1; window: keys a row may see are those within `window` positions of it
+ * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values) of
+ * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window` positions of it
  * (0: all earlier ones). Writes the rotated keys and the values into the cache, then out[r*ldo + h*d ..]. */
 TARGET static void attention(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                              ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
-                             float *cache, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale, float *out,
+                             void *cache, int kvf, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale, float *out,
                              ptrdiff_t ldo, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && n * hq > 1)
     {
         float *scores = malloc(sizeof(float) * (start + n + 8 + d));
-        attention_part(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, cap, start, window, scale, out, ldo, scores);
+        attention_part(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, kvf, cap, start, window, scale, out, ldo,
+                       scores);
         free(scores);
     }
 }
@@ -441,9 +476,9 @@ TARGET static void silu_mul(const float *gu, ptrdiff_t rows, int I, float *act) 
 
 /* A decoder layer's table (int64 each): input norm, post-attention norm, then qkv, o, gate_up and down as
  * linear_part's (packed, format, N, scale, bias). A segment's: first row, rows, start position, its cache's
- * first layer [2][hkv][cap][d], floats from one layer's cache to the next, cap. */
+ * first layer [2][hkv][cap][d], bytes from one layer's cache to the next, cap, the cache's element (KV_*). */
 #define LAYER_FIELDS 22
-#define SEGMENT_FIELDS 6
+#define SEGMENT_FIELDS 7
 
 /* Every decoder layer of a Llama-style model over the rows x [T][H] (the embeddings; left holding the last
  * residual stream), in one parallel region: the same kernels in the same order as the framework's loop over
@@ -472,8 +507,8 @@ TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, 
                 ptrdiff_t off = sg[0];
                 const float *row = qkv + off * nqkv;
                 attention_part(row, nqkv, row + na, nqkv, row + na + (ptrdiff_t)hkv * d, nqkv, sg[1], hq, hkv, d,
-                               cos + off * d, sin + off * d, (float *)(intptr_t)sg[3] + i * sg[4], sg[5], sg[2],
-                               window, scale, att + off * na, na, scores);
+                               cos + off * d, sin + off * d, (char *)(intptr_t)sg[3] + i * sg[4], (int)sg[6], sg[5],
+                               sg[2], window, scale, att + off * na, na, scores);
             }
             linear_part(att, T, (int)na, ly + 7, o, isa);
 #pragma omp barrier
@@ -569,17 +604,19 @@ static PyObject *py_rms_norm(PyObject *Py_UNUSED(self), PyObject *const *args, P
     CALL(rms_norm(F(0), F(1), v[2], (int)v[3], F(4), (float)f[5], F(6)));
 }
 
-/* attention(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, cap, start, window, scale, out, ldo, threads) */
+/* attention(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, kvf, cap, start, window, scale, out, ldo,
+ * threads) */
 static PyObject *py_attention(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t v[20];
-    double f[20];
-    if (parse(args, nargs, "iiiiiiiiiiiiiiiifiii", v, f)) return NULL;
-    if (v[9] % 8 || v[8] <= 0 || v[7] % v[8] || v[14] + v[6] > v[13]) {
-        PyErr_SetString(PyExc_ValueError, "attention: d must be a multiple of 8, hq of hkv, and the cache must hold every row");
+    Py_ssize_t v[21];
+    double f[21];
+    if (parse(args, nargs, "iiiiiiiiiiiiiiiiifiii", v, f)) return NULL;
+    if (v[9] % 8 || v[8] <= 0 || v[7] % v[8] || v[15] + v[6] > v[14] || v[13] < 0 || v[13] > 2) {
+        PyErr_SetString(PyExc_ValueError, "attention: d must be a multiple of 8, hq of hkv, kvf 0-2, and the cache must "
+                                          "hold every row");
         return NULL;
     }
-    CALL(attention(F(0), v[1], F(2), v[3], F(4), v[5], v[6], (int)v[7], (int)v[8], (int)v[9], F(10), F(11), F(12),
-                   v[13], v[14], v[15], (float)f[16], F(17), v[18], (int)v[19]));
+    CALL(attention(F(0), v[1], F(2), v[3], F(4), v[5], v[6], (int)v[7], (int)v[8], (int)v[9], F(10), F(11),
+                   (void *)v[12], (int)v[13], v[14], v[15], v[16], (float)f[17], F(18), v[19], (int)v[20]));
 }
 
 static PyMethodDef methods[] = {

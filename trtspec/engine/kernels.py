@@ -67,6 +67,8 @@ _CPU = _cpu_module()
 ISAS = _isas()
 _FORMATS = {torch.float32: ("float32", 0), torch.bfloat16: ("bfloat16", 1), torch.uint8: ("e4m3", 2)}  # name, code
 FP8_STORAGES = ("e4m3", "bf16")
+# the KV cache elements the attention kernel reads and writes (float32 computed, rounded to nearest even when stored)
+KV_FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 FP8_STORAGE_ENV = "TRTSPEC_FP8_WEIGHTS"  # pins the choice fp8_storage would measure
 
 
@@ -92,19 +94,19 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Te
                 cache: torch.Tensor, start: int, *, window: int | None, scale: float, out: torch.Tensor) -> None:
     """With trtspec's kernel, one sequence's new rows on one layer: q [n, Hq, d], k and v [n, Hkv, d] (rows
     may be strided views of one product), cos and sin [n, d] (the rows' rotary tables); rotates the queries and
-    keys, writes keys and values at positions start.. of `cache` [2, Hkv, capacity, d], and writes each row's
-    causal attention over positions 0..its own into `out` [n, Hq * d]."""
+    keys, writes keys and values at positions start.. of `cache` [2, Hkv, capacity, d] (of a KV_FORMATS dtype), and
+    writes each row's causal attention over positions 0..its own into `out` [n, Hq * d]."""
     n, hq, d = q.shape
     hkv = k.shape[1]
     for t in (q, k, v):
         if t.dtype != torch.float32 or t.stride(2) != 1 or t.stride(1) != d:
             raise ValueError("attend_rows takes float32 rows of contiguous heads")
-    cache, cos, sin = _f32_rows(cache), _f32_rows(cos), _f32_rows(sin)
+    cos, sin = _f32_rows(cos), _f32_rows(sin)
     if out.stride(0) != hq * d or not out.is_contiguous():
         raise ValueError("attend_rows writes into contiguous rows")
     _CPU.attention(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), n, hq, hkv, d,
-                   cos.data_ptr(), sin.data_ptr(), cache.data_ptr(), cache.shape[2], start, window or 0, scale,
-                   out.data_ptr(), out.stride(0), torch.get_num_threads())
+                   cos.data_ptr(), sin.data_ptr(), cache.data_ptr(), _kv_format(cache), cache.shape[2], start,
+                   window or 0, scale, out.data_ptr(), out.stride(0), torch.get_num_threads())
 
 
 DECODER_LINEARS = ("qkv", "o", "gate_up", "down")   # in the order of a layer table's fields
@@ -124,13 +126,13 @@ def layer_table(layers: list[dict]) -> torch.Tensor:
 
 def segment_table(segments: list[tuple[int, int, int, torch.Tensor]]) -> torch.Tensor:
     """The decoder kernel's table of sequences in a pass: (first row, rows, start position, KV cache
-    [layers, 2, Hkv, capacity, d]) each."""
+    [layers, 2, Hkv, capacity, d] of a KV_FORMATS dtype) each."""
     rows = []
     for first, n, start, kv in segments:
-        _f32_rows(kv)
+        kvf = _kv_format(kv)
         if start + n > kv.shape[3]:
             raise ValueError(f"a KV cache of {kv.shape[3]} positions cannot take rows up to {start + n}")
-        rows.append([first, n, start, kv.data_ptr(), kv.stride(0), kv.shape[3]])
+        rows.append([first, n, start, kv.data_ptr(), kv.stride(0) * kv.element_size(), kv.shape[3], kvf])
     return torch.tensor(rows, dtype=torch.int64)
 
 
@@ -147,6 +149,13 @@ def decoder_layers(x: torch.Tensor, layers: torch.Tensor, segments: torch.Tensor
     _CPU.decoder(x.data_ptr(), x.shape[0], x.shape[1], layers.data_ptr(), layers.shape[0], segments.data_ptr(),
                  segments.shape[0], cos.data_ptr(), sin.data_ptr(), hq, hkv, d, intermediate, window or 0, scale, eps,
                  torch.get_num_threads(), _ISA_CODE[isa])
+
+
+def _kv_format(cache: torch.Tensor) -> int:
+    if cache.dtype not in KV_FORMATS or not cache.is_contiguous():
+        raise ValueError(f"trtspec's attention kernel takes a contiguous KV cache of {', '.join(map(str, KV_FORMATS))}, "
+                         f"not {cache.dtype} of strides {cache.stride()}")
+    return KV_FORMATS[cache.dtype]
 
 
 def _f32_rows(t: torch.Tensor) -> torch.Tensor:

@@ -88,6 +88,9 @@ class CompactModel:
         self.fp8_matmul = fp8_matmul
         # the kernels' norm and attention take rows of 8-float vectors
         self.fused = self.linear_kind == "packed" and config.hidden_size % 8 == 0 and self.head_dim % 8 == 0
+        # the KV cache in the configured dtype where the attention kernel reads it (half the bytes of float32, so
+        # twice the tokens in the same budget); float32 compute either way
+        self.kv_dtype = dtype if self.fused and dtype in kernels.KV_FORMATS else self.dtype
         self._load(state)
         self.rotary = _rotary(config, device)
         self.layer_table = self._layer_table()
@@ -170,6 +173,7 @@ class CompactModel:
         text = f"packed ({linears[0].isa}), layer weights {'/'.join(sorted(formats))}, head {self.head.format}"
         if any(lin.scale is not None for lin in linears):
             text += f" (FP8 kept as {kernels.fp8_storage()}: {kernels.fp8_storage_reason()})"
+        text += f", KV cache {str(self.kv_dtype).removeprefix('torch.')}"
         return text + (", all decoder layers in one kernel call" if self.layer_table is not None else "")
 
     @property
@@ -183,7 +187,7 @@ class CompactModel:
     # ---- KV caches ----------------------------------------------------------------------------------------------
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.hkv * self.head_dim * self.embed.element_size()
+        return self.num_layers * 2 * self.hkv * self.head_dim * self.kv_dtype.itemsize
 
     def kv_capacity(self, tokens: int) -> int:
         return kernels.attention_length(max(tokens, 1) - 1)
@@ -192,7 +196,7 @@ class CompactModel:
         """A cache with room for `tokens` positions (rounded up to the attention's key block), zeroed: the
         attention reads whole key blocks, and a masked key must hold a finite value."""
         return torch.zeros(self.num_layers, 2, self.hkv, self.kv_capacity(tokens), self.head_dim,
-                           dtype=self.dtype, device=self.device)
+                           dtype=self.kv_dtype, device=self.device)
 
     def kv_room(self, kv: torch.Tensor) -> int:
         return kv.shape[3]
