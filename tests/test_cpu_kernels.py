@@ -137,7 +137,8 @@ def test_the_decoder_kernel_equals_the_framework_loop(kind, dtype, threads):
     hf = _hf_model(kind, seed=5)
     model = CompactModel(hf.config, hf.state_dict(), dtype=dtype, device=torch.device("cpu"))
     assert model.layer_table is not None
-    assert model.new_kv(90).dtype == dtype and model.kv_bytes_per_token == model.num_layers * 2 * model.hkv * model.head_dim * dtype.itemsize
+    assert model.new_kv(90).dtype == dtype
+    assert model.kv_bytes_per_token == model.num_layers * 2 * model.hkv * model.head_dim * dtype.itemsize
     ids = _ids(90, 6)
     with torch.inference_mode():
         fused = model.forward([Segment(ids, 0, model.new_kv(90), 20)])[0]

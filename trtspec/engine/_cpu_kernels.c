@@ -412,8 +412,9 @@ TARGET static void attend_one(const float *q, const void *keys, const void *valu
 /* The new rows of one sequence, at positions start..start+n-1, on one layer.
  * q, k, v: row r's heads at q + r*ldq (hq heads of d), k + r*ldk, v + r*ldv (hkv heads each);
  * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values) of
- * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window` positions of it
- * (0: all earlier ones). Writes the rotated keys and the values into the cache, then out[r*ldo + h*d ..]. */
+ * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window`
+ * positions of it (0: all earlier ones). Writes the rotated keys and the values into the cache, then
+ * out[r*ldo + h*d ..]. */
 TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                                   ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
                                   void *cache, int kvf, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale,
@@ -442,8 +443,9 @@ TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k,
 /* The new rows of one sequence, at positions start..start+n-1, on one layer.
  * q, k, v: row r's heads at q + r*ldq (hq heads of d), k + r*ldk, v + r*ldv (hkv heads each);
  * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values) of
- * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window` positions of it
- * (0: all earlier ones). Writes the rotated keys and the values into the cache, then out[r*ldo + h*d ..]. */
+ * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window`
+ * positions of it (0: all earlier ones). Writes the rotated keys and the values into the cache, then
+ * out[r*ldo + h*d ..]. */
 TARGET static void attention(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                              ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
                              void *cache, int kvf, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale, float *out,
