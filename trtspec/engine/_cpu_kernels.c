@@ -182,53 +182,50 @@ TARGET512 static INLINE void tile_avx512(const float *x, ptrdiff_t ldx, int R, i
                     CASE_R(ISA, 9, G); CASE_R(ISA, 10, G); CASE_R(ISA, 11, G);                          \
                     default: tile_##ISA(xm, K, 12, G, K, wb, stride, fmt, ym, N, sb, bb, ahead); }
 
+/* One tile: `rows` rows from xm against g blocks from wb, with that instruction set's widest tile for the pair */
+typedef void (*tiles_fn)(const float *xm, int K, int rows, int g, const char *wb, ptrdiff_t stride, int fmt, float *ym,
+                         ptrdiff_t N, const float *sb, const float *bb, const char *ahead);
+
+TARGET static void tiles_avx2(const float *xm, int K, int rows, int g, const char *wb, ptrdiff_t stride, int fmt,
+                              float *ym, ptrdiff_t N, const float *sb, const float *bb, const char *ahead) {
+    switch (g) {                                /* rows * g * 2 <= 12 accumulators */
+    case 3: tile_avx2(xm, K, 1, 3, K, wb, stride, fmt, ym, N, sb, bb, ahead); break;   /* M == 1 */
+    case 2: TILE_SWITCH_3(avx2, 2) break;
+    default: TILE_SWITCH_6(avx2, 1) break;
+    }
+}
+
+TARGET512 static void tiles_avx512(const float *xm, int K, int rows, int g, const char *wb, ptrdiff_t stride, int fmt,
+                                   float *ym, ptrdiff_t N, const float *sb, const float *bb, const char *ahead) {
+    switch (g) {                                /* rows * g <= 24 accumulators */
+    case 8: TILE_SWITCH_3(avx512, 8) break;
+    case 7: TILE_SWITCH_3(avx512, 7) break;
+    case 6: TILE_SWITCH_3(avx512, 6) break;
+    case 5: TILE_SWITCH_3(avx512, 5) break;
+    case 4: TILE_SWITCH_6(avx512, 4) break;
+    case 3: TILE_SWITCH_6(avx512, 3) break;
+    case 2: TILE_SWITCH_12(avx512, 2) break;
+    default: TILE_SWITCH_12(avx512, 1) break;
+    }
+}
+
 /* Blocks b0..b1-1 (one thread's share) against all M rows, g blocks at a time, every group of rows in turn.
  * With more rows than one tile, every tile also fetches the next group's blocks into L2, so that the weights
  * keep streaming from memory while the later tiles compute from cache. Past the last block the address is
  * merely not fetched: a prefetch never faults. */
-TARGET static void blocks_avx2(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N, const float *scale,
-                               const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1) {
+static void linear_blocks(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N, const float *scale,
+                          const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1, int isa) {
     ptrdiff_t stride = (ptrdiff_t)K * BLOCK * ELEM[fmt];
-    int group = GROUP_AVX2(M), per_tile = ROWS_AVX2(M);
+    int wide = isa == ISA_AVX512;
+    int group = wide ? GROUP_AVX512(M) : GROUP_AVX2(M), per_tile = wide ? ROWS_AVX512(M) : ROWS_AVX2(M);
+    tiles_fn tiles = wide ? tiles_avx512 : tiles_avx2;
     for (ptrdiff_t b = b0; b < b1; b += group) {
         int g = b1 - b < group ? (int)(b1 - b) : group;
         const char *wb = w + b * stride, *ahead = M > per_tile ? wb + g * stride : NULL;
         const float *sb = scale ? scale + b * BLOCK : NULL, *bb = bias ? bias + b * BLOCK : NULL;
         for (ptrdiff_t m = 0; m < M; m += per_tile) {
-            const float *xm = x + m * K;
-            float *ym = y + m * N + b * BLOCK;
             int rows = M - m < per_tile ? (int)(M - m) : per_tile;
-            switch (g) {                        /* rows * g * 2 <= 12 accumulators */
-            case 3: tile_avx2(xm, K, 1, 3, K, wb, stride, fmt, ym, N, sb, bb, ahead); break;   /* M == 1 */
-            case 2: TILE_SWITCH_3(avx2, 2) break;
-            default: TILE_SWITCH_6(avx2, 1) break;
-            }
-        }
-    }
-}
-
-TARGET512 static void blocks_avx512(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N,
-                                    const float *scale, const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1) {
-    ptrdiff_t stride = (ptrdiff_t)K * BLOCK * ELEM[fmt];
-    int group = GROUP_AVX512(M), per_tile = ROWS_AVX512(M);
-    for (ptrdiff_t b = b0; b < b1; b += group) {
-        int g = b1 - b < group ? (int)(b1 - b) : group;
-        const char *wb = w + b * stride, *ahead = M > per_tile ? wb + g * stride : NULL;
-        const float *sb = scale ? scale + b * BLOCK : NULL, *bb = bias ? bias + b * BLOCK : NULL;
-        for (ptrdiff_t m = 0; m < M; m += per_tile) {
-            const float *xm = x + m * K;
-            float *ym = y + m * N + b * BLOCK;
-            int rows = M - m < per_tile ? (int)(M - m) : per_tile;
-            switch (g) {                        /* rows * g <= 24 accumulators */
-            case 8: TILE_SWITCH_3(avx512, 8) break;
-            case 7: TILE_SWITCH_3(avx512, 7) break;
-            case 6: TILE_SWITCH_3(avx512, 6) break;
-            case 5: TILE_SWITCH_3(avx512, 5) break;
-            case 4: TILE_SWITCH_6(avx512, 4) break;
-            case 3: TILE_SWITCH_6(avx512, 3) break;
-            case 2: TILE_SWITCH_12(avx512, 2) break;
-            default: TILE_SWITCH_12(avx512, 1) break;
-            }
+            tiles(x + m * K, K, rows, g, wb, stride, fmt, y + m * N + b * BLOCK, N, sb, bb, ahead);
         }
     }
 }
@@ -247,8 +244,7 @@ static void linear_part(const float *x, ptrdiff_t M, int K, const int64_t *lin, 
     ptrdiff_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
     const char *w = (const char *)(intptr_t)lin[0];
     const float *scale = (const float *)(intptr_t)lin[3], *bias = (const float *)(intptr_t)lin[4];
-    if (isa == ISA_AVX512) blocks_avx512(x, M, K, w, (int)lin[1], N, scale, bias, y, b0, b1);
-    else blocks_avx2(x, M, K, w, (int)lin[1], N, scale, bias, y, b0, b1);
+    linear_blocks(x, M, K, w, (int)lin[1], N, scale, bias, y, b0, b1, isa);
 }
 
 static void linear(const float *x, ptrdiff_t M, int K, const int64_t *lin, float *y, int threads, int isa) {
