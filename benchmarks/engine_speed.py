@@ -13,7 +13,9 @@ Every repetition measures, interleaved, so that the machine's noise hits all of 
   d. target-only generation of 32 tokens by C = 1, 4, 8 requests at once (the scheduler batches them), in
      process and, with --url, sent at once to a served `tensorrt_llm` model over gRPC;
   e. the draft's decode step as the draft-then-verify loop runs it: right after a target step of two rows (a
-     verification at K=1), which leaves the caches holding the target's weights, against back to back.
+     verification at K=1), which leaves the caches holding the target's weights, against back to back;
+  f. the target's decode step at long contexts (--long-contexts), its KV cache in the dtype the engine keeps it
+     (bfloat16 for a bfloat16 build) against float32, side by side.
 Ratios are taken within a repetition, then the median over repetitions is reported.
 $TRTSPEC_CPU_ISA=avx2 measures the AVX2 kernels on an AVX-512 machine; $TRTSPEC_FP8_WEIGHTS=bf16 the FP8 weights
 kept as bfloat16.
@@ -109,6 +111,26 @@ def draft_in_loop(target, draft, ids: list[int], steps: int) -> dict[str, float]
     return {"hot": statistics.median(hot), "after_target": statistics.median(after), "verify": statistics.median(verify)}
 
 
+def long_context_steps(model, ids: list[int], contexts: list[int], steps: int) -> dict[int, dict[str, float]]:
+    """Median seconds of a decode step after `context` tokens, per context, with the KV cache as the model keeps
+    it ("kept") and in float32 (the same kernels; only the cache's element differs)."""
+    out = {}
+    for context in contexts:
+        caches = {}
+        for name, dtype in (("kept", model.kv_dtype), ("float32", torch.float32)):
+            kv = torch.zeros_like(model.new_kv(context + steps), dtype=dtype)
+            model.forward([Segment(ids[:context], 0, kv, 1)])
+            caches[name] = kv
+        times = {name: [] for name in caches}
+        for i in range(steps):  # interleaved, so drift hits both alike
+            for name, kv in caches.items():
+                t = time.perf_counter()
+                model.forward([Segment(ids[context + i : context + i + 1], context + i, kv, 1)])
+                times[name].append(time.perf_counter() - t)
+        out[context] = {name: statistics.median(v) for name, v in times.items()}
+    return out
+
+
 def batched_rate(engine: Engine, prompts: list[list[int]], concurrency: int, tokens: int) -> float:
     """Aggregate tokens/s of `concurrency` target-only requests run together (fresh prompts: no reuse)."""
     requests = [GenerationRequest(input_ids=p, request_output_len=tokens, end_id=-1) for p in prompts[:concurrency]]
@@ -146,8 +168,10 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=32, help="tokens per request in the batching part")
     p.add_argument("--url", help="gRPC address of a server running this pair's repository (e.g. 127.0.0.1:8001): "
                    "also measure part d through Triton")
+    p.add_argument("--long-contexts", default="900,1800", help="contexts of part f (comma-separated; empty: skip it)")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
+    contexts = [int(c) for c in args.long_contexts.split(",") if c.strip()]
     torch.set_num_threads(args.threads)
     console = Console(stderr=True)
     roles = [r for r in ("target", "draft") if (args.engines / r / "config.json").is_file()]
@@ -158,7 +182,7 @@ def main(argv=None) -> int:
     target = engines["target", "compact"]
     vocab = target.info.vocab_size
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (CONTEXT + 2 * args.steps + 9,), generator=gen).tolist()
+    ids = torch.randint(0, vocab, (max([CONTEXT, *contexts]) + 2 * args.steps + 9,), generator=gen).tolist()
     prompts = [torch.randint(0, vocab, (40,), generator=gen).tolist() for _ in range(8 * (args.reps + 1))]
     ks = list(range(0, 9))
     reps = []
@@ -171,6 +195,8 @@ def main(argv=None) -> int:
                 r["passes"][f"{role}/{forward}"] = pass_times(engine.model, ids, ks if role == "target" else [0], args.steps)
             if "draft" in roles:
                 r["loop"] = draft_in_loop(target.model, engines["draft", "compact"].model, ids, args.steps)
+            if contexts and hasattr(target.model, "kv_dtype"):
+                r["long"] = long_context_steps(target.model, ids, contexts, args.steps)
             batch = prompts[8 * (rep + 1) : 8 * (rep + 2)]
             for c in (1, 4, 8):
                 r["rates"][c] = batched_rate(target, batch, c, args.tokens)
@@ -225,6 +251,12 @@ def main(argv=None) -> int:
         for key in ("hot", "after_target", "verify"):
             loop[f"{key}_ms"] = median(lambda r: r["loop"][key]) * 1e3
             loop[f"{key}_in_target_steps"] = median(lambda r: r["loop"][key] / r["passes"]["target/compact"][0])
+    if reps and "long" in reps[0]:
+        report["long_context"] = {"kv_dtype": str(model.kv_dtype).removeprefix("torch."), "kv_bytes_per_token":
+                                  model.kv_bytes_per_token, "contexts": {
+            c: {"kept_ms": median(lambda r: r["long"][c]["kept"]) * 1e3,
+                "float32_ms": median(lambda r: r["long"][c]["float32"]) * 1e3,
+                "ratio": median(lambda r: r["long"][c]["kept"] / r["long"][c]["float32"])} for c in contexts}}
     report["batching"] = vars(target.stats.batching)
     _print(Console(), report)
     if args.output:
@@ -260,6 +292,15 @@ def _print(console: Console, r: dict) -> None:
         t.add_row("back to back", f"{d['hot_ms']:.1f}", f"{d['hot_in_target_steps']:.3f}")
         t.add_row("after a target pass", f"{d['after_target_ms']:.1f}", f"{d['after_target_in_target_steps']:.3f}")
         t.add_row("the target pass of 2 rows", f"{d['verify_ms']:.1f}", f"{d['verify_in_target_steps']:.3f}")
+        console.print(t)
+    if "long_context" in r:
+        lc = r["long_context"]
+        t = Table(title=f"decode step at long contexts (target): the KV cache as kept ({lc['kv_dtype']}) against float32")
+        for col in ("context", "KV MB read as kept", "ms as kept", "ms float32", "kept / float32"):
+            t.add_column(col, justify="right")
+        for c, m in lc["contexts"].items():
+            t.add_row(str(c), f"{c * lc['kv_bytes_per_token'] / 1e6:.1f}", f"{m['kept_ms']:.2f}", f"{m['float32_ms']:.2f}",
+                      f"{m['ratio']:.2f}x")
         console.print(t)
     t = Table(title="target-only, requests generating together (in-flight batching)")
     for col in ("concurrency", "in process tok/s", "vs concurrency 1") + (("through Triton tok/s", "vs concurrency 1") if "served_rates" in r else ()):
