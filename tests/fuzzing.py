@@ -21,7 +21,7 @@ SPECS = {t.name: t for t in BLS_INPUTS}
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Ünïcødé ☃ — text")
 # fields that leave a greedy answer as it is: with only these, an answer must equal target-only output
 OUTPUT_NEUTRAL = {"text_input", "max_tokens", "num_draft_tokens", "speculation", "adaptive_draft_length", "stream",
-                  "use_draft_logits", "return_perf_metrics", "timeout_ms", "return_log_probs", "return_context_logits",
+                  "use_draft_logits", "return_perf_metrics", "final_perf_metrics_only", "timeout_ms", "return_log_probs", "return_context_logits",
                   "return_generation_logits", "return_num_input_tokens", "return_num_output_tokens", "length_penalty",
                   "num_return_sequences", "beam_width", "decoder_text_input", "image_url_input", "prompt_vocab_size",
                   "prompt_table_extra_id", "embedding_bias_words", "embedding_bias_weights", "lora_task_id",
@@ -50,6 +50,7 @@ VALUES = {
     "stop_words": _words,
     "bad_words": _words,
     "return_perf_metrics": _bool,
+    "final_perf_metrics_only": _bool,
     "exclude_input_in_output": _bool,
     "speculation": st.one_of(st.sampled_from(["draft_model", "prompt_lookup", "none", "bogus", ""]), _ints(0, 3)),
     "adaptive_draft_length": _bool,
@@ -85,7 +86,7 @@ VALID = {
     "top_k": _ints(0, 40), "top_p": st.sampled_from([0.0, 0.5, 0.9, 1.0]), "seed": _ints(0, 2**32),
     "end_id": _ints(-1, 200), "pad_id": _ints(0, 200), "min_tokens": _ints(0, 4),
     "stop_words": st.lists(st.sampled_from(["fox", ".", "\n"]), max_size=2), "bad_words": st.just([]),
-    "return_perf_metrics": st.booleans(), "exclude_input_in_output": st.booleans(),
+    "return_perf_metrics": st.booleans(), "final_perf_metrics_only": st.booleans(), "exclude_input_in_output": st.booleans(),
     "speculation": st.sampled_from(["draft_model", "prompt_lookup", "none"]), "adaptive_draft_length": st.booleans(),
     "timeout_ms": st.just(60000),
     "repetition_penalty": st.sampled_from([1.0, 1.2]), "presence_penalty": st.sampled_from([0.0, 0.5]),

@@ -125,7 +125,7 @@ def front(triton):
     from trtspec.openai_api import Deployment, Front
     from trtspec.server import free_port
 
-    with Front(Deployment(triton.grpc_url, served_model_name=MODEL).connect(), port=free_port()) as running:
+    with Front(Deployment(triton.http_url, served_model_name=MODEL).connect(), port=free_port()) as running:
         yield running
 
 
@@ -300,25 +300,31 @@ def test_raw_http_errors(front):
 
 
 def test_a_client_that_leaves_mid_stream_cancels_its_request(client, front, monkeypatch):
+    """The front stops reading the BLS when its client leaves: its stream from Triton is closed before the end (the
+    connection closes, on which Triton cancels the request), not read to max_tokens."""
     outcomes = []
-    generate = front.deployment.generate
+    stream_of = front.deployment.upstream.stream
 
-    def recorded(*args, **kwargs):
+    async def recorded(fields):
+        responses = stream_of(fields)
         try:
-            outcomes.append(generate(*args, **kwargs))
-            return outcomes[-1]
-        except BaseException as exc:
-            outcomes.append(exc)
+            async for item in responses:
+                yield item
+            outcomes.append("read to the end")
+        except BaseException as exc:  # GeneratorExit or CancelledError: closed early
+            outcomes.append(type(exc).__name__)
             raise
+        finally:
+            await responses.aclose()
 
-    monkeypatch.setattr(front.deployment, "generate", recorded)
+    monkeypatch.setattr(front.deployment.upstream, "stream", recorded)
     stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=140, temperature=0, stream=True)
     next(iter(stream))
     stream.close()
     deadline = time.monotonic() + 30
     while not outcomes and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert outcomes and type(outcomes[0]).__name__ == "_Cancelled", outcomes  # not run to max_tokens
+    assert outcomes and outcomes[0] in ("GeneratorExit", "CancelledError"), outcomes
     out = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=3, temperature=0)
     assert out.usage.completion_tokens == 3
 
@@ -327,7 +333,7 @@ def test_chat_without_a_template_is_refused_naming_messages(triton):
     from trtspec.openai_api import Deployment, Front
     from trtspec.server import free_port
 
-    deployment = Deployment(triton.grpc_url, tokenizer_dir=str(triton.plain_tokenizer))
+    deployment = Deployment(triton.http_url, tokenizer_dir=str(triton.plain_tokenizer))
     with Front(deployment.connect(), port=free_port()) as other:
         with openai.OpenAI(base_url=f"{other.url}/v1", api_key="x", max_retries=0) as c:
             assert c.models.list().data[0].id == "plain-tokenizer"  # the default id: the tokenizer dir's name
@@ -342,7 +348,7 @@ def test_trtspec_openai_command_serves_and_stops_on_ctrl_c(triton):
     from trtspec.server import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", "openai", "--triton-url", triton.grpc_url,
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", "openai", "--triton-url", triton.http_url,
                              "--port", str(port), "--served-model-name", "cli"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"COLUMNS": "200"})
     try:

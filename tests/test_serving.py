@@ -145,6 +145,20 @@ def test_greedy_speculative_equals_target_only_grpc(spec_server, references, k):
                 assert len(responses) > 1  # one response per iteration, then the final one
 
 
+def test_final_perf_metrics_only_sends_them_once(spec_server, references):
+    """final_perf_metrics_only (what the OpenAI front asks for): a streamed request's perf metrics come with its
+    final response alone, the same figures as on every response without it, and the tokens are unchanged."""
+    fields = {"text_input": PROMPTS[0], "max_tokens": 24, "num_draft_tokens": 2, "speculation": "draft_model",
+              "adaptive_draft_length": False, "return_perf_metrics": True, "stream": True}
+    every = http_generate(spec_server.http_base_url, fields, stream=True)
+    once = http_generate(spec_server.http_base_url, fields | {"final_perf_metrics_only": True}, stream=True)
+    assert ids_of(once) == ids_of(every) == references[PROMPTS[0]]
+    assert all("acceptance_rate" in e for e in every) and len(every) > 2
+    assert [("acceptance_rate" in e) for e in once] == [False] * (len(once) - 1) + [True]
+    for name in ("total_draft_tokens", "total_accepted_draft_tokens", "num_iterations", "finish_reason"):
+        assert once[-1][name] == every[-1][name], name
+
+
 @pytest.mark.parametrize("k", [2, 5])
 def test_greedy_speculative_equals_target_only_http(spec_server, references, k):
     for prompt in PROMPTS:

@@ -139,7 +139,8 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
 
 
 @cli.command()
-@click.option("--triton-url", default="127.0.0.1:8001", show_default=True, help="gRPC host:port of the deployment's Triton.")
+@click.option("--triton-url", default="127.0.0.1:8000", show_default=True,
+              help="HTTP host:port of the deployment's Triton (its generate endpoints are what the front reads).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the API to the network.")
 @click.option("--port", default=9000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model behind the API.")

@@ -133,7 +133,8 @@ def _hostport(host: str, port: int) -> str:
 
 def request_fields(prompt: str, *, max_tokens: int, num_draft_tokens=None, use_draft_logits=None, temperature=None,
                    top_k=None, top_p=None, seed=None, stop_words=None, end_id=None, min_tokens=None,
-                   return_perf_metrics=True, stream=False, speculation=None, adaptive_draft_length=None) -> dict[str, object]:
+                   return_perf_metrics=True, stream=False, speculation=None, adaptive_draft_length=None,
+                   final_perf_metrics_only=None) -> dict[str, object]:
     """The `tensorrt_llm_bls` request fields (tensor name -> value) for one generation; None leaves a field out.
 
     `exclude_input_in_output` is always set, so the text is the generated text alone, streamed or not."""
@@ -143,6 +144,7 @@ def request_fields(prompt: str, *, max_tokens: int, num_draft_tokens=None, use_d
         "seed": seed, "end_id": end_id, "min_tokens": min_tokens, "stop_words": list(stop_words) if stop_words else None,
         "return_perf_metrics": return_perf_metrics, "stream": stream, "exclude_input_in_output": True,
         "speculation": speculation, "adaptive_draft_length": adaptive_draft_length,
+        "final_perf_metrics_only": final_perf_metrics_only,
     }
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -205,8 +207,9 @@ def _text(value) -> str:
     return "".join(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in _flat(value))
 
 
-class _Collector:
-    """Builds a Completion from the BLS's responses (tensor name -> value), in arrival order."""
+class Collector:
+    """Builds a Completion from the BLS's responses (tensor name -> value), in arrival order (the OpenAI front's
+    reader builds its Completions with it too)."""
 
     def __init__(self, sent_at: float, on_chunk: Callable[[Chunk], None] | None):
         self.sent_at = sent_at
@@ -387,7 +390,7 @@ class SpecClient:
         finished = False
         try:
             sent_at = time.perf_counter()
-            collector = _Collector(sent_at, on_chunk)
+            collector = Collector(sent_at, on_chunk)
             client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
             deadline = sent_at + self.timeout
             stop_at = sent_at + stop_after_s if stop_after_s is not None else None
@@ -424,7 +427,7 @@ class SpecClient:
         sent_at = time.perf_counter()
         deadline = sent_at + self.timeout
         stop_at = sent_at + stop_after_s if stop_after_s is not None else None
-        collector = _Collector(sent_at, on_chunk)
+        collector = Collector(sent_at, on_chunk)
 
         def next_read_timeout() -> None:
             # Every read waits at most until the deadline or the stop time, whichever comes first.
@@ -437,12 +440,12 @@ class SpecClient:
             next_read_timeout()
             resp = conn.getresponse()
             if resp.status != 200:
-                raise self._server_error(self.model, _http_error(resp))
+                raise self._server_error(self.model, http_error_message(resp.status, resp.reason, resp.read()))
             if not stream:
-                collector.add(time.perf_counter(), _event(resp.read().decode("utf-8", "replace"), self))
+                collector.add(time.perf_counter(), parse_event(resp.read().decode("utf-8", "replace"), self))
                 return collector.finish(time.perf_counter())
             for data in _sse_events(resp, before_read=next_read_timeout):
-                collector.add(time.perf_counter(), _event(data, self))
+                collector.add(time.perf_counter(), parse_event(data, self))
                 if stop_at is not None and time.perf_counter() >= stop_at:
                     break
             else:
@@ -606,17 +609,17 @@ def _infer_input(tc, name: str, value, dtype: str, batched: bool):
     return inp
 
 
-def _http_error(resp) -> str:
+def http_error_message(status: int, reason: str, body: bytes) -> str:
     """The server's message from an error response: JSON, or (generate_stream) an event holding JSON."""
-    raw = resp.read().decode("utf-8", "replace").strip()
+    raw = body.decode("utf-8", "replace").strip()
     body = "\n".join(line[5:].lstrip() for line in raw.splitlines() if line.startswith("data:")) or raw
     try:
         return json.loads(body)["error"]
     except (ValueError, KeyError, TypeError):
-        return f"HTTP {resp.status} {resp.reason}: {raw[:500]}"
+        return f"HTTP {status} {reason}: {raw[:500]}"
 
 
-def _event(data: str, client: SpecClient) -> dict:
+def parse_event(data: str, client: SpecClient) -> dict:
     try:
         obj = json.loads(data)
     except ValueError as exc:

@@ -234,6 +234,7 @@ BLS_INPUTS = (
     _opt("speculation", "STRING", extension=True),            # one of SPECULATION_METHODS
     _opt("adaptive_draft_length", "BOOL", extension=True),    # false: draft exactly num_draft_tokens every iteration
     _opt("timeout_ms", "INT32", extension=True),              # the request ends with an error past this many ms
+    _opt("final_perf_metrics_only", "BOOL", extension=True),  # true: perf metrics with the final response only
 )
 BLS_OUTPUTS = (
     _out("text_output", "STRING", (-1,)),

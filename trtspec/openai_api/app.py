@@ -1,19 +1,19 @@
 """The OpenAI-compatible HTTP front: a Starlette app over a deployment's `tensorrt_llm_bls`, run by uvicorn.
 
-SpecClient is blocking (tritonclient's gRPC stream) and runs one request at a time, so each request takes a client
-from a small pool and runs on a worker thread; streamed chunks reach the event loop through an asyncio queue.
+The front reads the BLS through Triton's HTTP generate endpoints in its own event loop (trtspec.openai_api.upstream),
+so a streamed token passes no thread on its way from Triton to the client. Only the tokenizer's work (the chat
+template, counting prompt tokens) runs on worker threads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -22,10 +22,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from trtspec.client import ClientError, Completion, SpecClient
+from trtspec.client import ClientError, Completion, SpecClient, request_fields
 from trtspec.errors import TrtspecError
 from trtspec.openai_api.protocol import (CHAT, COMPLETION, APIError, Chunks, Request, StopText, bls_error,
                                          finish_reason, parse_request, response)
+from trtspec.openai_api.upstream import Upstream
 
 log = logging.getLogger("trtspec.openai")
 BLS = "tensorrt_llm_bls"
@@ -46,36 +47,27 @@ def served_name_for(tokenizer_dir: str) -> str:
     return path.parent.name if path.name == "target" and path.parent.name not in ("", "engines") else path.name
 
 
-class _Cancelled(Exception):
-    """The HTTP client went away or the front is stopping: raised in the BLS client's chunk callback, which makes it
-    cancel the request."""
-
-
 class Deployment:
-    """What the front knows of one deployment: the BLS's tokenizer and limits, and a pool of gRPC clients."""
+    """What the front knows of one deployment: the BLS's tokenizer and limits, and the BLS to call
+    (`triton_url`: Triton's HTTP host:port)."""
 
     def __init__(self, triton_url: str, *, model: str = BLS, served_model_name: str | None = None,
-                 tokenizer_dir: str | None = None, timeout: float = 600.0, max_concurrency: int = 64):
+                 tokenizer_dir: str | None = None, timeout: float = 600.0):
         self.triton_url, self.model, self.timeout = triton_url, model, timeout
         self._served, self._tokenizer_dir = served_model_name, tokenizer_dir
-        self._idle: list[SpecClient] = []
-        self._pool_lock = threading.Lock()
-        self.max_idle = 16
-        # One thread per request in flight; beyond this, requests wait for a thread (the BLS queues beyond its own
-        # max_concurrent_requests, 64 by default, anyway).
-        self.executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="openai")
+        self.upstream = Upstream(triton_url, model, timeout)
         self.tokenizer = None
-        self.streams: set[threading.Event] = set()  # one per stream in flight: set to cancel it
+        self.stopping = threading.Event()  # set when the front stops: streams in flight end at their next chunk
 
     def connect(self) -> "Deployment":
         """Read the BLS's config from Triton and load its tokenizer; FrontError says what is missing."""
-        with SpecClient(self.triton_url, protocol="grpc", model=self.model, timeout=10.0) as client:
+        with SpecClient(self.triton_url, protocol="http", model=self.model, timeout=10.0) as client:
             try:
                 config = client.model_config(self.model)
             except ClientError as exc:
-                raise FrontError(f"cannot read the config of '{self.model}' from Triton at {self.triton_url} (gRPC): "
-                                 f"{exc}. Start the deployment first (`trtspec serve --repo DIR`) or give its gRPC "
-                                 "address with --triton-url") from exc
+                raise FrontError(f"cannot read the config of '{self.model}' from Triton at {self.triton_url} (HTTP): "
+                                 f"{exc}. Start the deployment first (`trtspec serve --repo DIR`) or give Triton's "
+                                 "HTTP address (port 8000 by default, not gRPC's 8001) with --triton-url") from exc
         tokenizer_dir = self._tokenizer_dir or _parameter(config, "tokenizer_dir")
         if not tokenizer_dir:
             raise FrontError(f"'{self.model}' has no tokenizer_dir parameter; give the target's tokenizer with --tokenizer")
@@ -98,52 +90,11 @@ class Deployment:
         self.created = int(time.time())
         return self
 
-    # the client pool
-    @contextlib.contextmanager
-    def client(self):
-        with self._pool_lock:
-            client = self._idle.pop() if self._idle else None
-        if client is None:
-            client = SpecClient(self.triton_url, protocol="grpc", model=self.model, timeout=self.timeout)
-        try:
-            yield client
-        except BaseException:
-            client.close()  # its stream may be in any state
-            raise
-        with self._pool_lock:
-            if len(self._idle) < self.max_idle:
-                self._idle.append(client)
-                client = None
-        if client is not None:
-            client.close()
-
-    def cancel_streams(self) -> None:
-        """End every stream in flight at its next chunk (the front is stopping: no client waits out a long one)."""
-        for event in list(self.streams):
-            event.set()
-
-    def close(self) -> None:
-        with self._pool_lock:
-            idle, self._idle = self._idle, []
-        for client in idle:
-            client.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-    def health(self) -> dict[str, bool]:
+    async def health(self) -> dict[str, bool]:
         """Whether each model a request goes through is ready on Triton: the BLS, its target and its draft model
         (when it has one); every one False when Triton cannot be asked."""
-        import tritonclient.grpc as tc
-
         models = {"bls": self.model, **{role: name for role, name in self.engine_models.items() if name}}
-        try:
-            client = tc.InferenceServerClient(SpecClient(self.triton_url, protocol="grpc").url,
-                                              channel_args=[("grpc.enable_http_proxy", 0)])
-            try:
-                return {role: bool(client.is_model_ready(name, client_timeout=5.0)) for role, name in models.items()}
-            finally:
-                client.close()
-        except Exception:
-            return dict.fromkeys(models, False)
+        return {role: await self.upstream.ready(name) for role, name in models.items()}
 
     # one request
     def prompt(self, req: Request) -> tuple[str, int]:
@@ -170,13 +121,21 @@ class Deployment:
             req.max_tokens = max(self.max_seq_len - count, 1)
         return text, count
 
-    def generate(self, req: Request, text: str, on_chunk=None) -> Completion:
+    def fields(self, req: Request, text: str) -> dict:
+        """The BLS request for `req` with the prompt `text`. Perf metrics (the finish reason, the speculation
+        figures) are asked for with the final response only: on every response they would cost each streamed token."""
         if req.max_tokens is None:
             raise APIError(400, f"{req.max_tokens_param}: is required by this deployment (its BLS has no "
                            "max_seq_len parameter)", param=req.max_tokens_param)
-        with self.client() as client:
-            return client.generate(text, max_tokens=req.max_tokens, stream=req.stream, on_chunk=on_chunk,
-                                   **req.generate_kwargs())
+        return request_fields(text, max_tokens=req.max_tokens, stream=req.stream, final_perf_metrics_only=True,
+                              **req.generate_kwargs())
+
+    async def complete(self, req: Request, text: str) -> Completion:
+        return await self.upstream.complete(self.fields(req, text))
+
+    def stream(self, req: Request, text: str) -> AsyncIterator:
+        """The BLS's responses to `req`: Chunks as they arrive, then the Completion."""
+        return self.upstream.stream(self.fields(req, text))
 
 
 # ---- the app -------------------------------------------------------------------------------------------------
@@ -196,7 +155,7 @@ def create_app(deployment: Deployment) -> Starlette:
     async def health(request: HTTPRequest):
         # ready: requests are served; degraded: served without the draft model (slower, while the BLS reloads it);
         # 503: the BLS or its target cannot serve (a load balancer should send requests elsewhere)
-        states = await run_in_threadpool(dep.health)
+        states = await dep.health()
         down = [f"'{dep.model if role == 'bls' else dep.engine_models[role]}'" for role, ok in states.items() if not ok]
         if states["bls"] and states["target"]:
             body = {"status": "degraded" if down else "ready", "model": dep.served_model}
@@ -231,12 +190,9 @@ def create_app(deployment: Deployment) -> Starlette:
         text, prompt_tokens = await run_in_threadpool(dep.prompt, req)
         if req.stream:
             return await _stream(req, text, prompt_tokens)
-        loop = asyncio.get_running_loop()
         try:
-            completion = await loop.run_in_executor(dep.executor, dep.generate, req, text, None)
-        except APIError:
-            raise
-        except Exception as exc:
+            completion = await dep.complete(req, text)
+        except ClientError as exc:
             raise bls_error(exc, req) from exc
         stop = StopText(req.stop)
         out = stop.push(completion.text) + stop.flush()
@@ -244,38 +200,12 @@ def create_app(deployment: Deployment) -> Starlette:
                                      completion))
 
     async def _stream(req: Request, text: str, prompt_tokens: int):
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue = asyncio.Queue()
-        gone = threading.Event()
-        dep.streams.add(gone)
-
-        def put(item) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: the front is shutting down
-                loop.call_soon_threadsafe(items.put_nowait, item)
-
-        def on_chunk(chunk) -> None:
-            if gone.is_set():
-                raise _Cancelled()
-            put(("text", chunk.text))
-
-        def work() -> None:
-            try:
-                put(("done", dep.generate(req, text, on_chunk)))
-            except BaseException as exc:  # reported on the stream, never lost in the thread
-                put(("error", exc))
-
-        dep.executor.submit(work)
-        # The first item decides the status: a request the BLS refuses gets a plain error response, not a stream.
+        responses = dep.stream(req, text)
+        # The first response decides the status: a request the BLS refuses gets a plain error response, not a stream.
         try:
-            first = await items.get()
-        except asyncio.CancelledError:  # the client left before the first token
-            gone.set()
-            dep.streams.discard(gone)
-            raise
-        if first[0] == "error":
-            dep.streams.discard(gone)
-            exc = first[1]
-            raise exc if isinstance(exc, APIError) else bls_error(exc, req)
+            first = await anext(responses)
+        except ClientError as exc:
+            raise bls_error(exc, req) from exc
         chunks, stop = Chunks(req, dep.served_model), StopText(req.stop)
 
         async def events():
@@ -284,26 +214,21 @@ def create_app(deployment: Deployment) -> Starlette:
                 if (start := chunks.start()) is not None:
                     yield _sse(start)
                 while True:
-                    what, value = item
-                    if what == "text":
-                        if piece := stop.push(value):
-                            yield _sse(chunks.text(piece))
-                    elif what == "done":
-                        yield _sse(chunks.finish(stop.flush(), finish_reason(value, stop), value))
+                    if isinstance(item, Completion):
+                        yield _sse(chunks.finish(stop.flush(), finish_reason(item, stop), item))
                         if req.include_usage:
-                            yield _sse(chunks.usage(prompt_tokens, value))
+                            yield _sse(chunks.usage(prompt_tokens, item))
                         break
-                    else:  # mid-stream failure: OpenAI's clients raise on an event holding an error
-                        err = (value if isinstance(value, APIError) else
-                               APIError(503, "the server is stopping; retry the request", code="unavailable")
-                               if isinstance(value, _Cancelled) else bls_error(value, req))
-                        yield _sse(err.body())
-                        break
-                    item = await items.get()
+                    if piece := stop.push(item.text):
+                        yield _sse(chunks.text(piece))
+                    if dep.stopping.is_set():
+                        raise APIError(503, "the server is stopping; retry the request", code="unavailable")
+                    item = await anext(responses)
                 yield "data: [DONE]\n\n"
+            except Exception as exc:  # mid-stream failure: OpenAI's clients raise on an event holding an error
+                yield _sse((exc if isinstance(exc, APIError) else bls_error(exc, req)).body())
             finally:
-                gone.set()  # a client that left: the next chunk callback cancels the BLS request
-                dep.streams.discard(gone)
+                await responses.aclose()  # a client that left: the connection to Triton closes, cancelling the request
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -333,8 +258,16 @@ def create_app(deployment: Deployment) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
-    return Starlette(routes=routes, exception_handlers={APIError: api_error, HTTPException: http_error,
-                                                        Exception: internal_error})
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await dep.upstream.start()  # its connections belong to uvicorn's event loop
+        try:
+            yield
+        finally:
+            await dep.upstream.close()
+
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={APIError: api_error, HTTPException: http_error, Exception: internal_error})
 
 
 # ---- running it ----------------------------------------------------------------------------------------------
@@ -347,7 +280,7 @@ class Front:
 
         self.deployment, self.host, self.port = deployment, host, port
         config = uvicorn.Config(create_app(deployment), host=host, port=port, log_level=log_level, access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=5)
+                                lifespan="on", timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -382,11 +315,10 @@ class Front:
 
     def stop(self) -> None:
         if self._thread is not None:
-            self.deployment.cancel_streams()  # streams end now; unary requests get the graceful-shutdown wait
+            self.deployment.stopping.set()  # streams end now; unary requests get the graceful-shutdown wait
             self._server.should_exit = True
             self._thread.join(timeout=15)
             self._thread = None
-        self.deployment.close()
 
     def __enter__(self) -> "Front":
         return self.start()
@@ -420,7 +352,7 @@ def serve_front(triton_url: str, *, host: str, port: int, console, **deployment_
     try:
         check_port(host, port, "--port")
         front = Front(Deployment(triton_url, **deployment_options).connect(), host=host, port=port).start()
-        console.print(f"OpenAI API for '{front.deployment.served_model}' on {front.url}/v1 (Triton gRPC {triton_url});"
+        console.print(f"OpenAI API for '{front.deployment.served_model}' on {front.url}/v1 (Triton HTTP {triton_url});"
                       " press Ctrl-C to stop", highlight=False)
         while front.is_running():
             time.sleep(0.5)
@@ -456,7 +388,7 @@ def run_with_triton(server, console, start_timeout: float | None, *, port: int, 
         timeout = start_timeout_for(server.repo) if start_timeout is None else start_timeout
         with console.status(f"starting tritonserver (waiting up to {timeout:.0f} s for its models)…"):
             server.start(timeout)
-        front = Front(Deployment(server.grpc_url, **deployment_options).connect(), host=server.host, port=port).start()
+        front = Front(Deployment(server.http_url, **deployment_options).connect(), host=server.host, port=port).start()
         console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
         for label, value in (("HTTP", server.http_base_url), ("gRPC", server.grpc_url), ("metrics", server.metrics_url),
                              ("OpenAI", f"{front.url}/v1  (model '{front.deployment.served_model}')"),

@@ -406,6 +406,7 @@ class TritonPythonModel:
             use_logits=f.scalar("use_draft_logits", bool, self.use_logits_default),
             adaptive=f.scalar("adaptive_draft_length", bool, self.adaptive_default),
             want_perf=f.scalar("return_perf_metrics", bool, False),
+            final_perf_only=f.scalar("final_perf_metrics_only", bool, False),
             exclude_input=f.scalar("exclude_input_in_output", bool, False),
             request_id=f.request_id,
             input_tokens=f.scalar("return_num_input_tokens", bool, False),
@@ -416,7 +417,8 @@ class TritonPythonModel:
     def _response(self, text: str, ids: list[int], plan: "_Plan", run: "_Run", generated: int, final: bool = False):
         """One response: the text and ids of this chunk (or of the whole answer); the log probs and generation
         logits of its tokens when asked for (cum_log_probs: of every token so far); the token counts and perf
-        metrics so far, on every response as NVIDIA's BLS forwards them from tensorrt_llm; the context logits
+        metrics so far, on every response as NVIDIA's BLS forwards them from tensorrt_llm (or with the final response
+        alone when the request says final_perf_metrics_only: each set is 19 tensors to a response); the context logits
         with the last. text_output is flat, one string per request, as NVIDIA's BLS sends it (its clients read
         text_output[0] as the text)."""
         def out(name, value, dtype, batch=True):
@@ -437,7 +439,7 @@ class TritonPythonModel:
             tensors.append(out("num_input_tokens", [run.input_tokens], np.int32))
         if plan.output_tokens:
             tensors.append(out("num_output_tokens", [generated], np.int32))
-        if plan.want_perf:
+        if plan.want_perf and (final or not plan.final_perf_only):
             stats = run.stats
             kv_new, kv_reused, kv_total = trace.kv_blocks
             arrival, scheduled, first, last = run.times_ns
@@ -499,6 +501,7 @@ class _Plan:
     use_logits: bool
     adaptive: bool
     want_perf: bool
+    final_perf_only: bool  # final_perf_metrics_only: a streamed request's perf metrics on its final response alone
     exclude_input: bool
     request_id: str
     input_tokens: bool = False   # return_num_input_tokens
