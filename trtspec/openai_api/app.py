@@ -204,8 +204,11 @@ def create_app(deployment: Deployment) -> Starlette:
         # The first response decides the status: a request the BLS refuses gets a plain error response, not a stream.
         try:
             first = await anext(responses)
-        except ClientError as exc:
-            raise bls_error(exc, req) from exc
+        except BaseException as exc:
+            await responses.aclose()  # the client may have left before the first token: Triton's request goes too
+            if isinstance(exc, ClientError):
+                raise bls_error(exc, req) from exc
+            raise
         chunks, stop = Chunks(req, dep.served_model), StopText(req.stop)
 
         async def events():
@@ -258,6 +261,7 @@ def create_app(deployment: Deployment) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await dep.upstream.start()  # its connections belong to uvicorn's event loop
