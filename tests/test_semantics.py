@@ -212,3 +212,13 @@ def test_bad_penalty_is_refused_naming_it(engine):
         gen(engine, penalties=Penalties(repetition=0.0))
     with pytest.raises(RequestError, match="bad_words_list"):
         gen(engine, bad_words=[[100000]])
+
+
+def test_a_streamed_response_without_tokens_keeps_its_empty_generation_logits():
+    """A streaming engine's last response may carry no token (the call ended on the end token, which it does not
+    return): its generation logits are [1, 1, 0, V], and reading them gives an empty [0, V] block, not an error."""
+    from trtspec.contract import tensors_to_result
+
+    out = tensors_to_result({"output_ids": np.zeros((1, 1, 0), np.int32), "sequence_length": np.zeros((1, 1), np.int32),
+                             "generation_logits": np.zeros((1, 1, 0, 320), np.float32)}, [], excluded=True)
+    assert out.new_tokens == [] and out.generation_logits.shape == (0, 320)

@@ -282,7 +282,9 @@ def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: boo
     new = ids if excluded else ids[len(prompt):]
     logits = t.get("generation_logits")
     if logits is not None:
-        logits = np.asarray(logits, dtype=np.float32).reshape(-1, *np.asarray(logits).shape[-2:])[0]
+        logits = np.asarray(logits, dtype=np.float32)
+        # the leading dims by their product: -1 cannot be inferred when a response carries no token (shape [.., 0, V])
+        logits = logits.reshape(int(np.prod(logits.shape[:-2])), *logits.shape[-2:])[0]
     drafted = int(np.asarray(t["total_draft_tokens"]).reshape(-1)[0]) if "total_draft_tokens" in t else 0
     accepted = int(np.asarray(t["total_accepted_draft_tokens"]).reshape(-1)[0]) if "total_accepted_draft_tokens" in t else 0
     reused = int(np.asarray(t["kv_cache_reused_blocks"]).reshape(-1)[0]) * KV_TOKENS_PER_BLOCK if "kv_cache_reused_blocks" in t else 0
