@@ -324,9 +324,9 @@ class SpecClient:
 
     def _error(self, exc: Exception, what: str) -> ClientError:
         message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
-        return self._server_error(what, message)
+        return self.server_error(what, message)
 
-    def _server_error(self, what: str, message: str) -> ClientError:
+    def server_error(self, what: str, message: str) -> ClientError:
         """`what (protocol url): message`, without repeating `what` when the server's message starts with it."""
         message = str(message)
         if message.startswith(f"{what}:"):
@@ -440,7 +440,7 @@ class SpecClient:
             next_read_timeout()
             resp = conn.getresponse()
             if resp.status != 200:
-                raise self._server_error(self.model, http_error_message(resp.status, resp.reason, resp.read()))
+                raise self.server_error(self.model, http_error_message(resp.status, resp.reason, resp.read()))
             if not stream:
                 collector.add(time.perf_counter(), parse_event(resp.read().decode("utf-8", "replace"), self))
                 return collector.finish(time.perf_counter())
@@ -625,7 +625,7 @@ def parse_event(data: str, client: SpecClient) -> dict:
     except ValueError as exc:
         raise ClientError(f"{client.model} (http {client.url}) sent a response that is not JSON: {data[:200]!r}") from exc
     if isinstance(obj, dict) and "error" in obj:
-        raise client._server_error(client.model, obj["error"])
+        raise client.server_error(client.model, obj["error"])
     return obj
 
 

@@ -27,8 +27,7 @@ class Upstream:
     request."""
 
     def __init__(self, url: str, model: str, timeout: float):
-        self.client = SpecClient(url, protocol="http", model=model, timeout=timeout)  # its names and error messages
-        self.model, self.timeout = model, timeout
+        self.client = SpecClient(url, protocol="http", model=model, timeout=timeout)  # model, address, timeout, errors
         base = f"{self.client.scheme}://{self.client.url}"
         self._generate = f"{base}/v2/models/{urllib.parse.quote(model)}/generate"
         self._ready = base + "/v2/models/{}/ready"
@@ -98,7 +97,7 @@ class Upstream:
         url = self._generate + ("_stream" if stream else "")
         resp = await self._read(self._session.post(url, data=json.dumps(fields),
                                                    headers={"Content-Type": "application/json"},
-                                                   timeout=aiohttp.ClientTimeout(total=self.timeout)))
+                                                   timeout=aiohttp.ClientTimeout(total=self.client.timeout)))
         try:
             yield resp
         finally:
@@ -112,19 +111,19 @@ class Upstream:
         try:
             return await pending
         except asyncio.TimeoutError:
-            raise ClientError(f"{self.model} (http {self.client.url}): gave no final response within "
-                              f"{self.timeout:g} s; the connection was closed, which cancels the request") from None
+            raise self.client.server_error(self.client.model, f"gave no final response within {self.client.timeout:g} "
+                                           "s; the connection was closed, which cancels the request") from None
         except aiohttp.ClientError as exc:
             raise self._failed(exc) from exc
 
     def _refused(self, resp: aiohttp.ClientResponse, body: bytes) -> ClientError:
-        return self.client._server_error(self.model, http_error_message(resp.status, resp.reason or "", body))
+        return self.client.server_error(self.client.model, http_error_message(resp.status, resp.reason or "", body))
 
     def _failed(self, exc: Exception) -> ClientError:
         # the words protocol.bls_error reads as "unavailable" (503): the server, not the client, failed
         what = ("failed to connect" if isinstance(exc, aiohttp.ClientConnectorError)
                 else "the connection closed before the final response (socket closed)")
-        return ClientError(f"{self.model} (http {self.client.url}): {what}: {type(exc).__name__}: {exc}")
+        return self.client.server_error(self.client.model, f"{what}: {type(exc).__name__}: {exc}")
 
 
 def _data(event: bytes) -> str | None:
