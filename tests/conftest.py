@@ -137,3 +137,47 @@ def triton_server(unary_repository):
                           model_control_explicit_models=SERVED_MODELS)
     with server:
         yield server
+
+
+# `pytest -m "not server"` is the quick loop: the tests below need no Triton server. A test is marked `server`
+# when it uses one of these fixtures or carries the mark itself; the guard under it fails any unmarked test that
+# starts a server, so the quick loop cannot silently grow slow.
+SERVER_FIXTURES = {"triton_server", "bench_server", "unary_models", "default_models", "server", "scraped", "triton",
+                   "small_kv_server", "spec_server",
+                   "llama3_ends"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)
+
+
+_running: list = [None]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running[0] = item
+    try:
+        return (yield)
+    finally:
+        _running[0] = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _server_tests_are_marked():
+    from trtspec.server import TritonServer
+
+    start = TritonServer.start
+
+    def guarded(self, *args, **kwargs):
+        item = _running[0]
+        if item is not None and item.get_closest_marker("server") is None:
+            pytest.fail(f"{item.nodeid} starts a Triton server: mark it @pytest.mark.server, or name its fixture in "
+                        f"SERVER_FIXTURES (tests/conftest.py)", pytrace=False)
+        return start(self, *args, **kwargs)
+
+    TritonServer.start = guarded
+    yield
+    TritonServer.start = start

@@ -23,6 +23,8 @@ from test_reliability import kills_a_stub
 from test_serving import grpc_generate
 from trtspec.monitoring import write_monitoring
 
+pytestmark = pytest.mark.server
+
 # the rules' 5-minute windows and minutes-long `for:` would make a test of hours: windows of 20 s, `for:` of 2 s
 WINDOW, FOR = "20s", "2s"
 REQUEST = {"max_tokens": 16, "num_draft_tokens": 4, "speculation": "draft_model", "adaptive_draft_length": False}

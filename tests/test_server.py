@@ -71,6 +71,7 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+@pytest.mark.server
 def test_serves_a_python_model_and_stops_cleanly(tmp_path: Path) -> None:
     import tritonclient.http as httpclient
 
@@ -109,6 +110,7 @@ def test_serves_a_python_model_and_stops_cleanly(tmp_path: Path) -> None:
     server.stop()  # idempotent
 
 
+@pytest.mark.server
 def test_busy_port_is_reported_before_launch(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -124,6 +126,7 @@ def test_busy_port_is_reported_before_launch(tmp_path: Path) -> None:
     assert not (tmp_path / "server.log").exists()
 
 
+@pytest.mark.server
 def test_model_load_failure_reports_the_models_reason_quickly(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     write_model(repo, "broken", BROKEN)
@@ -156,6 +159,7 @@ def test_backend_dir_is_prepared_once_even_concurrently(tmp_path: Path) -> None:
     assert prepare_backend_dir(root, tmp_path) == backend
 
 
+@pytest.mark.server
 def test_explicit_binary_that_does_not_exist(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "tritonserver"
     with pytest.raises(ServerError, match=str(missing)):

@@ -42,6 +42,7 @@ def _infer(server, request: GenerationRequest, outputs=None, model="tensorrt_llm
         return client.infer(model, request_to_tensors(request), outputs)
 
 
+@pytest.mark.server
 def test_the_engine_model_does_not_load_without_the_parameters_the_backend_requires(root):
     from trtspec.server import ServerError
 
@@ -92,6 +93,7 @@ def test_acceptance_does_not_depend_on_optional_outputs(server):
     assert drafted > 0 and 0 < accepted <= drafted
 
 
+@pytest.mark.server
 def test_logits_of_another_dtype_than_declared_fail_the_response(root):
     def fp16(text):  # NVIDIA's ${logits_datatype}: both logits outputs
         for name in ("context_logits", "generation_logits"):
@@ -110,6 +112,7 @@ def test_logits_of_another_dtype_than_declared_fail_the_response(root):
         server.stop()
 
 
+@pytest.mark.server
 def test_unary_engine_models_refuse_streaming_and_the_bls_still_streams(root):
     """`trtspec deploy --decoupled-mode false` on the stand-in: the backend refuses `streaming` on a model that is
     not decoupled ("Streaming is only supported if model is deployed using decoupled mode.", utils.cc), so a
