@@ -252,7 +252,7 @@ def test_int_lists():
     with pytest.raises(b.BenchError, match="--concurrency"):
         b.parse_int_list("0", "--concurrency", minimum=1)
     with pytest.raises(b.BenchError, match="not an integer"):
-        b.parse_int_list("1,x", "--num-draft-tokens", minimum=0)
+        b.parse_int_list("1,x", "--ks", minimum=0)
 
 
 # ---- prompts ------------------------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def test_random_token_prompts(tmp_path):
 
     from tiny import make_tokenizer
 
-    with pytest.raises(b.BenchError, match="--tokenizer"):
+    with pytest.raises(b.BenchError, match="--chat-template"):
         b.load_prompt_set("builtin:random")
     make_tokenizer(tmp_path / "tok")
     prompts = b.load_prompt_set("builtin:random", tmp_path / "tok")
@@ -369,7 +369,7 @@ def test_bench_end_to_end(bench_server, tmp_path):
     report, plot = tmp_path / "report.json", tmp_path / "report.png"
     result = CliRunner().invoke(cli, [
         "bench", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", str(prompts),
-        "--concurrency", "1,2", "--num-draft-tokens", "2,9", "--draft-length", "both", "--max-tokens", "8",
+        "--concurrency", "1,2", "--ks", "2,9", "--draft-length", "both", "--max-tokens", "8",
         "--requests", "2", "--stream",
         "--output", str(report), "--plot", str(plot), "--apply", str(bench_server.repo)])
     assert result.exit_code == 0, result.output
@@ -416,7 +416,7 @@ def test_validate_outputs_with_each_draft_source(bench_server, tmp_path, specula
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["one two one two one two", "def f(x): return x"]))
     result = CliRunner().invoke(cli, [
         "validate", "outputs", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", str(prompts),
-        "--num-draft-tokens", "2", "--max-tokens", "8", "--speculation", speculation])
+        "--ks", "2", "--max-tokens", "8", "--speculation", speculation])
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output
 
@@ -470,7 +470,7 @@ def test_spec_bench_through_trtspec_bench(bench_server, tmp_path):
     tokenizer = chat_tokenizer(bench_server.repo, tmp_path / "tokenizer")
     result = CliRunner().invoke(cli, [
         "bench", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", f"spec-bench:{questions}",
-        "--tokenizer", str(tokenizer), "--concurrency", "1,2", "--max-tokens", "8", "--output", str(report),
+        "--chat-template", str(tokenizer), "--concurrency", "1,2", "--max-tokens", "8", "--output", str(report),
         "--draft-length", "fixed"])  # every iteration drafts (the adaptive policy may judge drafting not to pay)
     assert result.exit_code == 0, result.output
     assert "Spec-Bench, C=1" in result.output and "Spec-Bench, C=2" in result.output and "1 skipped" in result.output

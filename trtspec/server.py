@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from trtspec.control import CONTROL_ENV
+from trtspec.errors import TrtspecError
 from trtspec.triton.kv_watch import METRICS_ENV
 
 if TYPE_CHECKING:
@@ -39,8 +40,9 @@ CONTAINER_BINARY = Path("/opt/tritonserver/bin/tritonserver")
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
 
 
-class ServerError(RuntimeError):
-    """The Triton server could not be found, prepared, started, or it died."""
+class ServerError(TrtspecError, RuntimeError):
+    """The Triton server could not be found, prepared, started, or it died. A TrtspecError: the CLI prints it as
+    its other errors (no traceback, exit code 2); still a RuntimeError for callers that catch that."""
 
 
 # How long `trtspec serve` waits for readiness unless told: a base for the backend (TensorRT engines also

@@ -100,11 +100,11 @@ def parse_ks(text: str) -> list[int]:
         if not part:
             continue
         if not part.isdigit() or int(part) < 1:
-            raise ValidationError(f"--num-draft-tokens: '{part}' is not a positive integer (give e.g. 1,4,8)")
+            raise ValidationError(f"--ks: '{part}' is not a positive integer (give e.g. 1,4,8)")
         if int(part) not in ks:
             ks.append(int(part))
     if not ks:
-        raise ValidationError("--num-draft-tokens: give at least one draft length, e.g. 1,4,8")
+        raise ValidationError("--ks: give at least one draft length, e.g. 1,4,8")
     return ks
 
 

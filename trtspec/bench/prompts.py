@@ -35,7 +35,7 @@ def load_prompt_set(source: str, tokenizer_dir: str | os.PathLike | None = None)
 
     if source == BUILTIN + RANDOM:
         if tokenizer_dir is None:
-            raise BenchError(f"{BUILTIN}{RANDOM} draws its prompts from a tokenizer's vocabulary: give --tokenizer "
+            raise BenchError(f"{BUILTIN}{RANDOM} draws its prompts from a tokenizer's vocabulary: give --chat-template "
                              "(e.g. the target engine dir)")
         return random_token_prompts(_load_tokenizer(tokenizer_dir))
     path = builtin_prompt_path(source[len(BUILTIN):]) if source.startswith(BUILTIN) else Path(source)
@@ -82,7 +82,7 @@ class Prompts:
         if tokenizer_dir is not None:
             self.tokenizer = _load_tokenizer(tokenizer_dir)
             if not getattr(self.tokenizer, "chat_template", None):
-                raise BenchError(f"the tokenizer in {tokenizer_dir} has no chat template; leave --tokenizer out to "
+                raise BenchError(f"the tokenizer in {tokenizer_dir} has no chat template; leave --chat-template out to "
                                  "send the prompts as they are")
 
     def __len__(self) -> int:
