@@ -113,3 +113,21 @@ def test_server_errors_are_trtspec_errors(monkeypatch, tmp_path):
     result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path)])
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit)  # printed, no traceback
     assert "error: no tritonserver found; give --tritonserver" in result.output
+
+
+@pytest.mark.server  # TritonServer.start runs, and refuses before it launches anything
+@pytest.mark.parametrize("front", [False, True], ids=["triton", "with-openai-front"])
+def test_a_server_that_cannot_start_fails_like_every_trtspec_error(tmp_path, front):
+    import socket
+
+    from trtspec.server import free_port
+
+    front = ["--openai-port", str(free_port())] if front else []
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path), "--http-port", str(port), *front])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "error:" in result.stderr and str(port) in result.stderr

@@ -604,7 +604,8 @@ def _rss_bytes(pid: int) -> int:
 
 
 def run_foreground(server: TritonServer, console: Console | None = None, start_timeout: float | None = None) -> int:
-    """Start `server`, print its endpoints, block until Ctrl-C or SIGTERM. Returns an exit code."""
+    """Start `server`, print its endpoints, block until Ctrl-C or SIGTERM. Returns an exit code; a server that
+    cannot start raises ServerError, which the CLI prints as it prints every TrtspecError."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -631,9 +632,6 @@ def run_foreground(server: TritonServer, console: Console | None = None, start_t
                else f"exited with code {code}")
         console.print(f"[red]tritonserver {how} unexpectedly.[/red] Log: {escape(str(server.log_path))}")
         console.print(server.failure_reason(), markup=False, highlight=False)
-        return 1
-    except ServerError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 1
     except KeyboardInterrupt:
         console.print("stopping…")

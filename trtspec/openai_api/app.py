@@ -373,12 +373,13 @@ def serve_front(triton_url: str, *, host: str, port: int, console, **deployment_
 
 def run_with_triton(server, console, start_timeout: float | None, *, port: int, **deployment_options) -> int:
     """`trtspec serve --openai-port`: tritonserver, then the front beside it on the same host; Ctrl-C or SIGTERM
-    stops the front first (no request reaches a stopping Triton), then Triton. Returns an exit code."""
+    stops the front first (no request reaches a stopping Triton), then Triton. Returns an exit code; a start that
+    fails raises (ServerError, FrontError) for the CLI to print."""
     import signal
 
     from rich.markup import escape
 
-    from trtspec.server import ServerError, start_timeout_for
+    from trtspec.server import start_timeout_for
 
     def _interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -403,9 +404,6 @@ def run_with_triton(server, console, start_timeout: float | None, *, port: int, 
             time.sleep(0.5)
         what = "tritonserver" if not server.is_running() else "the OpenAI front"
         console.print(f"[red]{what} stopped unexpectedly.[/red] Triton log: {escape(str(server.log_path))}")
-        return 1
-    except (ServerError, FrontError) as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 1
     except KeyboardInterrupt:
         console.print("stopping…")
