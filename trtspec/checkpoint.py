@@ -11,6 +11,7 @@ the whole model and `load_tokenizer` takes the target's tokenizer; everything do
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 from dataclasses import dataclass, field
@@ -224,6 +225,43 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+# transformers' GGUF loader warns that packed GGUF weights compute fastest in float32: true of its own packed
+# kernels, which trtspec never runs (it reads the dequantized weights once, to build its engine).
+_GGUF_DTYPE_NOTE = "Loading a GGUF checkpoint with its weights packed is fastest in float32"
+
+
+@contextlib.contextmanager
+def _quiet_gguf():
+    """Load a GGUF checkpoint without transformers' per-tensor conversion bar (its loader calls tqdm directly,
+    past disable_progress_bar) or the float32 note above; every other message still shows."""
+    import functools
+    import logging
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # a transformers without GGUF support fails on its own, with its own message
+        yield
+        return
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(_GGUF_DTYPE_NOTE)
+
+    loggers = [logging.getLogger(name) for name in ("transformers.quantizers.quantizer_gguf",
+                                                    "transformers.modeling_gguf_pytorch_utils")]
+    bar = getattr(gguf_utils, "tqdm", None)
+    for logger in loggers:
+        logger.addFilter(keep)
+    if bar is not None:
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        for logger in loggers:
+            logger.removeFilter(keep)
+
+
 def load_model(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False):
     """Load the full model on CPU in `dtype` (GGUF weights are dequantized by transformers)."""
     from transformers import AutoModelForCausalLM
@@ -233,10 +271,11 @@ def load_model(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False):
 
     _quiet_transformers()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(info.model_dir), dtype=dtype, trust_remote_code=trust_remote_code,
-            use_safetensors=None if info.is_gguf else True, **info.hf_kwargs(),
-        )
+        with _quiet_gguf() if info.is_gguf else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(
+                str(info.model_dir), dtype=dtype, trust_remote_code=trust_remote_code,
+                use_safetensors=None if info.is_gguf else True, **info.hf_kwargs(),
+            )
     except Exception as exc:  # transformers raises OSError, ValueError, safetensors errors...
         raise CheckpointError(f"cannot load the weights of {info.path}: {exc}") from exc
     return model.eval()
