@@ -58,39 +58,44 @@ def test_the_template_values_hold_each_parameter_once(built_fp8):
     from trtspec.engine.manifest import read_engine
 
     config = load_config(built_fp8.config).config
-    values = repository.template_values(config, read_engine(built_fp8.target), read_engine(built_fp8.draft), device="cpu")
-    built = repository._bls_build_values(config, read_engine(built_fp8.target), read_engine(built_fp8.draft))
+    target, draft = read_engine(built_fp8.target), read_engine(built_fp8.draft)
+    values = repository.template_values(config, target, draft, device="cpu")
+    built = repository._bls_build_values(config, target, draft)
     assert not set(built) & set(ServingSettings.written_defaults())
     template = template_parameters()
     assert set(template.values()) <= set(values)
-    per_build = {template[f.name] for f in FIELDS if f.metadata.get(PER_BUILD)}
-    assert per_build == set(built)
+    assert {template[f.name] for f in FIELDS if f.metadata.get(PER_BUILD)} == set(built)
+
+
+REQUIRED_PARAMETERS = {"tokenizer_dir": "/tokenizer", "max_input_len": "7", "max_seq_len": "9"}
 
 
 def test_unset_parameters_read_as_the_defaults():
+    assert REQUIRED_PARAMETERS.keys() == {f.name for f in FIELDS if f.metadata.get(REQUIRED)}
     unfilled = {key: "${" + field + "}" for key, field in template_parameters().items()}
     with pytest.raises(TrtspecError, match="model parameter 'tokenizer_dir' is not set"):
         ServingSettings.from_parameters(unfilled)
-    required = {f.name: "7" for f in FIELDS if f.metadata.get(REQUIRED)}
-    for params in (unfilled | required, {key: "" for key in unfilled} | required, required):
-        settings = ServingSettings.from_parameters(params)
-        assert settings == ServingSettings(**{name: type(getattr(settings, name))(value) for name, value in required.items()},
-                                           speculation_num_draft_tokens=4, default_speculation="none")
+    expected = ServingSettings(tokenizer_dir="/tokenizer", max_input_len=7, max_seq_len=9,
+                               speculation_num_draft_tokens=4, default_speculation="none")
+    for params in (unfilled, {key: "" for key in unfilled}, {}):
+        assert ServingSettings.from_parameters(params | REQUIRED_PARAMETERS) == expected
     # the defaults that follow from other settings
-    settings = ServingSettings.from_parameters(required | {"default_num_draft_tokens": "3", "tensorrt_llm_draft_model_name": "d"})
+    settings = ServingSettings.from_parameters(
+        REQUIRED_PARAMETERS | {"default_num_draft_tokens": "3", "tensorrt_llm_draft_model_name": "d"})
     assert (settings.speculation_num_draft_tokens, settings.default_speculation) == (3, "draft_model")
     # the adaptive draft length starts from the same costs as a CostModel of its own
-    assert CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed) == CostModel()
+    costs = CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed)
+    assert costs == CostModel()
 
 
 @pytest.mark.parametrize("params, error", [
     ({"draft_timeout_ms": "-1"}, "the parameter draft_timeout_ms must be >= 0 (0: no limit), got -1"),
     ({"governor_hold_seconds": "-2.5"}, "the parameter governor_hold_seconds must be >= 0, got -2.5"),
-    ({"adaptive_draft_length": "maybe"}, "model parameter 'adaptive_draft_length' = 'maybe' is not a boolean (true or false)"),
+    ({"adaptive_draft_length": "maybe"},
+     "model parameter 'adaptive_draft_length' = 'maybe' is not a boolean (true or false)"),
     ({"max_queued_requests": "many"}, "invalid literal for int() with base 10: 'many'"),
 ])
 def test_bad_values_are_refused(params, error):
-    required = {f.name: "7" for f in FIELDS if f.metadata.get(REQUIRED)}
     with pytest.raises((TrtspecError, ValueError)) as raised:
-        ServingSettings.from_parameters(required | params)
+        ServingSettings.from_parameters(REQUIRED_PARAMETERS | params)
     assert str(raised.value) == error

@@ -86,7 +86,8 @@ class ServingSettings:
     # a draft call unanswered this long is a draft failure and the request goes on with the target alone (0: no
     # limit); above the ~1 s in which Triton reports a dead Python model, so a dead draft counts as dead, not slow
     draft_timeout_ms: int = 5000
-    # how long a request whose target process died waits for the BLS to load it again before it ends UNAVAILABLE
+    # how long a request whose target process died waits for the BLS to load it again, then goes on from its tokens
+    # (past it, or past its own timeout_ms, it ends UNAVAILABLE, worth a retry)
     target_recovery_timeout_ms: int = 120000
     # trtspec_build_info's labels: what is deployed, by name (docs/metrics.md)
     build_target: str = _per_build("")
