@@ -34,6 +34,7 @@ from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
 from trtspec.launch import (RECV_POLL_PERIOD_MS, engine_model_values, launch_for, planned_gpu_memory_fraction,
                             repository_launch)
 from trtspec.marker import MARKER_FILE
+from trtspec.serving_settings import ServingSettings
 from trtspec.errors import EngineError, Problem, TrtspecError
 
 TEMPLATES_DIR = Path(__file__).parent / "model_repository"
@@ -160,9 +161,6 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
     """The values every template draws from (each engine model adds `model_name` and `engine_dir`)."""
     return {
         "triton_max_batch_size": target.max_batch_size,
-        "tokenizer_dir": str(target.path),
-        "add_special_tokens": True,
-        "skip_special_tokens": True,
         "preprocessing_instance_count": 1,
         "postprocessing_instance_count": 1,
         # One instance by default: each keeps its own prefix KV cache, and the orchestrator's next iteration of
@@ -172,6 +170,21 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "enable_kv_cache_reuse": True,
         "engine_inputs": tensor_block(ENGINE_INPUTS, inputs=True),
         "engine_outputs": tensor_block(ENGINE_OUTPUTS, inputs=False),
+        # the BLS's parameters (add_special_tokens and skip_special_tokens are the pre- and postprocessing's too)
+        **ServingSettings.written_defaults(),
+        **_bls_build_values(config, target, draft),
+        "bls_inputs": tensor_block(BLS_INPUTS, inputs=True),
+        "bls_outputs": tensor_block(BLS_OUTPUTS, inputs=False),
+        **{f"{model}_{kind}": tensor_block(MODEL_TENSORS[model][i], inputs=i == 0)
+           for model in (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL) for i, kind in enumerate(("inputs", "outputs"))},
+    }
+
+
+def _bls_build_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo | None) -> dict[str, object]:
+    """The BLS parameters written from the build and the deploy options: those trtspec.serving_settings marks per
+    build (tokenizer_dir and decoupled_mode are the other models' too). Every other one is written at its default."""
+    return {
+        "tokenizer_dir": str(target.path),
         # NVIDIA's decoupled_mode. Decoupled engine models stream (streaming: true), so the BLS reads a plain
         # stretch from one call and the ensemble streams; their clients need gRPC streams. `deploy --decoupled-mode
         # false` writes unary ones, for clients that call them with plain `infer` (NVIDIA's client-side
@@ -187,27 +200,11 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "default_speculation": config.speculation.method,
         "adaptive_draft_length": config.speculation.adaptive,
         "max_matching_ngram_size": config.speculation.max_matching_ngram_size,
-        # Above this many requests in flight new requests decode plainly (0: no limit); `bench --apply` measures it,
-        # and the cost model (relative to one target step) that the adaptive draft length starts from.
-        "max_speculative_concurrency": 0,
-        "max_concurrent_requests": 64,
-        "max_queued_requests": 256,
-        "request_timeout_ms": 0,
-        # a draft call unanswered past this is a draft failure (fallback to the target alone; 0: no limit)
-        "draft_timeout_ms": 5000,
-        # a request whose target's process died waits this long for the BLS to load it again, then goes on from its
-        # tokens; past it (or its own timeout_ms) it ends UNAVAILABLE, worth a retry
-        "target_recovery_timeout_ms": 120000,
-        "draft_cost_ratio": "0.3",
-        "verify_cost_per_token": "0.1",
-        "verify_cost_fixed": "0",
-        # the speculation governor judges requests admitted this long after each of its changes (seconds)
-        "governor_hold_seconds": 30,
         "max_draft_len": target.max_draft_len,
         "max_input_len": prompt_limit(target),
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)
-        # the fullest GPU's planned steady memory use (0: no GPU plan): the GPU-memory alerts fire above it, not at
-        # a level TensorRT-LLM's KV-cache reservation reaches at start (trtspec.monitoring)
+        # the GPU-memory alerts fire above it, not at a level TensorRT-LLM's KV-cache reservation reaches at start
+        # (trtspec.monitoring)
         "gpu_memory_planned_fraction": str(planned_gpu_memory_fraction(config, target, draft) or 0),
         "gather_context_logits": target.gather_context_logits,
         "gather_generation_logits": target.gather_generation_logits,
@@ -218,10 +215,6 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         "build_quantization": f"{config.target.quantization}, kv {config.target.kv_cache_dtype}, {config.backend}",
         "build_max_draft_len": target.max_draft_len,
         "build_trtspec_version": __version__,
-        "bls_inputs": tensor_block(BLS_INPUTS, inputs=True),
-        "bls_outputs": tensor_block(BLS_OUTPUTS, inputs=False),
-        **{f"{model}_{kind}": tensor_block(MODEL_TENSORS[model][i], inputs=i == 0)
-           for model in (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL) for i, kind in enumerate(("inputs", "outputs"))},
     }
 
 

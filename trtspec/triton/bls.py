@@ -32,9 +32,8 @@ from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.governor import Governor, Outcome
 from trtspec.orchestrator.loop import SpecRequest, Trace, speculate
 from trtspec.orchestrator.stats import RequestStats
-from trtspec.triton.common import (
-    bool_parameter, error_response, input_arrays, load_tokenizer, model_parameters, parameter,
-)
+from trtspec.serving_settings import ServingSettings
+from trtspec.triton.common import error_response, input_arrays, load_tokenizer, model_parameters
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
 from trtspec.triton.metrics import Metrics, seconds_per_output_token
 from trtspec.triton.kv_watch import METRICS_ENV, KvWatch
@@ -45,58 +44,38 @@ class TritonPythonModel:
     def initialize(self, args):
         self.name = args["model_name"]
         self.batched = int(json.loads(args["model_config"]).get("max_batch_size", 0)) > 0
-        params = model_parameters(args)
-        workers = int(parameter(params, "max_concurrent_requests", "64"))
+        self.settings = settings = ServingSettings.from_parameters(model_parameters(args))
+        workers = settings.max_concurrent_requests
         # every engine call is read here (a request has at most a call and its stop open per engine); a call to a
         # model that died never ends and keeps its thread, hence the room
         self.calls = ThreadPoolExecutor(max_workers=8 * workers + 8, thread_name_prefix="engine-call")
-        decoupled = bool_parameter(params, "engine_decoupled_mode", False)
+        decoupled = settings.engine_decoupled_mode
         self.reloader = Reloader(self.name, Path(args["model_repository"]).parent)
-        self.target = BlsEngineClient(parameter(params, "tensorrt_llm_model_name", "tensorrt_llm"), calls=self.calls,
-                                      reloader=self.reloader, decoupled=decoupled)
-        draft_name = parameter(params, "tensorrt_llm_draft_model_name", "")
-        draft_timeout_ms = int(parameter(params, "draft_timeout_ms", "5000"))
-        if draft_timeout_ms < 0:
-            raise ValueError(f"the parameter draft_timeout_ms must be >= 0 (0: no limit), got {draft_timeout_ms}")
+        self.target = BlsEngineClient(settings.tensorrt_llm_model_name, calls=self.calls, reloader=self.reloader,
+                                      decoupled=decoupled)
+        draft_name = settings.tensorrt_llm_draft_model_name
         self.draft = (BlsEngineClient(draft_name, calls=self.calls, reloader=self.reloader,
-                                      call_timeout_ms=draft_timeout_ms, decoupled=decoupled) if draft_name else None)
-        # how long a request waits for a target whose process died to be loaded again (within its own timeout_ms)
-        self.recovery_ms = int(parameter(params, "target_recovery_timeout_ms", "120000"))
+                                      call_timeout_ms=settings.draft_timeout_ms, decoupled=decoupled)
+                      if draft_name else None)
+        self.recovery_ms = settings.target_recovery_timeout_ms
         self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
-        # Requests that name neither num_draft_tokens nor speculation get default_num_draft_tokens (0 decodes
-        # plainly, as NVIDIA's BLS does); naming only `speculation` drafts up to speculation_num_draft_tokens.
-        self.default_k = int(parameter(params, "default_num_draft_tokens", "0"))
-        self.speculation_k = int(parameter(params, "speculation_num_draft_tokens", str(self.default_k or 4)))
-        self.default_method = parameter(params, "default_speculation", "draft_model" if self.draft else "none")
-        self.adaptive_default = bool_parameter(params, "adaptive_draft_length", True)
-        self.ngram = int(parameter(params, "max_matching_ngram_size", "3"))
-        self.costs = DeploymentCosts(CostModel(float(parameter(params, "draft_cost_ratio", "0.3")),
-                                               float(parameter(params, "verify_cost_per_token", "0.1")),
-                                               float(parameter(params, "verify_cost_fixed", "0"))))
-        # Above this many requests in flight, new requests start without speculation (0: no limit).
-        self.max_spec_concurrency = int(parameter(params, "max_speculative_concurrency", "0"))
+        self.ngram = settings.max_matching_ngram_size
+        self.costs = DeploymentCosts(CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token,
+                                               settings.verify_cost_fixed))
+        self.max_spec_concurrency = settings.max_speculative_concurrency
         self._peaks: dict[int, int] = {}  # requests in flight: the most requests in flight during each one's life
         self._active_lock = threading.Lock()
-        self.max_draft_len = int(parameter(params, "max_draft_len", "0"))
-        self.gathers = {"context": bool_parameter(params, "gather_context_logits", False),
-                        "generation": bool_parameter(params, "gather_generation_logits", False)}
-        self.max_input_len = int(parameter(params, "max_input_len"))
-        self.max_seq_len = int(parameter(params, "max_seq_len"))
-        self.use_logits_default = bool_parameter(params, "use_draft_logits_default", False)
-        self.add_special_tokens = bool_parameter(params, "add_special_tokens", True)
-        self.skip_special_tokens = bool_parameter(params, "skip_special_tokens", True)
-        self.tokenizer = load_tokenizer(parameter(params, "tokenizer_dir"))
+        self.max_draft_len = settings.max_draft_len
+        self.skip_special_tokens = settings.skip_special_tokens
+        self.tokenizer = load_tokenizer(settings.tokenizer_dir)
         # every token the target ends on (Llama 3.x Instruct declares three): the first is the engine's end_id
-        self.end_ids = declared_end_ids(parameter(params, "tokenizer_dir"), self.tokenizer.eos_token_id)
-        self.metrics = Metrics(self.name, {key: parameter(params, f"build_{key}", "") for key in
-                                           ("target", "draft", "quantization", "max_draft_len", "trtspec_version")})
+        self.end_ids = declared_end_ids(settings.tokenizer_dir, self.tokenizer.eos_token_id)
+        self.metrics = Metrics(self.name, settings.build_info())
         self.metrics.break_even(*self.costs.break_even_at(1, self.max_draft_len))
-        self.metrics.gpu_memory_planned(float(parameter(params, "gpu_memory_planned_fraction", "0")))
+        self.metrics.gpu_memory_planned(settings.gpu_memory_planned_fraction)
         # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
-        hold = float(parameter(params, "governor_hold_seconds", "30"))
-        if hold < 0:
-            raise ValueError(f"the parameter governor_hold_seconds must be >= 0, got {hold:g}")
-        self.governor = Governor(self.default_k or self.speculation_k, hold_seconds=hold, on_change=self._governed)
+        self.governor = Governor(settings.default_num_draft_tokens or settings.speculation_num_draft_tokens,
+                                 hold_seconds=settings.governor_hold_seconds, on_change=self._governed)
         self.metrics.governor(self.governor.state, self.governor.cap())
         # an operator's or Alertmanager's force, through `trtspec serve --control-port` (trtspec.control)
         self.control, self._control_lock = Watcher(os.environ.get(CONTROL_ENV)), threading.Lock()
@@ -110,9 +89,9 @@ class TritonPythonModel:
                                      "without the KV-cache signal")
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
-        self.max_queued = int(parameter(params, "max_queued_requests", "256"))
+        self.max_queued = settings.max_queued_requests
         self.max_admitted = workers + self.max_queued
-        self.default_timeout_ms = int(parameter(params, "request_timeout_ms", "0"))
+        self.default_timeout_ms = settings.request_timeout_ms
         self._admitted = 0  # requests being served or waiting for a thread
 
     def execute(self, requests):
@@ -331,66 +310,22 @@ class TritonPythonModel:
         self.governor.draft_down(False)
 
     def _parse(self, f: "_Fields") -> "_Plan":
+        """A request's fields as a plan, checked in this order (a request with several problems is told the first):
+        neutral inputs, the prompt, max_tokens, the draft source and length, sampling, end and pad ids, the word
+        lists, seed and min_tokens, the logits asked for, the penalties."""
         check_neutral(f.inputs, BLS_INPUTS)
-        text = f.text("text_input")
-        if not text:
-            raise RequestError("text_input", "is required and must not be empty")
-        prompt = self.tokenizer(text, add_special_tokens=self.add_special_tokens)["input_ids"]
-        if len(prompt) > self.max_input_len:
-            raise RequestError("text_input", f"the prompt is {len(prompt)} tokens; this deployment's max_input_len is {self.max_input_len}")
-        max_tokens = f.scalar("max_tokens", int, None)
-        if max_tokens is None:
-            raise RequestError("max_tokens", "is required")
-        budget = self.max_seq_len - len(prompt)
-        if not 0 < max_tokens <= budget:
-            raise RequestError("max_tokens", f"must be between 1 and {budget} (max_seq_len {self.max_seq_len} minus the {len(prompt)}-token prompt), got {max_tokens}")
-        method = f.text("speculation") or None
-        if method is not None and method not in SPECULATION_METHODS:
-            raise RequestError("speculation", f"must be one of {', '.join(SPECULATION_METHODS)}, got {method!r}")
-        k = f.scalar("num_draft_tokens", int, None)
-        if k is None:
-            k = self.default_k if method is None else self.speculation_k
-        method = method or self.default_method
-        if k < 0 or k > self.max_draft_len:
-            raise RequestError("num_draft_tokens", f"must be between 0 and the target engine's max_draft_len {self.max_draft_len}, got {k}")
-        if method == "none":
-            k = 0
-        if k > 0 and method == "draft_model" and self.draft is None:
-            raise RequestError("speculation", "this deployment has no draft model; use speculation: prompt_lookup, or num_draft_tokens 0")
-        temperature = f.scalar("temperature", float, 0.0)
-        top_k = f.scalar("top_k", int, 0)
-        top_p = f.scalar("top_p", float, 0.0)
-        if temperature < 0:
-            raise RequestError("temperature", f"must be >= 0, got {temperature}")
-        if top_k < 0:
-            raise RequestError("top_k", f"must be >= 0, got {top_k}")
-        if not 0.0 <= top_p <= 1.0:
-            raise RequestError("top_p", f"must be within [0, 1], got {top_p}")
-        # As TensorRT-LLM reads them (and NVIDIA's BLS passes them on): top_k 0 with top_p 0 is greedy whatever the
-        # temperature, so sampling from the whole distribution is top_p 1.0 (SamplingParams)
-        end_id = f.scalar("end_id", int, self.end_ids[0] if self.end_ids else None)
-        other_end_ids = [] if f.has("end_id") else self.end_ids[1:]  # a client's end_id is the only one
-        pad_id = f.scalar("pad_id", int, self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else end_id)
-        vocab = len(self.tokenizer)
-        for name, value in (("end_id", end_id), ("pad_id", pad_id)):
-            if value is not None and not -1 <= value < vocab:
-                raise RequestError(name, f"{value} is outside the vocabulary [0, {vocab}) (-1 disables it)")
-        # each string one word, tokenized without special tokens (NVIDIA's preprocessing does the same)
-        stop_words, bad_words = ([ids for w in f.strings(name) if w and (ids := self.tokenizer(w, add_special_tokens=False)["input_ids"])]
-                                 for name in ("stop_words", "bad_words"))
+        prompt = self._prompt(f)
+        max_tokens = self._max_tokens(f, len(prompt))
+        method, k = self._draft_length(f)
+        temperature, top_k, top_p = self._sampling(f)
+        end_id, other_end_ids, pad_id = self._end_and_pad_ids(f)
+        stop_words, bad_words = self._words(f, "stop_words"), self._words(f, "bad_words")
         seed = f.scalar("seed", int, None)
         min_tokens = f.scalar("min_tokens", int, 0)
         if min_tokens < 0:
             raise RequestError("min_tokens", f"must be >= 0, got {min_tokens}")
-        for kind, option in (("context", "engine.gather_context_logits"), ("generation", "engine.gather_generation_logits")):
-            if f.scalar(f"return_{kind}_logits", bool, False) and not self.gathers[kind]:  # as the engine refuses it
-                raise RequestError(f"return_{kind}_logits", f"the target engine was built without gather_{kind}_logits; "
-                                   f"a deployment whose clients read {kind} logits sets {option}: true in its build "
-                                   "config and rebuilds" + (" (torch backend only)" if kind == "context" else ""))
-        penalties = Penalties(f.scalar("repetition_penalty", float, 1.0), f.scalar("presence_penalty", float, 0.0),
-                              f.scalar("frequency_penalty", float, 0.0))
-        if not penalties.repetition > 0:
-            raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {penalties.repetition}")
+        self._check_logits_wanted(f)
+        penalties = self._penalties(f)
         spec = SpecRequest(
             prompt=prompt, max_tokens=max_tokens, num_draft_tokens=k,
             sampling=SamplingParams(temperature, top_k, top_p, seed),
@@ -403,8 +338,8 @@ class TritonPythonModel:
         )
         return _Plan(
             spec=spec, method=method,
-            use_logits=f.scalar("use_draft_logits", bool, self.use_logits_default),
-            adaptive=f.scalar("adaptive_draft_length", bool, self.adaptive_default),
+            use_logits=f.scalar("use_draft_logits", bool, self.settings.use_draft_logits_default),
+            adaptive=f.scalar("adaptive_draft_length", bool, self.settings.adaptive_draft_length),
             want_perf=f.scalar("return_perf_metrics", bool, False),
             final_perf_only=f.scalar("final_perf_metrics_only", bool, False),
             exclude_input=f.scalar("exclude_input_in_output", bool, False),
@@ -413,6 +348,112 @@ class TritonPythonModel:
             output_tokens=f.scalar("return_num_output_tokens", bool, False),
             has_draft_model=self.draft is not None,
         )
+
+    def _prompt(self, f: "_Fields") -> list[int]:
+        """text_input's token ids, within the deployment's max_input_len."""
+        text = f.text("text_input")
+        if not text:
+            raise RequestError("text_input", "is required and must not be empty")
+        prompt = self.tokenizer(text, add_special_tokens=self.settings.add_special_tokens)["input_ids"]
+        limit = self.settings.max_input_len
+        if len(prompt) > limit:
+            raise RequestError("text_input", f"the prompt is {len(prompt)} tokens; this deployment's max_input_len "
+                               f"is {limit}")
+        return prompt
+
+    def _max_tokens(self, f: "_Fields", prompt_len: int) -> int:
+        """max_tokens, required, within what max_seq_len leaves after the prompt."""
+        max_tokens = f.scalar("max_tokens", int, None)
+        if max_tokens is None:
+            raise RequestError("max_tokens", "is required")
+        budget = self.settings.max_seq_len - prompt_len
+        if not 0 < max_tokens <= budget:
+            raise RequestError("max_tokens", f"must be between 1 and {budget} (max_seq_len {self.settings.max_seq_len} "
+                               f"minus the {prompt_len}-token prompt), got {max_tokens}")
+        return max_tokens
+
+    def _draft_length(self, f: "_Fields") -> tuple[str, int]:
+        """The request's draft source and the most tokens to draft per iteration (K).
+
+        K is the first of: the request's num_draft_tokens; the deployment's speculation_num_draft_tokens when the
+        request names a `speculation` method; the deployment's default_num_draft_tokens (0 decodes plainly, as
+        NVIDIA's BLS does). The source is the request's `speculation`, else the deployment's default_speculation.
+        K lies within the target engine's max_draft_len, the source none drafts nothing, and a K > 0 from the
+        draft model needs a deployment that has one."""
+        method = f.text("speculation") or None
+        if method is not None and method not in SPECULATION_METHODS:
+            raise RequestError("speculation", f"must be one of {', '.join(SPECULATION_METHODS)}, got {method!r}")
+        k = f.scalar("num_draft_tokens", int, None)
+        if k is None:
+            k = self.settings.speculation_num_draft_tokens if method else self.settings.default_num_draft_tokens
+        method = method or self.settings.default_speculation
+        if k < 0 or k > self.max_draft_len:
+            raise RequestError("num_draft_tokens", "must be between 0 and the target engine's max_draft_len "
+                               f"{self.max_draft_len}, got {k}")
+        if method == "none":
+            k = 0
+        if k > 0 and method == "draft_model" and self.draft is None:
+            raise RequestError("speculation", "this deployment has no draft model; use speculation: prompt_lookup, "
+                               "or num_draft_tokens 0")
+        return method, k
+
+    @staticmethod
+    def _sampling(f: "_Fields") -> tuple[float, int, float]:
+        """temperature, top_k and top_p, checked. As TensorRT-LLM reads them (and NVIDIA's BLS passes them on):
+        top_k 0 with top_p 0 is greedy whatever the temperature, so sampling from the whole distribution is top_p
+        1.0 (SamplingParams)."""
+        temperature = f.scalar("temperature", float, 0.0)
+        top_k = f.scalar("top_k", int, 0)
+        top_p = f.scalar("top_p", float, 0.0)
+        if temperature < 0:
+            raise RequestError("temperature", f"must be >= 0, got {temperature}")
+        if top_k < 0:
+            raise RequestError("top_k", f"must be >= 0, got {top_k}")
+        if not 0.0 <= top_p <= 1.0:
+            raise RequestError("top_p", f"must be within [0, 1], got {top_p}")
+        return temperature, top_k, top_p
+
+    def _end_and_pad_ids(self, f: "_Fields") -> tuple[int | None, list[int], int | None]:
+        """end_id, the other tokens generation ends on, and pad_id: the request's, else the tokenizer's. A client's
+        end_id is the only one it ends on; -1 disables it."""
+        end_id = f.scalar("end_id", int, self.end_ids[0] if self.end_ids else None)
+        other_end_ids = [] if f.has("end_id") else self.end_ids[1:]
+        pad_default = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else end_id
+        pad_id = f.scalar("pad_id", int, pad_default)
+        vocab = len(self.tokenizer)
+        for name, value in (("end_id", end_id), ("pad_id", pad_id)):
+            if value is not None and not -1 <= value < vocab:
+                raise RequestError(name, f"{value} is outside the vocabulary [0, {vocab}) (-1 disables it)")
+        return end_id, other_end_ids, pad_id
+
+    def _words(self, f: "_Fields", name: str) -> list[list[int]]:
+        """stop_words or bad_words: each string one word, tokenized without special tokens (as NVIDIA's
+        preprocessing does); empty strings and those without tokens are left out."""
+        words = []
+        for word in f.strings(name):
+            ids = self.tokenizer(word, add_special_tokens=False)["input_ids"] if word else []
+            if ids:
+                words.append(ids)
+        return words
+
+    def _check_logits_wanted(self, f: "_Fields") -> None:
+        """Logits the target engine was not built to gather are refused, as the engine refuses them."""
+        built = {"context": self.settings.gather_context_logits, "generation": self.settings.gather_generation_logits}
+        for kind, gathered in built.items():
+            if f.scalar(f"return_{kind}_logits", bool, False) and not gathered:
+                only = " (torch backend only)" if kind == "context" else ""
+                raise RequestError(f"return_{kind}_logits",
+                                   f"the target engine was built without gather_{kind}_logits; a deployment whose "
+                                   f"clients read {kind} logits sets engine.gather_{kind}_logits: true in its build "
+                                   f"config and rebuilds{only}")
+
+    @staticmethod
+    def _penalties(f: "_Fields") -> Penalties:
+        penalties = Penalties(f.scalar("repetition_penalty", float, 1.0), f.scalar("presence_penalty", float, 0.0),
+                              f.scalar("frequency_penalty", float, 0.0))
+        if not penalties.repetition > 0:
+            raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {penalties.repetition}")
+        return penalties
 
     def _response(self, text: str, ids: list[int], plan: "_Plan", run: "_Run", generated: int, final: bool = False):
         """One response: the text and ids of this chunk (or of the whole answer); the log probs and generation

@@ -14,30 +14,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.errors import EngineUnavailable, RequestError, TrtspecError
-
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+# how every Triton model reads its parameters (re-exported: the BLS reads its own as trtspec.serving_settings)
+from trtspec.serving_settings import bool_parameter, parameter  # noqa: F401
 
 
 def model_parameters(args: dict) -> dict[str, str]:
     """The `parameters` of the model's config.pbtxt as plain strings."""
     config = json.loads(args["model_config"])
     return {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
-
-
-def parameter(params: dict[str, str], key: str, default: str | None = None) -> str:
-    value = params.get(key, "")
-    if value == "" or value.startswith("${"):  # an unfilled template field counts as unset, as in the stock models
-        if default is None:
-            raise TrtspecError(f"model parameter '{key}' is not set; regenerate the repository with `trtspec deploy`")
-        return default
-    return value
-
-
-def bool_parameter(params: dict[str, str], key: str, default: bool) -> bool:
-    value = parameter(params, key, "true" if default else "false").strip().lower()
-    if value not in _TRUE | _FALSE:
-        raise TrtspecError(f"model parameter '{key}' = {value!r} is not a boolean (true or false)")
-    return value in _TRUE
 
 
 def load_tokenizer(tokenizer_dir: str):
