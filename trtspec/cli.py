@@ -648,6 +648,8 @@ def _spec_bench(settings, *, per_task, speculation, ks, adaptive, progress, comm
     from trtspec.bench import specbench as sb
     from trtspec.client import SpecClient
 
+    from trtspec.serving_settings import ServingSettings
+
     with SpecClient(settings.url, protocol=settings.protocol, model=settings.model, timeout=settings.timeout) as client:
         params = {k: v.get("string_value", "") for k, v in client.model_config(settings.model).get("parameters", {}).items()}
         tokenizer = settings.tokenizer or params.get("tokenizer_dir")
@@ -664,8 +666,9 @@ def _spec_bench(settings, *, per_task, speculation, ks, adaptive, progress, comm
     methods = [m for m in sb.METHODS if m in ("none", speculation or m)]
     if not params.get("tensorrt_llm_draft_model_name"):  # (auto without a draft model is prompt lookup alone)
         methods = [m for m in methods if m != "draft_model"]
-    k = max(ks) if ks else int(params.get("speculation_num_draft_tokens", "4") or 4)
-    adaptive = adaptive if adaptive is not None else params.get("adaptive_draft_length", "true") == "true"
+    served = ServingSettings.from_parameters(params)  # the draft length the deployment gives `speculation` alone
+    k = max(ks) if ks else served.speculation_num_draft_tokens
+    adaptive = adaptive if adaptive is not None else served.adaptive_draft_length
     console.print(f"Spec-Bench: {len(kept)} questions ({sum(skipped.values())} longer than max_input_len skipped), "
                   f"C = {', '.join(map(str, settings.concurrencies))}, {', '.join(methods)}, K≤{k}"
                   f"{' adaptive' if adaptive else ''}, {settings.max_tokens} tokens, interleaved", highlight=False)

@@ -14,6 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trtspec.serving_settings import ServingSettings
 from trtspec.checkpoint import SUPPORTED_ARCHITECTURES, CheckpointInfo, inspect_checkpoint, resolve_checkpoint_path
 from trtspec.errors import CheckpointError, ConfigError, Problem
 
@@ -47,7 +48,7 @@ class SpeculationSpec(_Strict):
     # prompt_lookup needs no draft model; none: requests decode plainly unless they ask.
     method: Literal["auto", "draft_model", "prompt_lookup", "none"] = "auto"
     adaptive: bool = True               # draft length follows each request's measured acceptance
-    max_matching_ngram_size: int = Field(3, ge=1, le=16)
+    max_matching_ngram_size: int = Field(ServingSettings.max_matching_ngram_size, ge=1, le=16)
 
 
 class EngineSpec(_Strict):

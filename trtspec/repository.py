@@ -566,7 +566,8 @@ def _check_tensorrtllm_model(name: str, config, orchestrated: bool) -> list[Prob
 def _check_engine_streaming(bls, engines: dict) -> list[Problem]:
     """The BLS calls the engine models as they are: decoupled ones through response streams. It is told which
     by its engine_decoupled_mode parameter, which must say what the engine models' configs say."""
-    said = (_param(bls, "engine_decoupled_mode") or "false").strip().lower() in ("true", "1", "yes", "on")
+    said = (_param(bls, "engine_decoupled_mode") or str(ServingSettings.engine_decoupled_mode)).strip().lower() in (
+        "true", "1", "yes", "on")
     return [Problem(f"{name}/{CONFIG_FILE} model_transaction_policy.decoupled", _is_decoupled(config),
                     f"differs from {BLS_MODEL}'s parameter engine_decoupled_mode ({str(said).lower()})",
                     "make them agree, or regenerate with `trtspec deploy` (--decoupled-mode sets both)")
