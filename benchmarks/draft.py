@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.config:
-        from trtspec.build import run_build
+        from trtspec.compile import run_build
 
         run_build(args.config, args.engines, console=console)
     target = Engine.load(args.engines / "target", device=args.device, dtype=args.dtype)

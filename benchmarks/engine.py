@@ -39,7 +39,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from trtspec.build.torch import build_model, plan
+from trtspec.compile.torch import build_model, plan
 from trtspec.checkpoint import inspect_checkpoint
 from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import GenerationRequest
@@ -98,7 +98,7 @@ def _deciles(values) -> tuple[float, float]:
 # ---- engines --------------------------------------------------------------------------------------------------
 
 def build_demo(config: str, engines_dir: Path, console: Console) -> float:
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
 
     seconds, _ = timed(lambda: run_build(config, engines_dir, console=console))
     return seconds

@@ -39,7 +39,7 @@ class _Endpoints:
 
 def _tiny_server(root: Path):
     from tiny import make_checkpoint, make_perturbed_copy, write_config
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
     from trtspec.config import load_config
     from trtspec.repository import write_repository
     from trtspec.server import TritonServer, free_port

@@ -61,7 +61,7 @@ def tiny_pair(tmp_path_factory) -> TinyPair:
 
 
 def _build(tiny_pair: TinyPair, name: str, target: dict, draft: dict) -> Built:
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
 
     folder = tiny_pair.root / name
     folder.mkdir()

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from conftest import ENGINE, MAX_DRAFT_LEN, MAX_SEQ_LEN, SPECULATION
 from tiny import write_config
-from trtspec.build import run_build
-from trtspec.build.common import atomic_dir, sha256_file
+from trtspec.compile import run_build
+from trtspec.compile.common import atomic_dir, sha256_file
 from trtspec.checkpoint import declared_end_ids
 from trtspec.cli import cli
 from trtspec.engine import fp8

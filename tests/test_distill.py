@@ -84,7 +84,7 @@ def test_resume_continues_from_the_checkpoint(target, distilled, tmp_path):
 
 
 def test_the_draft_builds_and_speculates_exactly(target, distilled, tmp_path):
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
     from trtspec.contract import GenerationRequest, SamplingParams
     from trtspec.engine.runtime import Engine, InProcessClient
     from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter

@@ -368,7 +368,7 @@ def test_a_fault_outside_the_forward_pass_fails_the_calls_in_flight_not_the_engi
 
 
 def test_kv_budget_comes_from_the_build_config(tiny_pair, tmp_path):
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
 
     config = write_config(tmp_path / "build.yaml", tiny_pair.target, None,
                           engine={"max_input_len": 64, "max_seq_len": 96, "kv_cache_mb": 3, "kv_cache_reuse_mb": 1})

@@ -96,7 +96,7 @@ def triton(tmp_path_factory):
     from tiny import make_checkpoint, make_perturbed_copy, write_config
     from transformers import AutoTokenizer
 
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
     from trtspec.config import load_config
     from trtspec.repository import write_repository
     from trtspec.server import TritonServer, free_port

@@ -20,7 +20,7 @@ PROMPTS = [[305, 70, 294, 280, 76, 272], [5, 6, 7], [100, 200, 300, 12, 44]]
 def engines(tmp_path_factory):
     """A 3-layer target and a draft that is the target with slightly perturbed weights (about half its
     draft tokens are accepted), built with max_draft_len 8."""
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
     from trtspec.engine.runtime import Engine, InProcessClient
 
     root = tmp_path_factory.mktemp("orch")
@@ -327,7 +327,7 @@ def test_calls_from_before_an_outage_do_not_stretch_its_cool_down():
 def copier(tmp_path_factory):
     """A target that copies (a bigram model: see tiny.make_bigram_copy) and a draft of its vocabulary."""
     from tiny import make_bigram_copy
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
     from trtspec.engine.runtime import Engine, InProcessClient
 
     root = tmp_path_factory.mktemp("copier")

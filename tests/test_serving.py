@@ -96,7 +96,7 @@ def spec_server(tmp_path_factory, request):
     the strict stand-in of TensorRT-LLM's tensorrtllm backend with the TensorRT deployment's engine configs."""
     from standin_repo import write_standin_repository
     from tiny import make_checkpoint, make_perturbed_copy, write_config
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
     from trtspec.config import load_config
     from trtspec.repository import write_repository
     from trtspec.server import TritonServer, free_port

@@ -17,9 +17,9 @@ from rich.console import Console
 
 from trtllm_layout import hf_config, write_checkpoint
 from trtspec import environment
-from trtspec.build import run_build, trtllm
-from trtspec.build.common import StepFailed
-from trtspec.build.memory import GIB, ModelShape, engine_memory
+from trtspec.compile import run_build, trtllm
+from trtspec.compile.common import StepFailed
+from trtspec.compile.memory import GIB, ModelShape, engine_memory
 from trtspec.cli import cli
 from trtspec.config import load_config
 from trtspec.environment import (
@@ -37,7 +37,7 @@ PY = sys.executable
 
 
 def quantize_cmd(model: str, tp: int, out: Path) -> list[str]:
-    return [PY, "-m", "trtspec.build.trtllm_checkpoint", "quantize", "--model_dir", model, "--dtype", "bfloat16",
+    return [PY, "-m", "trtspec.compile.trtllm_checkpoint", "quantize", "--model_dir", model, "--dtype", "bfloat16",
             "--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_dataset", "cnn_dailymail", "--calib_size", "512",
             "--calib_max_seq_length", "512", "--batch_size", "1", "--tp_size", str(tp), "--pp_size", "1",
             "--output_dir", str(out)]
@@ -130,7 +130,7 @@ def test_unquantized_models_are_converted_not_calibrated(tmp_path):
         config[role].update(quantization="none", kv_cache_dtype="auto")
     plan = trtllm.plan(load_config(_write_example(tmp_path, config), plan_only=True), tmp_path / "out")
     ckpt = plan.steps[0].argv
-    assert ckpt[:4] == [PY, "-m", "trtspec.build.trtllm_checkpoint", "convert"]
+    assert ckpt[:4] == [PY, "-m", "trtspec.compile.trtllm_checkpoint", "convert"]
     assert ckpt[4:] == ["--model_dir", "/models/Qwen/Qwen2.5-14B-Instruct", "--output_dir", str(tmp_path / "out" / "checkpoints" / "target"),
                         "--dtype", "bfloat16", "--tp_size", "1", "--pp_size", "1"]
     engine = plan.steps[1].argv

@@ -204,7 +204,7 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
     assert params(bls)["max_input_len"] == "4096"            # the prompt limit, not the engines' 8191
     # GPU 0 holds both engines (their files and 2 GiB each) and 0.9 of the rest as KV cache: the GPU-memory alerts
     # fire above this plan, not at the level the KV reservation reaches at start
-    from trtspec.build.memory import GIB, RUNTIME_OVERHEAD_GIB
+    from trtspec.compile.memory import GIB, RUNTIME_OVERHEAD_GIB
     held = sum((engines / role / "rank0.engine").stat().st_size for role in ("target", "draft")) + 2 * RUNTIME_OVERHEAD_GIB * GIB
     total = environment.GPU_TYPES[load_config(config).config.gpu.type].memory_gib * GIB
     assert float(params(bls)["gpu_memory_planned_fraction"]) == pytest.approx(1 - 0.1 * (1 - held / total), abs=1e-4)

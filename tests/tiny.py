@@ -182,7 +182,7 @@ def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None 
     as a TritonServer not yet started. `write(config_path, engines, repo, overrides=...)` writes the repository
     (default: `trtspec deploy`'s write_repository); `pair(root)` makes another (target, draft); `engine` adds to
     the build config's engine section."""
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
     from trtspec.config import load_config
     from trtspec.repository import write_repository
     from trtspec.server import TritonServer, free_port

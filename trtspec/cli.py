@@ -108,7 +108,7 @@ def build(config_path: str, output: str | None, dry_run: bool) -> None:
       trtspec build -c build_configs/qwen2.5-14b_qwen2.5-0.5b_1xh100.yaml --dry-run
       trtspec build -c build_configs/demo.yaml -o /data/engines/demo
     """
-    from trtspec.build import run_build
+    from trtspec.compile import run_build
 
     run_build(config_path, Path(output) if output else None, dry_run=dry_run, console=console)
 
@@ -297,7 +297,7 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
       trtspec deploy -c build_configs/demo.yaml --repo model_repository --default-num-draft-tokens 0
       trtspec deploy -c build_configs/demo.yaml --repo model_repository --k8s k8s --monitoring monitoring
     """
-    from trtspec.build import default_output
+    from trtspec.compile import default_output
     from trtspec.config import load_config
     from trtspec.engine.validate import validate_for_config
     from trtspec.repository import validate_repository, write_repository

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trtspec.build import run_build
+from trtspec.compile import run_build
 from trtspec.config import load_config
 from trtspec.repository import write_repository
 from trtspec.server import TritonServer, free_port

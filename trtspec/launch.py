@@ -123,7 +123,7 @@ def planned_gpu_memory_fraction(config, target: EngineInfo, draft: EngineInfo | 
     fire forever. Weights per rank are taken as the rank's engine file, plus RUNTIME_OVERHEAD_GIB per engine; the
     KV cap on a shared GPU (max_tokens_in_paged_kv_cache) can keep real use below the plan. An estimate, not a
     measurement."""
-    from trtspec.build.memory import GIB, RUNTIME_OVERHEAD_GIB
+    from trtspec.compile.memory import GIB, RUNTIME_OVERHEAD_GIB
     from trtspec.environment import available_gpus
 
     if config.backend != "trtllm":

@@ -360,7 +360,7 @@ def _check_state(work: Path, o: DistillOptions) -> None:
 
 
 def _fingerprint(info) -> str:
-    from trtspec.build.common import describe_sources
+    from trtspec.compile.common import describe_sources
 
     return D.cache_key(sources=[(s["file"].rsplit("/", 1)[-1], s["bytes"], s["sha256"]) for s in describe_sources(info)])
 

@@ -36,10 +36,10 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trtspec import __version__
-from trtspec.build.common import (
+from trtspec.compile.common import (
     StepFailed, describe_outputs, describe_sources, fingerprint, is_up_to_date, run_logged, write_json,
 )
-from trtspec.build.memory import (
+from trtspec.compile.memory import (
     GIB, MemoryPlan, ModelShape, calibration_memory, engine_memory, gib, host_memory_bytes,
 )
 from trtspec.checkpoint import CheckpointInfo
@@ -54,7 +54,7 @@ OUTPUT_HASH_LIMIT = 0                   # engine and checkpoint outputs: size an
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "generation_config.json")
 TRTLLM_BUILD = "trtllm-build"
-CHECKPOINT_RUNNER = "trtspec.build.trtllm_checkpoint"
+CHECKPOINT_RUNNER = "trtspec.compile.trtllm_checkpoint"
 
 
 class BuildPlanError(TrtspecError):

@@ -1,4 +1,6 @@
-"""`trtspec build`: one module per backend; this entry point loads the config and shows progress."""
+"""`trtspec build`: compiles the draft and target checkpoints into engines, one module per backend; this entry
+point loads the config and shows progress. (Named for what it does: a package called build/ is skipped by every
+tool and ignore list that takes it for a build output.)"""
 
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ def run_build(config_path: str | Path, output: Path | None, *, dry_run: bool = F
     loaded = load_config(config_path, plan_only=dry_run)
     output = (output or default_output(loaded)).resolve()
     if loaded.config.backend == "trtllm":
-        from trtspec.build import trtllm
+        from trtspec.compile import trtllm
 
         return trtllm.run(loaded, output, dry_run=dry_run, console=console)
-    from trtspec.build import torch as backend
+    from trtspec.compile import torch as backend
 
     builds = backend.plan(loaded, output)
     table = Table(title=f"build plan: {loaded.config.name} ({loaded.config.backend})")

@@ -1,7 +1,7 @@
 """HF checkpoint -> TensorRT-LLM checkpoint, through TensorRT-LLM's own Python API; run as a build step:
 
-    python -m trtspec.build.trtllm_checkpoint quantize --model_dir M --qformat fp8 --kv_cache_dtype fp8 ... --output_dir C
-    python -m trtspec.build.trtllm_checkpoint convert --model_dir M --dtype bfloat16 --tp_size 4 --output_dir C
+    python -m trtspec.compile.trtllm_checkpoint quantize --model_dir M --qformat fp8 --kv_cache_dtype fp8 ... --output_dir C
+    python -m trtspec.compile.trtllm_checkpoint convert --model_dir M --dtype bfloat16 --tp_size 4 --output_dir C
 
 `quantize` takes the flags of TensorRT-LLM's examples/quantization/quantize.py and calls the function that script
 calls, `tensorrt_llm.quantization.quantize_and_export` (ModelOpt calibration, then a TensorRT-LLM checkpoint with
@@ -30,7 +30,7 @@ QUANTIZE_DEFAULTS = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trtspec.build.trtllm_checkpoint", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m trtspec.compile.trtllm_checkpoint", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     q = commands.add_parser("quantize", help="ModelOpt quantization (quantize.py's flags)")
     q.add_argument("--model_dir", required=True)

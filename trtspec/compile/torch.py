@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from trtspec import __version__
-from trtspec.build.common import (
+from trtspec.compile.common import (
     atomic_dir, describe_outputs, describe_sources, fingerprint, is_up_to_date, write_json,
 )
 from trtspec.checkpoint import GENERATION_CONFIG, CheckpointInfo, load_model, load_tokenizer
