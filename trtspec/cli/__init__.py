@@ -1,0 +1,9 @@
+"""The `trtspec` command line: the group and its shared options in app.py, the commands by what they do in
+pipeline.py (checkpoints to a running deployment), check.py (validate, generate) and measure.py (bench)."""
+
+from __future__ import annotations
+
+from trtspec.cli import check, measure, pipeline  # noqa: F401  (each registers its commands on the group)
+from trtspec.cli.app import cli, main
+
+__all__ = ["cli", "main"]
