@@ -174,7 +174,7 @@ def speculate(
             if recover is None:
                 raise cause from None
             # the tokens a stream relayed before it broke are the client's already: the request goes on after them
-            stats.record(drafted=0, accepted=0, emitted=len(relayed), draft_seconds=drafted_at - start,
+            stats.record(num_draft_tokens=0, num_accepted_tokens=0, emitted=len(relayed), draft_seconds=drafted_at - start,
                          verify_seconds=time.perf_counter() - drafted_at, fallback=None, source=None)
             sequence += relayed
             generated += len(relayed)
@@ -195,13 +195,13 @@ def speculate(
                 _record(trace, result, len(new))
         source = draft.source if drafted else None
         if drafted:
-            drafter.observe(accepted, drafted)
+            drafter.observe(num_draft_tokens=drafted, num_accepted_tokens=accepted)
         if not first:  # a policy tells sources apart only where it was offered several (auto)
             tail, tail_from = (len(new) - extend.observed, extend.since) if extend else (len(new), drafted_at)
-            policy.observe(drafted=drafted, accepted=accepted, draft_seconds=drafted_at - start,
+            policy.observe(num_draft_tokens=drafted, num_accepted_tokens=accepted, draft_seconds=drafted_at - start,
                            verify_seconds=verified_at - tail_from, tokens=tail,
                            source=source if offers is not None else None)
-        stats.record(drafted=drafted, accepted=min(accepted, len(new)), emitted=len(new),
+        stats.record(num_draft_tokens=drafted, num_accepted_tokens=min(accepted, len(new)), emitted=len(new),
                      draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at,
                      fallback=decision.reason if not drafted else None, source=source)
         sequence += new
@@ -239,7 +239,7 @@ class _Extension:
     def __call__(self, got: list[int]) -> bool:
         """Called with the call's tokens so far once they reach the stretch's end; True: read on."""
         now = time.perf_counter()
-        self.policy.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=now - self.since,
+        self.policy.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=now - self.since,
                             tokens=len(got) - self.observed)
         self.observed, self.since = len(got), now
         left = self.remaining - len(got)
