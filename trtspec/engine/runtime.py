@@ -43,7 +43,7 @@ DEFAULT_KV_CACHE_MB = 1024
 DEFAULT_KV_REUSE_MB = 512
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineStats:
     requests: int = 0
     verify_requests: int = 0

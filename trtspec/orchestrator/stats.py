@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RequestStats:
     iterations: int = 0
     num_drafts: int = 0           # iterations that verified a draft
