@@ -121,8 +121,8 @@ def side_by_side(target: Engine, draft: Engine, prompts: list[list[int]], ks: li
             outputs[k] = out
             seconds[k].append(t)
             tokens[k] += len(out)
-            drafted[k] += stats.draft_tokens
-            accepted[k] += stats.accepted_tokens
+            drafted[k] += stats.num_draft_tokens
+            accepted[k] += stats.num_accepted_tokens
             calls[k] += stats.iterations
         mismatches += [(i, k) for k in ks if outputs[k] != outputs[0]]
         console.print(f"prompt {i + 1}/{len(prompts)}: {len(outputs[0])} tokens, target-only {seconds[0][-1]:.2f} s; "

@@ -214,7 +214,7 @@ def bench_verify(engine: Engine, prompt: list[int], context: int, max_k: int, re
                                     draft_input_ids=list(continuation[:k]) or None)
         seconds, result = timed(lambda: engine.generate(request))
         assert result.computed_tokens == k + 1 and result.reused_tokens == len(seq) - 1, (k, result)
-        accepted[k] = min(accepted[k], result.num_accepted_draft_tokens)
+        accepted[k] = min(accepted[k], result.num_accepted_tokens)
         return seconds
 
     for k in times:  # warm-up
@@ -271,7 +271,7 @@ def run_bls(engine: Engine, prompt: list[int], n_tokens: int, k: int, drafter: O
         computed += result.computed_tokens
         reused += result.reused_tokens
         drafted += result.num_draft_tokens
-        accepted += result.num_accepted_draft_tokens
+        accepted += result.num_accepted_tokens
     return {"seconds": time.perf_counter() - start, "new_tokens": seq[len(prompt):], "iterations": iterations,
             "computed_tokens": computed, "reused_tokens": reused, "draft_tokens": drafted, "accepted_draft_tokens": accepted}
 

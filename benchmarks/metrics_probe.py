@@ -22,8 +22,8 @@ def _stats() -> RequestStats:
     stats = RequestStats()
     for i in range(16):  # 16 iterations of 4 drafts, 2.5 accepted on average: 64 tokens
         accepted = (3, 2)[i % 2]
-        stats.record(drafted=4, accepted=accepted, emitted=accepted + 1, draft_seconds=0.004, verify_seconds=0.02,
-                     source="draft_model")
+        stats.record(num_draft_tokens=4, num_accepted_tokens=accepted, emitted=accepted + 1, draft_seconds=0.004,
+                     verify_seconds=0.02, source="draft_model")
     stats.fallbacks["low_acceptance"] = 1
     return stats
 

@@ -34,7 +34,7 @@ def answer(tensors: dict, token: int) -> dict:
     draft = list(request.draft_input_ids or [])
     new = draft + [token] if draft else [token] * request.request_output_len
     ids = new if request.exclude_input_in_output else request.input_ids + new
-    result = GenerationResult(ids, new, num_draft_tokens=len(draft), num_accepted_draft_tokens=len(draft))
+    result = GenerationResult(ids, new, num_draft_tokens=len(draft), num_accepted_tokens=len(draft))
     return result_to_tensors(result, with_logits=False, with_perf=request.return_perf_metrics)
 
 

@@ -73,10 +73,11 @@ def feed(ctl, accepted_fraction: float, iterations: int):
     for _ in range(iterations):
         d = ctl.decide(1000)
         if d.k:
-            ctl.observe(drafted=d.k, accepted=round(d.k * accepted_fraction), draft_seconds=0.001 * d.k,
-                        verify_seconds=0.012, tokens=round(d.k * accepted_fraction) + 1)
+            ctl.observe(num_draft_tokens=d.k, num_accepted_tokens=round(d.k * accepted_fraction),
+                        draft_seconds=0.001 * d.k, verify_seconds=0.012, tokens=round(d.k * accepted_fraction) + 1)
         else:
-            ctl.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.01 * d.plain_tokens, tokens=d.plain_tokens)
+            ctl.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0,
+                        verify_seconds=0.01 * d.plain_tokens, tokens=d.plain_tokens)
         yield d
 
 
@@ -120,9 +121,10 @@ def test_failed_probes_back_off():
 
 def test_request_timings_refine_the_verification_cost():
     ctl = controller()
-    ctl.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)  # plain step: 10 ms
+    # plain step: 10 ms
+    ctl.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
     for _ in range(20):  # verifying 2 draft tokens takes 19 ms: 0.9 steps more, far above b·k = 0.1
-        ctl.observe(drafted=2, accepted=2, draft_seconds=0.0, verify_seconds=0.019, tokens=3)
+        ctl.observe(num_draft_tokens=2, num_accepted_tokens=2, draft_seconds=0.0, verify_seconds=0.019, tokens=3)
     assert ctl.costs.verify_cost_fixed == pytest.approx(0.8, abs=0.01)
     assert ctl.costs.verify_cost_per_token == pytest.approx(0.05)
     assert ctl.costs.draft_cost_ratio < 0.01
@@ -138,9 +140,9 @@ def test_deployment_costs_learn_from_finished_requests():
     assert shared.costs == CostModel(0.3, 0.1, 0.0)
 
     request = shared.policy(4, model_drafts=True)
-    request.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
+    request.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
     for _ in range(20):  # a CPU: verifying 2 tokens costs 1.9 steps; a draft step 0.15
-        request.observe(drafted=2, accepted=0, draft_seconds=0.003, verify_seconds=0.019, tokens=1)
+        request.observe(num_draft_tokens=2, num_accepted_tokens=0, draft_seconds=0.003, verify_seconds=0.019, tokens=1)
     shared.learn(request, model_drafts=True)
     learned = shared.costs
     assert learned.verify_cost_fixed == pytest.approx(0.35, abs=0.01)  # halfway to the request's 0.9 - b·k = 0.7
@@ -149,7 +151,7 @@ def test_deployment_costs_learn_from_finished_requests():
     assert nxt.step_seconds == pytest.approx(0.010) and nxt.costs == learned
     assert nxt.costs is not shared.costs  # each request refines its own copy
     lookup = shared.policy(4, model_drafts=False)
-    lookup.observe(drafted=2, accepted=2, draft_seconds=0.0, verify_seconds=0.019, tokens=3)
+    lookup.observe(num_draft_tokens=2, num_accepted_tokens=2, draft_seconds=0.0, verify_seconds=0.019, tokens=3)
     shared.learn(lookup, model_drafts=False)
     assert shared.costs.draft_cost_ratio == pytest.approx(learned.draft_cost_ratio)  # prompt lookup: no draft cost
 
@@ -161,9 +163,9 @@ def test_deployment_costs_are_kept_per_load():
     assert [DeploymentCosts.bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17)] == [0, 0, 1, 2, 2, 3, 3, 4, 4, 5]
     shared = DeploymentCosts(CostModel(0.0, 0.05, 0.0), weight=1.0)
     busy = shared.policy(4, model_drafts=False, load=8)
-    busy.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
+    busy.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
     for _ in range(10):  # under load a verification of 4 costs 2.6 plain steps
-        busy.observe(drafted=4, accepted=3, draft_seconds=0.0, verify_seconds=0.026, tokens=4)
+        busy.observe(num_draft_tokens=4, num_accepted_tokens=3, draft_seconds=0.0, verify_seconds=0.026, tokens=4)
     shared.learn(busy, model_drafts=False, load=8)
     assert shared.costs_at(6).verify_cost_fixed > 0.5
     alone = shared.policy(4, model_drafts=False, load=1)
@@ -180,9 +182,10 @@ def test_an_unseen_load_starts_from_the_nearest_lighter_one():
     assert shared.costs_at(4) == CostModel(0.3, 0.1, 0.0)  # nothing learned: the configured costs
     for load, v0 in ((1, 0.2), (8, 1.5)):
         request = shared.policy(2, model_drafts=True, load=load)
-        request.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
+        request.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
         for _ in range(10):
-            request.observe(drafted=1, accepted=1, draft_seconds=0.003, verify_seconds=0.010 * (1.1 + v0), tokens=2)
+            request.observe(num_draft_tokens=1, num_accepted_tokens=1, draft_seconds=0.003,
+                            verify_seconds=0.010 * (1.1 + v0), tokens=2)
         shared.learn(request, model_drafts=True, load=load)
     assert shared.costs_at(4).verify_cost_fixed == pytest.approx(shared.costs_at(1).verify_cost_fixed)
     assert shared.costs_at(16).verify_cost_fixed == pytest.approx(shared.costs_at(8).verify_cost_fixed)

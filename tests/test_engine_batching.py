@@ -296,7 +296,7 @@ def test_batched_calls_equal_the_same_calls_alone(built_fp8):
     assert batched_engine.stats.batching.steps < sum(max(1, len(a.new_tokens)) for a in alone)
     for a, b in zip(alone, batched, strict=True):
         assert a.output_ids == b.output_ids
-        assert (a.num_draft_tokens, a.num_accepted_draft_tokens) == (b.num_draft_tokens, b.num_accepted_draft_tokens)
+        assert (a.num_draft_tokens, a.num_accepted_tokens) == (b.num_draft_tokens, b.num_accepted_tokens)
         if a.generation_logits is not None:
             assert np.array_equal(a.generation_logits, b.generation_logits)
 
@@ -309,7 +309,7 @@ def test_greedy_verification_reproduces_plain_decoding_bitwise(built_fp8):
     fresh = Engine.load(built_fp8.target)
     verified = fresh.generate(GenerationRequest(input_ids=prompt, request_output_len=MAX_DRAFT_LEN + 1, end_id=-1,
                                                 draft_input_ids=plain.new_tokens[:MAX_DRAFT_LEN], return_generation_logits=True))
-    assert verified.num_accepted_draft_tokens == MAX_DRAFT_LEN
+    assert verified.num_accepted_tokens == MAX_DRAFT_LEN
     assert verified.new_tokens == plain.new_tokens
     assert np.array_equal(verified.generation_logits, plain.generation_logits)
 

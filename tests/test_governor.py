@@ -29,8 +29,9 @@ def run(gov, clock, n, *, speculative=True, tpot=0.01, plain_tpot=0.02, drafted=
         cap, probe, at = gov.admit()
         clock.now += 1.0
         spec = speculative and cap > 0
-        gov.observe(Outcome(spec, tpot if spec else plain_tpot, drafted if spec else 0, accepted if spec else 0,
-                            failed, probe, at), break_even)
+        gov.observe(Outcome(spec, tpot if spec else plain_tpot, num_draft_tokens=drafted if spec else 0,
+                            num_accepted_tokens=accepted if spec else 0, failed=failed, probe=probe, admitted_at=at),
+                    break_even)
 
 
 def test_it_speculates_at_full_length_while_speculation_pays():
@@ -91,7 +92,7 @@ def test_requests_admitted_before_a_change_do_not_judge_the_new_level():
     assert gov.cap() == 0  # plain (probing, with its probes)
     clock.now += 100
     for cap, probe, at in early:                       # they finish late, failing: not this level's doing
-        gov.observe(Outcome(True, 0.01, 8, 0, True, probe, at), 0.4)
+        gov.observe(Outcome(True, 0.01, num_draft_tokens=8, failed=True, probe=probe, admitted_at=at), 0.4)
     assert changes == [("speculating", "plain", "errors")]
 
 

@@ -51,7 +51,7 @@ def test_greedy_speculation_equals_target_only(engines, k):
         assert tokens == reference
         assert stats.generated_tokens == len(tokens) == 30
         assert stats.finish_reason == "length"
-        assert 0 <= stats.accepted_tokens <= stats.draft_tokens
+        assert 0 <= stats.num_accepted_tokens <= stats.num_draft_tokens
         assert len(stats.drafted_per_position) <= k
         # a draft is accepted as a prefix, so acceptance can only fall with position
         counts = stats.accepted_per_position
@@ -83,8 +83,8 @@ class RecordingDrafter:
         self.asked.append(k)
         return self.inner.propose(context, k)
 
-    def observe(self, num_accepted, num_drafted):
-        self.inner.observe(num_accepted, num_drafted)
+    def observe(self, *, num_draft_tokens, num_accepted_tokens):
+        self.inner.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
 
 
 def test_draft_length_never_exceeds_budget_minus_one(engines):
@@ -210,12 +210,12 @@ def test_acceptance_is_read_off_the_tokens_not_the_optional_perf_outputs():
             from trtspec.orchestrator.drafters import Draft
             return Draft([7] * k)
 
-        def observe(self, accepted, drafted):
+        def observe(self, *, num_draft_tokens, num_accepted_tokens):
             pass
 
     policy = AdaptiveDraftLength(4)
     tokens, stats = run(SpecRequest([1, 2, 3], 200, num_draft_tokens=4), Agreeable(), Repeating(), policy=policy)
-    assert len(tokens) == 200 and stats.accepted_tokens == stats.draft_tokens > 150
+    assert len(tokens) == 200 and stats.num_accepted_tokens == stats.num_draft_tokens > 150
     assert not policy.fallbacks
     assert accepted_prefix([4, 5, 6], [4, 5, 9, 1]) == 2 and accepted_prefix([4], [5]) == 0 and accepted_prefix([], [5]) == 0
 
@@ -237,7 +237,7 @@ def test_a_failing_drafter_ends_speculation_not_the_request(engines):
             self.left -= 1
             return self.inner.propose(context, k)
 
-        def observe(self, accepted, drafted):
+        def observe(self, *, num_draft_tokens, num_accepted_tokens):
             pass
 
     heard = []
@@ -247,7 +247,7 @@ def test_a_failing_drafter_ends_speculation_not_the_request(engines):
         tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=4, end_id=-1), target, drafter, on_draft_failed=heard.append)
         assert tokens == reference and stats.generated_tokens == 30
         assert stats.fallbacks == {"draft_error": 1} and drafter.calls == after + 1   # tried once, then never again
-        assert (stats.draft_tokens > 0) == (after > 0)
+        assert (stats.num_draft_tokens > 0) == (after > 0)
     assert len(heard) == 2
 
 
@@ -269,7 +269,7 @@ def test_the_draft_breaker_skips_a_failing_model_and_probes_it_again():
                 raise DraftFailed("stub died")
             return Draft([1] * k)
 
-        def observe(self, accepted, drafted):
+        def observe(self, *, num_draft_tokens, num_accepted_tokens):
             pass
 
     guarded = GuardedDrafter(Model(), breaker)
@@ -384,7 +384,7 @@ def test_auto_with_a_fixed_length_takes_a_found_continuation_first(copier):
     passage, _ = run(SpecRequest(start, 16, end_id=-1), target)
     auto, model = auto_drafter(draft)
     tokens, stats = run(SpecRequest(start + passage + start, 16, num_draft_tokens=4, end_id=-1), target, auto)
-    assert tokens == passage and model.asked == [] and stats.sources == {"prompt_lookup": stats.speculative_iterations}
+    assert tokens == passage and model.asked == [] and stats.sources == {"prompt_lookup": stats.num_drafts}
 
 
 def test_auto_keeps_prompt_lookup_when_the_draft_model_fails(engines):
@@ -398,7 +398,7 @@ def test_auto_keeps_prompt_lookup_when_the_draft_model_fails(engines):
             Failing.calls += 1
             raise DraftFailed("the draft model is down")
 
-        def observe(self, num_accepted, num_drafted):
+        def observe(self, *, num_draft_tokens, num_accepted_tokens):
             pass
 
     target, _ = engines

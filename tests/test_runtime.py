@@ -91,7 +91,7 @@ def test_greedy_equals_hugging_face(engines, reference, kind):
         result = engines[kind].generate(req(prompt, return_generation_logits=True))
         assert result.new_tokens == expected
         assert result.output_ids == list(prompt) + expected
-        assert result.num_draft_tokens == 0 and result.num_accepted_draft_tokens == 0
+        assert result.num_draft_tokens == 0 and result.num_accepted_tokens == 0
         assert result.generation_logits.shape == (len(expected), VOCAB)
         np.testing.assert_allclose(result.generation_logits, expected_logits, atol=1e-4, rtol=1e-4)
         assert len(expected) >= 8  # a real continuation, not an immediate eos
@@ -142,7 +142,7 @@ def test_verify_accepts_the_matching_prefix(engines, reference, kind, m):
         draft = corrupt(draft, m)
     result = engines[kind].generate(req(prompt, draft_input_ids=draft, return_generation_logits=True))
     assert result.num_draft_tokens == MAX_DRAFT_LEN
-    assert result.num_accepted_draft_tokens == m
+    assert result.num_accepted_tokens == m
     assert result.new_tokens == expected[: m + 1]
     assert result.new_tokens[:m] == draft[:m]
     assert result.output_ids == list(prompt) + expected[: m + 1]
@@ -167,13 +167,13 @@ def test_speculative_loop_equals_greedy(engines, reference, kind):
                 draft = corrupt(draft, rng.randrange(k))
             result = engine.generate(req(seq, n=min(N - len(new), MAX_SEQ_LEN - len(seq)), draft_input_ids=draft))
             assert 1 <= len(result.new_tokens) <= result.num_draft_tokens + 1
-            assert result.num_accepted_draft_tokens == len(result.new_tokens) - 1 or result.new_tokens[-1] == EOS
+            assert result.num_accepted_tokens == len(result.new_tokens) - 1 or result.new_tokens[-1] == EOS
             seq += result.new_tokens
             new += result.new_tokens
-            accepted += result.num_accepted_draft_tokens
+            accepted += result.num_accepted_tokens
         assert new == expected
         assert accepted > len(expected) // 4  # the loop did speculate
-    assert engine.stats.verify_requests > 0 and engine.stats.accepted_draft_tokens > 0
+    assert engine.stats.verify_requests > 0 and engine.stats.num_accepted_tokens > 0
 
 
 def test_end_id_inside_the_draft_stops_the_output(engines, reference):
@@ -184,12 +184,12 @@ def test_end_id_inside_the_draft_stops_the_output(engines, reference):
     # an accepted draft token equal to end_id ends the output before it: nothing from it on, not the bonus token
     result = engines["fp8"].generate(req(prompt, draft_input_ids=draft, end_id=draft[j]))
     assert result.new_tokens == expected[:j]
-    assert result.num_accepted_draft_tokens == j and result.num_draft_tokens == MAX_DRAFT_LEN
+    assert result.num_accepted_tokens == j and result.num_draft_tokens == MAX_DRAFT_LEN
     # the same end_id stops plain generation at the same place
     assert engines["fp8"].generate(req(prompt, end_id=draft[j])).new_tokens == expected[:j]
     # end_id as the target's own token after a rejection
     result = engines["fp8"].generate(req(prompt, draft_input_ids=corrupt(draft, j), end_id=draft[j]))
-    assert result.new_tokens == expected[:j] and result.num_accepted_draft_tokens == j
+    assert result.new_tokens == expected[:j] and result.num_accepted_tokens == j
     # the kept KV cache is consistent: the next request continues correctly
     result = engines["fp8"].generate(req(list(prompt) + expected[:j + 1], n=4))
     assert result.new_tokens == reference("fp8", tuple(prompt) + tuple(expected[: j + 1]), 4)[0]
@@ -203,7 +203,7 @@ def test_verify_emits_at_most_request_output_len(engines, reference, output_len)
     emitted = min(output_len, MAX_DRAFT_LEN + 1)
     assert result.new_tokens == expected[:emitted]
     assert result.num_draft_tokens == min(MAX_DRAFT_LEN, output_len - 1)
-    assert result.num_accepted_draft_tokens == emitted - 1
+    assert result.num_accepted_tokens == emitted - 1
 
 
 def test_verify_at_the_edge_of_max_seq_len(engines):
@@ -211,7 +211,7 @@ def test_verify_at_the_edge_of_max_seq_len(engines):
     room = MAX_SEQ_LEN - len(prompt)
     expected = engines["none"].generate(req(prompt, n=MAX_DRAFT_LEN + 1, end_id=-1)).new_tokens
     result = engines["none"].generate(req(prompt, n=room, end_id=-1, draft_input_ids=expected[:MAX_DRAFT_LEN]))
-    assert result.new_tokens == expected and result.num_accepted_draft_tokens == MAX_DRAFT_LEN
+    assert result.new_tokens == expected and result.num_accepted_tokens == MAX_DRAFT_LEN
     with pytest.raises(RequestError) as info:
         engines["none"].generate(req(prompt, n=room + 1, draft_input_ids=expected[:MAX_DRAFT_LEN]))
     assert info.value.field == "request_output_len" and f"at most {room} tokens" in str(info.value)
@@ -247,7 +247,7 @@ def test_prefix_cache_changes_nothing_but_the_work(built_fp8, reference):
     without, with_ = _bls_session(plain, reference), _bls_session(reusing, reference)
     for a, b in zip(without, with_, strict=True):
         assert a.output_ids == b.output_ids
-        assert (a.num_draft_tokens, a.num_accepted_draft_tokens) == (b.num_draft_tokens, b.num_accepted_draft_tokens)
+        assert (a.num_draft_tokens, a.num_accepted_tokens) == (b.num_draft_tokens, b.num_accepted_tokens)
         np.testing.assert_allclose(a.generation_logits, b.generation_logits, atol=1e-4, rtol=1e-4)
         assert a.reused_tokens == 0
     assert plain.cache.entries == [] and plain.cache.stats.hits == 0
@@ -421,7 +421,7 @@ def test_in_process_client_round_trip(built_fp8, reference):
         request.return_perf_metrics = True   # the counts come back through the perf outputs, as from TensorRT-LLM
         a, b = direct.generate(request), client.generate(request)
         assert b.output_ids == a.output_ids and b.new_tokens == a.new_tokens
-        assert (b.num_draft_tokens, b.num_accepted_draft_tokens) == (a.num_draft_tokens, a.num_accepted_draft_tokens)
+        assert (b.num_draft_tokens, b.num_accepted_tokens) == (a.num_draft_tokens, a.num_accepted_tokens)
         assert b.reused_tokens == a.reused_tokens // KV_TOKENS_PER_BLOCK * KV_TOKENS_PER_BLOCK  # reported in blocks
         if request.return_generation_logits:
             np.testing.assert_array_equal(b.generation_logits, a.generation_logits)
@@ -431,9 +431,9 @@ def test_in_process_client_round_trip(built_fp8, reference):
     assert results[0].new_tokens == expected[:6] and results[0].output_ids == list(prompt) + expected[:6]
     assert results[1].output_ids == results[1].new_tokens == expected[:6]
     np.testing.assert_allclose(results[1].generation_logits, expected_logits[:6], atol=1e-4, rtol=1e-4)
-    assert results[2].new_tokens == expected[6:11] and results[2].num_accepted_draft_tokens == MAX_DRAFT_LEN
+    assert results[2].new_tokens == expected[6:11] and results[2].num_accepted_tokens == MAX_DRAFT_LEN
     assert results[2].reused_tokens >= KV_TOKENS_PER_BLOCK  # 46 tokens re-sent, all but the last cached
-    assert results[3].new_tokens == expected[11:14] and results[3].num_accepted_draft_tokens == 2
+    assert results[3].new_tokens == expected[11:14] and results[3].num_accepted_tokens == 2
 
 
 def test_serve_outputs_follow_the_name_table(built_fp8):

@@ -162,8 +162,8 @@ class Scripted:
             return Decision(0, plain_tokens=5, reason="low_acceptance")
         return Decision(2)
 
-    def observe(self, *, drafted, tokens, **_):
-        self.observed.append((drafted, tokens))
+    def observe(self, *, num_draft_tokens, tokens, **_):
+        self.observed.append((num_draft_tokens, tokens))
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -179,7 +179,7 @@ def test_drafting_coming_back_stops_the_stretch_s_call(engine, stream):
     assert client.stops == 1  # the stretch's call, stopped where drafting came back
     plain = [n for drafted, n in policy.observed if not drafted]
     assert plain[:3] == [5, 5, 5]  # three stretches of one call, each observed where it ended
-    assert stats.speculative_iterations >= 1 and stats.iterations == 2 + stats.speculative_iterations
+    assert stats.num_drafts >= 1 and stats.iterations == 2 + stats.num_drafts
 
 
 def test_a_stop_frees_the_slot_within_one_step(engine):

@@ -11,7 +11,7 @@ Tensors carry the batch dim first (one request: [1, ...]), as the Python backend
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
 
@@ -86,8 +86,9 @@ class GenerationResult:
     output_ids: list[int]                 # prompt + new tokens, or new tokens only with exclude_input_in_output
     new_tokens: list[int]
     generation_logits: np.ndarray | None = None  # [len(new_tokens), V] float32, when asked for
-    num_draft_tokens: int = 0
-    num_accepted_draft_tokens: int = 0
+    _: KW_ONLY
+    num_draft_tokens: int = 0             # draft tokens the call verified
+    num_accepted_tokens: int = 0          # of those, accepted
     reused_tokens: int = 0                # prompt tokens whose KV came from the prefix cache
     computed_tokens: int = 0              # tokens that went through the network
     seconds: float = field(default=0.0, compare=False)
@@ -103,7 +104,7 @@ class GenerationResult:
 
     @property
     def acceptance_rate(self) -> float:
-        return self.num_accepted_draft_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
 # ---- conversions ------------------------------------------------------------------------------------------
@@ -265,7 +266,7 @@ def result_to_tensors(r: GenerationResult, *, with_logits: bool, with_perf: bool
             "kv_cache_alloc_total_blocks": blocks,
             "arrival_time_ns": r.times_ns[0], "first_scheduled_time_ns": r.times_ns[1],
             "first_token_time_ns": r.times_ns[2], "last_token_time_ns": r.times_ns[3],
-            "acceptance_rate": r.acceptance_rate, "total_accepted_draft_tokens": r.num_accepted_draft_tokens,
+            "acceptance_rate": r.acceptance_rate, "total_accepted_draft_tokens": r.num_accepted_tokens,
             "total_draft_tokens": r.num_draft_tokens,
         }
         for spec in PERF_OUTPUTS:
@@ -296,8 +297,8 @@ def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: boo
     if "kv_cache_alloc_total_blocks" in t:
         kv = tuple(int(np.asarray(t[n]).reshape(-1)[0]) for n in
                    ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"))
-    return GenerationResult(ids, new, logits, drafted, accepted, reused, log_probs=log_probs, context_logits=context,
-                            kv_blocks=kv)
+    return GenerationResult(ids, new, logits, num_draft_tokens=drafted, num_accepted_tokens=accepted, reused_tokens=reused,
+                            log_probs=log_probs, context_logits=context, kv_blocks=kv)
 
 
 def _row(t: dict, name: str) -> list[int]:

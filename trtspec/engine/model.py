@@ -48,6 +48,15 @@ class Segment:
 
 
 @dataclass
+class DecoderInputs:
+    """What trtspec's decoder kernel (kernels.decoder_layers) reads of a pass besides its rows."""
+
+    segments: torch.Tensor                   # kernels.segment_table of the pass's sequences
+    cos: torch.Tensor                        # [T, d] the rows' rotary tables
+    sin: torch.Tensor
+
+
+@dataclass
 class Prepared:
     """A pass's device-side inputs (CompactModel.prepare): token ids, the attention over the caches, and which
     rows' logits are wanted."""
@@ -55,7 +64,7 @@ class Prepared:
     ids: torch.Tensor
     attend: object                           # per layer (framework loop), or None
     rows: torch.Tensor
-    decoder: tuple | None = None             # (segment table, cos, sin) for kernels.decoder_layers, or None
+    decoder: DecoderInputs | None = None     # every layer in one kernel call, or None
 
 
 class CompactModel:
@@ -215,11 +224,7 @@ class CompactModel:
         """Run every segment's rows; returns each segment's logits [n_logits, V] in float32."""
         # sampling and the contract's outputs work on the CPU: one transfer per step on a GPU
         logits = self.run(self.prepare(segments)).float().cpu()
-        out, at = [], 0
-        for s in segments:
-            out.append(logits[at : at + s.n_logits])
-            at += s.n_logits
-        return out
+        return list(logits.split([s.n_logits for s in segments]))
 
     def prepare(self, segments: list[Segment]) -> "Prepared":
         """Everything a pass needs that comes from the host (token ids, positions, attention plans), on the
@@ -239,36 +244,43 @@ class CompactModel:
                             device=self.device)
         if self.layer_table is not None and not pad:
             table = kernels.segment_table([(off, len(s.ids), s.start, s.kv) for s, off in zip(segments, offsets)])
-            return Prepared(ids, None, rows, (table, cos[0].contiguous(), sin[0].contiguous()))
+            return Prepared(ids, None, rows, DecoderInputs(table, cos[0].contiguous(), sin[0].contiguous()))
         attend = (self._fused_attention if self.fused else self._torch_attention)(segments, offsets, cos[0], sin[0], at + pad)
         return Prepared(ids, attend, rows)
 
     def run(self, p: "Prepared") -> torch.Tensor:
         """The network on a prepared pass: the logits of the wanted rows, [rows, V], on the device."""
-        x = F.embedding(p.ids, self.embed)
+        x = F.embedding(p.ids, self.embed)     # the residual stream
         if p.decoder is not None:                # every layer in one call of trtspec's kernel, in place on x
-            segments, cos, sin = p.decoder
-            kernels.decoder_layers(x, self.layer_table, segments, cos, sin, heads=(self.hq, self.hkv, self.head_dim),
-                                   intermediate=self.config.intermediate_size, window=self.window, scale=self.scale,
-                                   eps=self.eps, isa=self.layers[0]["qkv"].isa)
+            d = p.decoder
+            kernels.decoder_layers(x, self.layer_table, d.segments, d.cos, d.sin,
+                                   heads=(self.hq, self.hkv, self.head_dim), intermediate=self.config.intermediate_size,
+                                   window=self.window, scale=self.scale, eps=self.eps, isa=self.layers[0]["qkv"].isa)
             return self._head(self._norm(x[p.rows], self.norm))
         h = self._norm(x, self.layers[0]["input_norm"])
         for i, layer in enumerate(self.layers):
-            h = self._norm(x, layer["post_norm"], residual=layer["o"](p.attend(i, layer, layer["qkv"](h))))
+            attention = layer["o"](p.attend(i, layer, layer["qkv"](h)))
+            h = self._add_into_and_norm(x, attention, layer["post_norm"])   # x += attention, in place
             gate, up = layer["gate_up"](h).chunk(2, dim=-1)
             mlp = layer["down"](F.silu(gate) * up)
-            if i + 1 < len(self.layers):
-                h = self._norm(x, self.layers[i + 1]["input_norm"], residual=mlp)
+            if i + 1 < len(self.layers):  # the last layer's MLP output is added below, outside the loop
+                h = self._add_into_and_norm(x, mlp, self.layers[i + 1]["input_norm"])   # x += mlp, in place
         x = x + mlp
         return self._head(self._norm(x[p.rows], self.norm))
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x += residual (in place, when given), then the RMS norm of x's rows."""
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The RMS norm of x's rows."""
         if self.fused:
-            return kernels.rms_norm_rows(x, weight, self.eps, residual)
-        if residual is not None:
-            x.add_(residual)
+            return kernels.rms_norm_rows(x, weight, self.eps)
         return _rms_norm(x, weight, self.eps)
+
+    def _add_into_and_norm(self, residual: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """residual += delta, IN PLACE (the residual stream goes on in the same tensor: no copy per layer), then the
+        RMS norm of its rows; trtspec's kernel does both in one pass over the rows."""
+        if self.fused:
+            return kernels.rms_norm_rows(residual, weight, self.eps, delta)
+        residual.add_(delta)
+        return _rms_norm(residual, weight, self.eps)
 
     def _split_heads(self, layer: dict, qkv: torch.Tensor):
         """q [T, Hq, d], k and v [T, Hkv, d] of one layer's q/k/v product (Qwen3 normalises q and k per head)."""

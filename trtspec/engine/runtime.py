@@ -43,12 +43,12 @@ DEFAULT_KV_CACHE_MB = 1024
 DEFAULT_KV_REUSE_MB = 512
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EngineStats:
     requests: int = 0
     verify_requests: int = 0
-    draft_tokens: int = 0
-    accepted_draft_tokens: int = 0
+    num_draft_tokens: int = 0      # over the verifications
+    num_accepted_tokens: int = 0
     prefix: KVStats = field(default_factory=KVStats)
     batching: BatchStats = field(default_factory=BatchStats)
 
@@ -183,8 +183,8 @@ class Engine:
             self.stats.requests += 1
             if request.draft_input_ids:
                 self.stats.verify_requests += 1
-                self.stats.draft_tokens += outcome.num_draft_tokens
-                self.stats.accepted_draft_tokens += outcome.num_accepted_draft_tokens
+                self.stats.num_draft_tokens += outcome.num_draft_tokens
+                self.stats.num_accepted_tokens += outcome.num_accepted_tokens
         if request.exclude_input_in_output:
             outcome.output_ids = list(outcome.new_tokens)
         return outcome

@@ -67,21 +67,27 @@ class Job:
         # room for every position this call may write: the sequence, then up to request_output_len tokens
         self.capacity = len(self.seq) + max(request.request_output_len, len(self.draft) + 1)
         self.lease: Lease | None = None
+        # the next step's rows (its Segment): the ids to run, the position of the first, and how many of the last
+        # rows' logits are wanted
         self.pending: list[int] = []
         self.start = 0
         self.n_logits = 0
-        self.new: list[int] = []
-        self.kept_logits: list[torch.Tensor] = []
-        self.accepted = 0
-        self.computed = 0
-        self.began = 0.0
-        self.times_ns = [time.monotonic_ns(), 0, 0]   # arrival, first scheduled, first token (steady clock)
+        # what the call has produced
+        self.new: list[int] = []                             # the tokens chosen so far
+        self.kept_logits: list[torch.Tensor] = []            # their logits, when asked for
+        self.num_accepted_tokens = 0                         # of the draft, after a verification
+        self.computed = 0                                    # tokens that went through the network
+        self.began = 0.0                                     # admission (perf_counter), for the result's seconds
+        # steady-clock times (ns), as TensorRT-LLM's perf outputs report them; 0: not yet
+        self.arrived_ns = time.monotonic_ns()
+        self.scheduled_ns = 0                                # first scheduled
+        self.first_token_ns = 0
 
     def admitted(self, lease: Lease) -> None:
         self.lease = lease
         self.pending, self.start, self.n_logits = self.tokens[lease.cached :], lease.cached, self.first_logits
         self.began = time.perf_counter()
-        self.times_ns[1] = time.monotonic_ns()
+        self.scheduled_ns = time.monotonic_ns()
 
     def segment(self) -> Segment:
         return Segment(self.pending, self.start, self.lease.kv, self.n_logits)
@@ -89,7 +95,7 @@ class Job:
     def advance(self, logits: torch.Tensor) -> bool:
         """Take this step's logits [n_logits, V]; True when the call is complete."""
         self.computed += len(self.pending)
-        self.times_ns[2] = self.times_ns[2] or time.monotonic_ns()
+        self.first_token_ns = self.first_token_ns or time.monotonic_ns()
         if self.request.return_context_logits and self.context_logits is None:
             self.context_logits = logits[: len(self.seq)]
             logits = logits[len(logits) - self.step_rows:]
@@ -144,7 +150,7 @@ class Job:
             end = next((i + 1 for i in range(len(emitted)) if completes_word(self.seq + emitted[: i + 1], r.stop_words)), None)
             emitted = emitted[:end] if end else emitted
         accepted = min(accepted, len(emitted))
-        self.new, self.accepted = emitted, accepted
+        self.new, self.num_accepted_tokens = emitted, accepted
         if r.return_generation_logits:
             self.kept_logits = list(raw[: len(emitted)])
         if r.return_log_probs:
@@ -166,9 +172,10 @@ class Job:
             generation_logits=torch.stack(self.kept_logits).numpy() if self.kept_logits else None,
             log_probs=list(self.log_probs) if self.request.return_log_probs else None,
             context_logits=self.context_logits.float().numpy() if self.context_logits is not None else None,
-            num_draft_tokens=len(self.draft), num_accepted_draft_tokens=self.accepted,
+            num_draft_tokens=len(self.draft), num_accepted_tokens=self.num_accepted_tokens,
             reused_tokens=self.lease.cached if self.lease else 0, computed_tokens=self.computed,
-            seconds=time.perf_counter() - self.began, times_ns=(*self.times_ns, time.monotonic_ns()),
+            seconds=time.perf_counter() - self.began,
+            times_ns=(self.arrived_ns, self.scheduled_ns, self.first_token_ns, time.monotonic_ns()),
         )
 
 

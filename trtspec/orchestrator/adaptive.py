@@ -91,8 +91,8 @@ class FixedDraftLength:
     def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
         return Decision(min(self.k_max, remaining - 1), plain_tokens=remaining)
 
-    def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int,
-                source: str | None = None) -> None:
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int, draft_seconds: float, verify_seconds: float,
+                tokens: int, source: str | None = None) -> None:
         pass
 
 
@@ -152,9 +152,9 @@ class AdaptiveDraftLength:
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
         return Decision(k, source=source)
 
-    def observe(self, *, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, tokens: int,
-                source: str | None = None) -> None:
-        if drafted == 0:
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int, draft_seconds: float, verify_seconds: float,
+                tokens: int, source: str | None = None) -> None:
+        if num_draft_tokens == 0:
             self._plain_left = max(0, self._plain_left - tokens)
             if self._plain_left == 0 and self._in_stretch:
                 # the stretch is over: the probe judges the text as it is now, from the prior, not by the
@@ -164,25 +164,28 @@ class AdaptiveDraftLength:
             if tokens > 0:
                 self.step_seconds = _ewma(self.step_seconds, verify_seconds / tokens)
             return
+        rejected = num_accepted_tokens < num_draft_tokens  # the geometric model's one failure per iteration
         if source == LOOKUP:
-            self.lookup_successes = self.lookup_successes * self.decay + accepted
-            self.lookup_failures = self.lookup_failures * self.decay + (accepted < drafted)
+            self.lookup_successes = self.lookup_successes * self.decay + num_accepted_tokens
+            self.lookup_failures = self.lookup_failures * self.decay + rejected
         else:
-            self.successes = self.successes * self.decay + accepted
-            self.failures = self.failures * self.decay + (accepted < drafted)
-        self._accepted_since_stretch += accepted
+            self.successes = self.successes * self.decay + num_accepted_tokens
+            self.failures = self.failures * self.decay + rejected
+        self._accepted_since_stretch += num_accepted_tokens
         if self.step_seconds:
             # refine the costs from this request's own timings (relative to its plain step): c directly; the
             # verification's extra cost goes to v0 beyond what b predicts, and lowers b when below it
             costs = self.costs
             if source != LOOKUP:  # a lookup draft says nothing of the draft model's step
-                costs.draft_cost_ratio = _ewma(costs.draft_cost_ratio, draft_seconds / drafted / self.step_seconds)
+                step_ratio = draft_seconds / num_draft_tokens / self.step_seconds
+                costs.draft_cost_ratio = _ewma(costs.draft_cost_ratio, step_ratio)
             extra = max(verify_seconds / self.step_seconds - 1.0, 0.0)
-            if extra < costs.verify_cost_per_token * drafted:
-                costs.verify_cost_per_token = _ewma(costs.verify_cost_per_token, extra / drafted)
+            predicted = costs.verify_cost_per_token * num_draft_tokens
+            if extra < predicted:
+                costs.verify_cost_per_token = _ewma(costs.verify_cost_per_token, extra / num_draft_tokens)
                 costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, 0.0)
             else:
-                costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, extra - costs.verify_cost_per_token * drafted)
+                costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, extra - predicted)
 
 
 def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:

@@ -98,5 +98,5 @@ class GuardedDrafter:
         self.breaker.succeeded(admitted)
         return draft
 
-    def observe(self, num_accepted: int, num_drafted: int) -> None:
-        self.inner.observe(num_accepted, num_drafted)
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.inner.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 LEVELS = ("speculating", "reduced", "plain")
 # The source material's GPU-memory thresholds, applied to the KV-cache blocks in use (the memory that moves: the
@@ -40,8 +40,9 @@ class Outcome:
 
     speculative: bool            # it drafted at least once
     seconds_per_token: float | None  # arrival to last token, per output token (the same for either mode)
-    drafted: int = 0
-    accepted: int = 0
+    _: KW_ONLY
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     failed: bool = False         # a server error or a timeout
     probe: bool = False          # admitted as a probe
     admitted_at: float = 0.0     # when the governor admitted it (its clock)
@@ -188,8 +189,9 @@ class Governor:
         enough = len(judging) >= (self.min_probes if self.judged == 2 else self.min_samples)
         if not enough:
             return
-        drafted = sum(o.drafted for o in judging)
-        acceptance = sum(o.accepted for o in judging) / drafted if drafted else 0.0
+        num_draft_tokens = sum(o.num_draft_tokens for o in judging)
+        num_accepted_tokens = sum(o.num_accepted_tokens for o in judging)
+        acceptance = num_accepted_tokens / num_draft_tokens if num_draft_tokens else 0.0
         tpots = [o.seconds_per_token for o in judging if o.seconds_per_token is not None]
         faster = (self.plain_tpot is None or not tpots
                   or sum(tpots) / len(tpots) < self.pays_below * self.plain_tpot)

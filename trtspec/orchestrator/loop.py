@@ -1,16 +1,33 @@
 """The draft-then-verify loop, per request, independent of Triton.
 
+Words trtspec uses in its own sense (here, in adaptive.py and in governor.py):
+  num_drafts, num_draft_tokens, num_accepted_tokens: iterations that verified a draft, draft tokens proposed,
+      and of those the ones the target accepted (vLLM's names; tensors keep NVIDIA's: total_draft_tokens, ...).
+  bonus token: the token the target adds of its own after the accepted prefix of a draft (at the first rejected
+      position, or after the whole draft): a verification emits num_accepted_tokens + 1 tokens, so k < budget.
+  plain stretch: tokens the target decodes without a draft in one engine call (or one streaming call): after a
+      fallback, while a drafter has nothing to propose, or a whole request that does not speculate.
+  fallback: a plain iteration with a reason, counted per reason in RequestStats: `low_acceptance` (the adaptive
+      policy finds no draft length that gains: a stretch of plain_stretch tokens) or `draft_error` (the drafter
+      failed with no other source: plain to the end).
+  probe: in adaptive.py, drafting again after a low-acceptance stretch, from the prior acceptance (the failures
+      before the stretch forgotten); if nothing it drafts is accepted, the next stretch is twice as long. In
+      governor.py, a request that speculates at the reduced length while the deployment decodes plainly.
+  load bucket: DeploymentCosts keeps learned costs per load (requests in flight when a request starts) in powers
+      of two: bucket 0 is 1 request, 1 is 2, 2 is 3-4, 3 is 5-8, ...; an unseen bucket starts from a lighter one.
+
 The first iteration is the target's own prefill and first token, sent at once, so speculation never
-delays the first token. Then each iteration:
+delays the first token. Then each iteration (`_Speculation.iteration`; `speculate` owns the loop):
   1. choose k with the draft-length policy (fixed K, or adaptive: see adaptive.py), never more than the
-     remaining budget minus one (the target always adds a token of its own); k = 0 decodes plainly;
+     remaining budget minus one (the bonus token); k = 0 decodes plainly;
   2. draft: the drafter proposes up to k tokens for the whole current sequence (a drafter with several sources,
      auto, first offers what each can draft, and the policy picks one); a drafter that fails (DraftFailed) ends
      drafting from the model for the request, which goes on from where it was with prompt lookup (auto) or plainly;
   3. verify: ONE target call with the sequence, `draft_input_ids` (and `draft_logits`), asking for
      len(draft) + 1 tokens; the engine accepts a prefix of the draft and adds its own next token;
   4. stop rules: end_id, max_tokens, stop words, cancellation;
-  5. yield the iteration's new tokens, so the caller can stream them.
+  5. observe: the drafter and the policy learn what the target accepted and what it cost; the stats count it;
+  6. yield the iteration's new tokens, so the caller can stream them.
 With no drafter the same loop is plain decoding: the target is asked for the remaining budget in one call
 (or what the policy allows before its next probe). A streamed request reads such a plain stretch from ONE
 streaming engine call (`StreamingEngineClient.stream`), relaying its tokens as they arrive, as NVIDIA's BLS streams
@@ -32,7 +49,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -40,7 +57,7 @@ import numpy as np
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
 from trtspec.errors import Cancelled, EngineUnavailable
 from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
-from trtspec.orchestrator.drafters import DraftFailed, Drafter
+from trtspec.orchestrator.drafters import Draft, DraftFailed, Drafter
 from trtspec.orchestrator.stats import RequestStats
 
 
@@ -116,102 +133,147 @@ def speculate(
     `on_draft_failed` hears of a drafter's failure (the loop itself goes on without drafts); `recover` is called
     when the target is unavailable and returns once it answers again (or raises: the request ends with it)."""
     stats = stats if stats is not None else RequestStats()
-    speculative = drafter is not None and request.num_draft_tokens > 0
-    policy = policy if policy is not None else FixedDraftLength(request.num_draft_tokens if speculative else 0)
-    sequence = list(request.prompt)
-    generated = 0
-    lost = None  # why speculation stopped for the rest of this request
-    can_stream = getattr(target, "streams", False)
+    run = _Speculation(request, target, drafter, policy, stats, trace, on_draft_failed)
     while True:
-        if cancelled():
+        if cancelled():  # 4. the stop rule checked before each iteration
             stats.finish_reason = "cancelled"
             raise Cancelled()
-        remaining = request.max_tokens - generated
-        first = generated == 0 and speculative
+        it = yield from run.iteration()  # 1. to 5. (a streamed stretch's tokens are yielded as they arrive)
+        if it.unavailable is not None and recover is None:
+            raise it.unavailable from None
+        # 5. the request's stats count it
+        stats.record(num_draft_tokens=it.num_draft_tokens, num_accepted_tokens=it.num_accepted_tokens,
+                     emitted=len(it.tokens), draft_seconds=it.draft_seconds, verify_seconds=it.verify_seconds,
+                     fallback=it.fallback, source=it.source)
+        run.sequence += it.tokens
+        run.generated += len(it.tokens)
+        if it.unavailable is not None:
+            # the tokens a stream relayed before it broke are the client's already: the request goes on after them
+            stats.recoveries += 1
+            recover(it.unavailable)
+            continue
+        # 6. yield
+        if it.tokens and not it.streamed:
+            yield it.tokens
+        if it.finish_reason:
+            stats.finish_reason = it.finish_reason
+            stats.fallbacks.update(getattr(run.policy, "fallbacks", {}))
+            return
+
+
+@dataclass
+class Iteration:
+    """What one iteration did."""
+
+    tokens: list[int]                   # its new tokens, cut by the stop rules
+    _: KW_ONLY
+    num_draft_tokens: int = 0           # draft tokens verified (0: a plain iteration)
+    num_accepted_tokens: int = 0        # of those, accepted and kept (the stop rules may cut accepted tokens too)
+    source: str | None = None           # the draft source, when it drafted
+    fallback: str | None = None         # why it decoded plainly, when that was a fallback
+    draft_seconds: float = 0.0          # deciding and drafting
+    verify_seconds: float = 0.0         # the target's call
+    streamed: bool = False              # its tokens were yielded as they arrived
+    finish_reason: str | None = None    # generation ended with it (end_id, stop_words, length)
+    unavailable: EngineUnavailable | None = None  # the target failed: `tokens` were relayed before it did
+
+
+class _Speculation:
+    """A request's state between iterations: its sequence so far, and its drafter and whether it still
+    speculates (a drafter that fails is dropped, or narrowed to its other source)."""
+
+    def __init__(self, request: SpecRequest, target: EngineClient, drafter: Drafter | None, policy,
+                 stats: RequestStats, trace: Trace | None, on_draft_failed: Callable[[DraftFailed], None]):
+        self.request, self.target, self.drafter, self.stats, self.trace = request, target, drafter, stats, trace
+        self.on_draft_failed = on_draft_failed
+        self.speculative = drafter is not None and request.num_draft_tokens > 0
+        self.policy = policy if policy is not None else \
+            FixedDraftLength(request.num_draft_tokens if self.speculative else 0)
+        self.can_stream = getattr(target, "streams", False)
+        self.sequence = list(request.prompt)  # the engine gets it whole each call
+        self.generated = 0
+        self.lost: str | None = None  # why speculation stopped for the rest of this request
+
+    def iteration(self):
+        """One iteration, steps 1 to 5 (the caller records it and yields its tokens): a generator that yields a
+        streamed stretch's tokens as they arrive and returns the `Iteration`."""
+        request, remaining = self.request, self.request.max_tokens - self.generated
+        first = self.generated == 0 and self.speculative  # the target's first token, alone
         start = time.perf_counter()
+        # 1. choose k
         offers = None
         if first:
             decision = Decision(0, plain_tokens=1)
         else:
-            offers = _offers(drafter, sequence, remaining) if speculative else None
-            decision = policy.decide(remaining, offers)
-        if not speculative:
-            decision = Decision(0, plain_tokens=remaining if lost else decision.plain_tokens, reason=lost)
-
-        draft = None
-        if decision.k > 0:
-            try:
-                draft = _propose(drafter, sequence, decision)
-            except DraftFailed as exc:
-                stats.fallbacks["draft_error"] = stats.fallbacks.get("draft_error", 0) + 1
-                on_draft_failed(exc)
-                # a drafter with another source goes on with it (auto: prompt lookup); else plain decoding
-                drafter = drafter.without_model() if hasattr(drafter, "without_model") else None
-                if drafter is None:
-                    speculative, lost = False, "draft_error"
-                    decision = Decision(0, plain_tokens=remaining, reason=lost)
-                else:
-                    draft = drafter.propose(sequence, decision.k)
+            offers = _offers(self.drafter, self.sequence, remaining) if self.speculative else None
+            decision = self.policy.decide(remaining, offers)
+        if not self.speculative:
+            decision = Decision(0, plain_tokens=remaining if self.lost else decision.plain_tokens, reason=self.lost)
+        # 2. draft
+        draft, decision = self._draft(decision, remaining)
         drafted_at = time.perf_counter()
-        drafted = len(draft.tokens) if draft else 0
+        num_draft_tokens = len(draft.tokens) if draft else 0
+        # 3. verify (or decode plainly)
         # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
         asked = decision.plain_tokens if decision.k == 0 else 1
-        plain = 1 if request.stream and not can_stream else max(1, min(asked, remaining))
+        plain = 1 if request.stream and not self.can_stream else max(1, min(asked, remaining))
         # a stretch the policy chose plain goes on in one streaming call while it keeps choosing plain (not an empty
         # draft: a drafter of one source says only by proposing that it has nothing, so that is one token and a look)
-        extend = _Extension(policy, drafter, sequence, remaining, plain, drafted_at) \
-            if can_stream and speculative and not first and decision.k == 0 else None
-        streamed = can_stream and not drafted and (request.stream or extend is not None)
-        call = _verify_request(request, sequence, draft, remaining if extend else plain, generated)
+        extend = _Extension(self.policy, self.drafter, self.sequence, remaining, plain, drafted_at) \
+            if self.can_stream and self.speculative and not first and decision.k == 0 else None
+        streamed = self.can_stream and not num_draft_tokens and (request.stream or extend is not None)
+        call = _verify_request(request, self.sequence, draft, remaining if extend else plain, self.generated)
         try:
-            if streamed:  # the stretch's tokens are yielded as they arrive
-                new, reason = yield from _relay(request, target.stream(call), call.request_output_len, sequence,
-                                                generated, trace, extend)
+            if streamed:  # the stretch's tokens are yielded as they arrive, 4. the stop rules applied to each part
+                new, reason = yield from _relay(request, self.target.stream(call), call.request_output_len,
+                                                self.sequence, self.generated, self.trace, extend)
             else:
-                result = target.generate(call)
+                result = self.target.generate(call)
         except (EngineUnavailable, _Interrupted) as exc:
             cause, relayed = (exc.cause, exc.tokens) if isinstance(exc, _Interrupted) else (exc, [])
-            if recover is None:
-                raise cause from None
-            # the tokens a stream relayed before it broke are the client's already: the request goes on after them
-            stats.record(drafted=0, accepted=0, emitted=len(relayed), draft_seconds=drafted_at - start,
-                         verify_seconds=time.perf_counter() - drafted_at, fallback=None, source=None)
-            sequence += relayed
-            generated += len(relayed)
-            stats.recoveries += 1
-            recover(cause)
-            continue
-        if streamed:
-            verified_at, accepted = time.perf_counter(), 0
-        else:
-            verified_at = time.perf_counter()
+            return Iteration(relayed, draft_seconds=drafted_at - start, verify_seconds=time.perf_counter() - drafted_at,
+                             streamed=True, unavailable=cause)
+        verified_at, num_accepted_tokens = time.perf_counter(), 0
+        if not streamed:
             new = result.new_tokens[:remaining]
-            accepted = accepted_prefix(draft.tokens, new) if drafted else 0
-            # The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer tokens than it
-            # could have, a plain one fewer than asked, a verification no token of the target's own after the accepted
-            ended = len(new) < (accepted + 1 if drafted else plain)
-            new, reason = _apply_stop_rules(request, sequence, new, generated + len(new) >= request.max_tokens, ended)
-            if trace is not None:
-                _record(trace, result, len(new))
-        source = draft.source if drafted else None
-        if drafted:
-            drafter.observe(accepted, drafted)
+            num_accepted_tokens = accepted_prefix(draft.tokens, new) if num_draft_tokens else 0
+            # 4. stop rules. The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer
+            # tokens than it could have, a plain one fewer than asked, a verification no bonus token
+            ended = len(new) < (num_accepted_tokens + 1 if num_draft_tokens else plain)
+            new, reason = _apply_stop_rules(request, self.sequence, new,
+                                            self.generated + len(new) >= request.max_tokens, ended)
+            if self.trace is not None:
+                _record(self.trace, result, len(new))
+        # 5. observe
+        source = draft.source if num_draft_tokens else None
+        if num_draft_tokens:
+            self.drafter.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
         if not first:  # a policy tells sources apart only where it was offered several (auto)
             tail, tail_from = (len(new) - extend.observed, extend.since) if extend else (len(new), drafted_at)
-            policy.observe(drafted=drafted, accepted=accepted, draft_seconds=drafted_at - start,
-                           verify_seconds=verified_at - tail_from, tokens=tail,
-                           source=source if offers is not None else None)
-        stats.record(drafted=drafted, accepted=min(accepted, len(new)), emitted=len(new),
-                     draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at,
-                     fallback=decision.reason if not drafted else None, source=source)
-        sequence += new
-        generated += len(new)
-        if new and not streamed:
-            yield new
-        if reason:
-            stats.finish_reason = reason
-            stats.fallbacks.update(getattr(policy, "fallbacks", {}))
-            return
+            self.policy.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens,
+                                draft_seconds=drafted_at - start, verify_seconds=verified_at - tail_from, tokens=tail,
+                                source=source if offers is not None else None)
+        return Iteration(new, num_draft_tokens=num_draft_tokens, num_accepted_tokens=min(num_accepted_tokens, len(new)),
+                         source=source, fallback=decision.reason if not num_draft_tokens else None,
+                         draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at, streamed=streamed,
+                         finish_reason=reason)
+
+    def _draft(self, decision: Decision, remaining: int) -> tuple[Draft | None, Decision]:
+        """Step 2: the draft `decision` asks for (None when it decodes plainly), and the decision it goes on with.
+        A drafter that fails goes on with its other source (auto: prompt lookup); one with none leaves the rest of
+        the request to plain decoding."""
+        if decision.k <= 0:
+            return None, decision
+        try:
+            return _propose(self.drafter, self.sequence, decision), decision
+        except DraftFailed as exc:
+            self.stats.fallbacks["draft_error"] = self.stats.fallbacks.get("draft_error", 0) + 1
+            self.on_draft_failed(exc)
+            self.drafter = self.drafter.without_model() if hasattr(self.drafter, "without_model") else None
+            if self.drafter is None:
+                self.speculative, self.lost = False, "draft_error"
+                return None, Decision(0, plain_tokens=remaining, reason=self.lost)
+            return self.drafter.propose(self.sequence, decision.k), decision
 
 
 def _offers(drafter, sequence: list[int], remaining: int) -> dict[str, int] | None:
@@ -239,7 +301,7 @@ class _Extension:
     def __call__(self, got: list[int]) -> bool:
         """Called with the call's tokens so far once they reach the stretch's end; True: read on."""
         now = time.perf_counter()
-        self.policy.observe(drafted=0, accepted=0, draft_seconds=0.0, verify_seconds=now - self.since,
+        self.policy.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=now - self.since,
                             tokens=len(got) - self.observed)
         self.observed, self.since = len(got), now
         left = self.remaining - len(got)

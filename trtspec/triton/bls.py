@@ -223,8 +223,9 @@ class TritonPythonModel:
             if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
                 self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
             raise
-        self._govern(Outcome(bool(stats.speculative_iterations), seconds_per_output_token(times_ns, stats.generated_tokens),
-                             stats.draft_tokens, stats.accepted_tokens, probe=probe, admitted_at=admitted), load)
+        self._govern(Outcome(bool(stats.num_drafts), seconds_per_output_token(times_ns, stats.generated_tokens),
+                             num_draft_tokens=stats.num_draft_tokens, num_accepted_tokens=stats.num_accepted_tokens,
+                             probe=probe, admitted_at=admitted), load)
 
     def _drafter(self, plan: "_Plan", watch):
         """`watch`: whether the client left (the request's deadline does not bound a draft call: see BlsEngineClient)."""
@@ -493,8 +494,8 @@ class TritonPythonModel:
                 out("first_token_time_ns", [first or last or scheduled], np.int64),
                 out("last_token_time_ns", [last or scheduled], np.int64),
                 out("acceptance_rate", [stats.acceptance_rate], np.float32),
-                out("total_accepted_draft_tokens", [stats.accepted_tokens], np.int32),
-                out("total_draft_tokens", [stats.draft_tokens], np.int32),
+                out("total_accepted_draft_tokens", [stats.num_accepted_tokens], np.int32),
+                out("total_draft_tokens", [stats.num_draft_tokens], np.int32),
                 out("num_iterations", [stats.iterations], np.int32),
                 out("draft_time_ms", [stats.draft_seconds * 1e3], np.float32),
                 out("verify_time_ms", [stats.verify_seconds * 1e3], np.float32),

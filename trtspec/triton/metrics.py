@@ -106,11 +106,11 @@ class Metrics:
     def record(self, stats: RequestStats, times_ns: list[int]) -> None:
         """A finished request: its statistics and its times (arrival, first target call, first and last token,
         nanoseconds of one clock)."""
-        mode = "speculative" if stats.speculative_iterations else "plain"
+        mode = "speculative" if stats.num_drafts else "plain"
         arrival, _, first, last = times_ns
         with self._lock:
             # each update is a message to the server: counters that did not move are left alone
-            for metric, amount in ((self._draft, stats.draft_tokens), (self._accepted, stats.accepted_tokens),
+            for metric, amount in ((self._draft, stats.num_draft_tokens), (self._accepted, stats.num_accepted_tokens),
                                    (self._generated[mode], stats.generated_tokens), (self._iterations, stats.iterations),
                                    (self._draft_seconds, stats.draft_seconds), (self._verify_seconds, stats.verify_seconds)):
                 if amount:
@@ -132,8 +132,8 @@ class Metrics:
             tpot = time_per_output_token(times_ns, stats.generated_tokens)
             if tpot is not None:
                 self._tpot[mode].observe(tpot)
-            if stats.draft_tokens:
-                self._acceptance.observe(stats.accepted_tokens / stats.draft_tokens)
+            if stats.num_draft_tokens:
+                self._acceptance.observe(stats.num_accepted_tokens / stats.num_draft_tokens)
 
     def gpu_memory_planned(self, fraction: float) -> None:
         if fraction > 0:

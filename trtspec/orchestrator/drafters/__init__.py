@@ -26,7 +26,7 @@ class Drafter(Protocol):
     def propose(self, context: list[int], k: int) -> Draft:
         """Up to k tokens that may follow `context` (prompt + everything accepted so far)."""
 
-    def observe(self, num_accepted: int, num_drafted: int) -> None:
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         """What the target made of the last proposal."""
 
 

@@ -52,6 +52,6 @@ class AutoDrafter:
         self.model = None
         return self
 
-    def observe(self, num_accepted: int, num_drafted: int) -> None:
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         if self.model is not None:
-            self.model.observe(num_accepted, num_drafted)
+            self.model.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)

@@ -32,5 +32,5 @@ class DraftModelDrafter:
         logits = result.generation_logits[:k] if self.use_logits and result.generation_logits is not None else None
         return Draft(result.new_tokens[:k], logits, source="draft_model")
 
-    def observe(self, num_accepted: int, num_drafted: int) -> None:
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         pass

@@ -38,5 +38,5 @@ class PromptLookupDrafter:
     def propose(self, context: list[int], k: int) -> Draft:
         return Draft(find_continuation(context, k, self.max_ngram), source="prompt_lookup")
 
-    def observe(self, num_accepted: int, num_drafted: int) -> None:
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         pass
