@@ -297,8 +297,8 @@ def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: boo
     if "kv_cache_alloc_total_blocks" in t:
         kv = tuple(int(np.asarray(t[n]).reshape(-1)[0]) for n in
                    ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"))
-    return GenerationResult(ids, new, logits, num_draft_tokens=drafted, num_accepted_tokens=accepted, reused_tokens=reused,
-                            log_probs=log_probs, context_logits=context, kv_blocks=kv)
+    return GenerationResult(ids, new, logits, num_draft_tokens=drafted, num_accepted_tokens=accepted,
+                            reused_tokens=reused, log_probs=log_probs, context_logits=context, kv_blocks=kv)
 
 
 def _row(t: dict, name: str) -> list[int]:

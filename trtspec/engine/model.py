@@ -252,8 +252,7 @@ class CompactModel:
         """The network on a prepared pass: the logits of the wanted rows, [rows, V], on the device."""
         x = F.embedding(p.ids, self.embed)     # the residual stream
         if p.decoder is not None:                # every layer in one call of trtspec's kernel, in place on x
-            d = p.decoder
-            kernels.decoder_layers(x, self.layer_table, d.segments, d.cos, d.sin,
+            kernels.decoder_layers(x, self.layer_table, p.decoder.segments, p.decoder.cos, p.decoder.sin,
                                    heads=(self.hq, self.hkv, self.head_dim), intermediate=self.config.intermediate_size,
                                    window=self.window, scale=self.scale, eps=self.eps, isa=self.layers[0]["qkv"].isa)
             return self._head(self._norm(x[p.rows], self.norm))

@@ -301,8 +301,8 @@ class _Extension:
     def __call__(self, got: list[int]) -> bool:
         """Called with the call's tokens so far once they reach the stretch's end; True: read on."""
         now = time.perf_counter()
-        self.policy.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=now - self.since,
-                            tokens=len(got) - self.observed)
+        self.policy.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0,
+                            verify_seconds=now - self.since, tokens=len(got) - self.observed)
         self.observed, self.since = len(got), now
         left = self.remaining - len(got)
         decision = self.policy.decide(left, _offers(self.drafter, self.sequence + got, left))
