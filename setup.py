@@ -7,5 +7,14 @@ kernel and not in others, and a row's bits would depend on the tile that compute
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("trtspec.engine._cpu_kernels", ["trtspec/engine/_cpu_kernels.c"],
-                             extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"], extra_link_args=["-fopenmp"], optional=True)])
+setup(
+    ext_modules=[
+        Extension(
+            "trtspec.engine._cpu_kernels",
+            ["trtspec/engine/_cpu_kernels.c"],
+            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
+            extra_link_args=["-fopenmp"],
+            optional=True,
+        )
+    ]
+)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from cpu_meter import CpuMeter  # benchmarks/cpu_meter.py, beside this script
 from rich.console import Console
 from rich.table import Table
 
@@ -37,8 +38,6 @@ from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter
 from trtspec.orchestrator.loop import SpecRequest, speculate
 from trtspec.orchestrator.stats import RequestStats
 
-from cpu_meter import CpuMeter  # benchmarks/cpu_meter.py, beside this script
-
 NO_END = -1
 
 
@@ -48,9 +47,11 @@ def med(values):
 
 # ---- a. step costs --------------------------------------------------------------------------------------------
 
+
 def step_costs(target: Engine, draft: Engine | None, prompt: list[int], max_k: int, reps: int) -> dict:
     """Median ms of: a target decode step, a draft decode step, a target verify of k drafts (k = 1..max_k),
     each on a sequence whose prefix is cached (as in the loop's steady state), in a rotating order."""
+
     def pristine(engine: Engine, seq: list[int]):
         engine.cache.clear()
         engine.generate(GenerationRequest(input_ids=seq[:-1], request_output_len=1, end_id=NO_END))
@@ -60,16 +61,20 @@ def step_costs(target: Engine, draft: Engine | None, prompt: list[int], max_k: i
 
     seq = prompt + target.generate(GenerationRequest(input_ids=prompt, request_output_len=32, end_id=NO_END)).new_tokens
     caches = {"target": pristine(target, seq)} | ({"draft": pristine(draft, seq)} if draft else {})
-    times: dict[str, list[float]] = {"target decode": []} | ({"draft decode": []} if draft else {}) | \
-        {f"verify k={k}": [] for k in range(1, max_k + 1)}
+    times: dict[str, list[float]] = (
+        {"target decode": []}
+        | ({"draft decode": []} if draft else {})
+        | {f"verify k={k}": [] for k in range(1, max_k + 1)}
+    )
 
     def run(name: str) -> float:
         engine = draft if name == "draft decode" else target
         engine.cache.clear()
         engine.cache.keep(seq[:-1], copy.deepcopy(caches["draft" if engine is draft else "target"]))
         k = int(name.split("=")[1]) if name.startswith("verify") else 0
-        request = GenerationRequest(input_ids=list(seq), request_output_len=k + 1, end_id=NO_END,
-                                    draft_input_ids=[seq[-1]] * k or None)
+        request = GenerationRequest(
+            input_ids=list(seq), request_output_len=k + 1, end_id=NO_END, draft_input_ids=[seq[-1]] * k or None
+        )
         start = time.perf_counter()
         engine.generate(request)
         return time.perf_counter() - start
@@ -78,17 +83,23 @@ def step_costs(target: Engine, draft: Engine | None, prompt: list[int], max_k: i
     for name in names:
         run(name)  # warm-up
     for rep in range(reps):
-        for name in names[rep % len(names):] + names[: rep % len(names)]:
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
             times[name].append(run(name))
     base = med(times["target decode"])
-    return {"context_tokens": len(seq), "reps": reps,
-            "ms": {n: round(med(t) * 1e3, 2) for n, t in times.items()},
-            "ratio_to_target_decode": {n: round(med(t) / base, 3) for n, t in times.items()}}
+    return {
+        "context_tokens": len(seq),
+        "reps": reps,
+        "ms": {n: round(med(t) * 1e3, 2) for n, t in times.items()},
+        "ratio_to_target_decode": {n: round(med(t) / base, 3) for n, t in times.items()},
+    }
 
 
 # ---- b. side by side ------------------------------------------------------------------------------------------
 
-def generate(target: Engine, draft: Engine | None, prompt: list[int], max_tokens: int, k: int, end_id) -> tuple[list[int], float, RequestStats]:
+
+def generate(
+    target: Engine, draft: Engine | None, prompt: list[int], max_tokens: int, k: int, end_id
+) -> tuple[list[int], float, RequestStats]:
     """One greedy answer; the drafter is the draft model, or prompt lookup when `draft` is None."""
     target.cache.clear()
     stats = RequestStats()
@@ -104,8 +115,9 @@ def generate(target: Engine, draft: Engine | None, prompt: list[int], max_tokens
     return tokens, time.perf_counter() - start, stats
 
 
-def side_by_side(target: Engine, draft: Engine, prompts: list[list[int]], ks: list[int], max_tokens: int, end_id,
-                 console: Console) -> dict:
+def side_by_side(
+    target: Engine, draft: Engine, prompts: list[list[int]], ks: list[int], max_tokens: int, end_id, console: Console
+) -> dict:
     modes = [0] + ks
     seconds = {k: [] for k in modes}
     tokens = {k: 0 for k in modes}
@@ -116,7 +128,7 @@ def side_by_side(target: Engine, draft: Engine, prompts: list[list[int]], ks: li
     for i, prompt in enumerate(prompts):
         generate(target, draft, prompt, 4, 1, end_id)  # warm-up of this prompt's shapes
         outputs = {}
-        for k in modes[i % len(modes):] + modes[: i % len(modes)]:
+        for k in modes[i % len(modes) :] + modes[: i % len(modes)]:
             out, t, stats = generate(target, draft, prompt, max_tokens, k, end_id)
             outputs[k] = out
             seconds[k].append(t)
@@ -125,31 +137,53 @@ def side_by_side(target: Engine, draft: Engine, prompts: list[list[int]], ks: li
             accepted[k] += stats.num_accepted_tokens
             calls[k] += stats.iterations
         mismatches += [(i, k) for k in ks if outputs[k] != outputs[0]]
-        console.print(f"prompt {i + 1}/{len(prompts)}: {len(outputs[0])} tokens, target-only {seconds[0][-1]:.2f} s; "
-                      + ", ".join(f"K={k} {seconds[k][-1]:.2f} s" for k in ks), highlight=False)
+        console.print(
+            f"prompt {i + 1}/{len(prompts)}: {len(outputs[0])} tokens, target-only {seconds[0][-1]:.2f} s; "
+            + ", ".join(f"K={k} {seconds[k][-1]:.2f} s" for k in ks),
+            highlight=False,
+        )
     rows = []
     total0 = sum(seconds[0])
     for k in modes:
         per_prompt = [a / b for a, b in zip(seconds[0], seconds[k])]
-        rows.append({
-            "k": k, "seconds": round(sum(seconds[k]), 2), "tokens": tokens[k],
-            "ms_per_token": round(sum(seconds[k]) / max(tokens[k], 1) * 1e3, 2),
-            "acceptance": round(accepted[k] / drafted[k], 4) if drafted[k] else None,
-            "tokens_per_target_call": round(tokens[k] / max(calls[k], 1), 3) if k else None,
-            "speedup": round(total0 / sum(seconds[k]), 3),
-            "speedup_median_per_prompt": round(med(per_prompt), 3),
-        })
-    return {"prompts": len(prompts), "max_tokens": max_tokens, "rows": rows, "outputs_identical": not mismatches,
-            "mismatches": mismatches}
+        rows.append(
+            {
+                "k": k,
+                "seconds": round(sum(seconds[k]), 2),
+                "tokens": tokens[k],
+                "ms_per_token": round(sum(seconds[k]) / max(tokens[k], 1) * 1e3, 2),
+                "acceptance": round(accepted[k] / drafted[k], 4) if drafted[k] else None,
+                "tokens_per_target_call": round(tokens[k] / max(calls[k], 1), 3) if k else None,
+                "speedup": round(total0 / sum(seconds[k]), 3),
+                "speedup_median_per_prompt": round(med(per_prompt), 3),
+            }
+        )
+    return {
+        "prompts": len(prompts),
+        "max_tokens": max_tokens,
+        "rows": rows,
+        "outputs_identical": not mismatches,
+        "mismatches": mismatches,
+    }
 
 
 # ---- the run --------------------------------------------------------------------------------------------------
 
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engines", type=Path, required=True, help="engine dir holding target/ and draft/ (built with --config if given)")
+    p.add_argument(
+        "--engines",
+        type=Path,
+        required=True,
+        help="engine dir holding target/ and draft/ (built with --config if given)",
+    )
     p.add_argument("--config", help="build config to build first (e.g. build_configs/demo.yaml)")
-    p.add_argument("--prompts", default="builtin:assistant-heldout", help="builtin:assistant-heldout or a JSONL file of {\"prompt\": ...}")
+    p.add_argument(
+        "--prompts",
+        default="builtin:assistant-heldout",
+        help='builtin:assistant-heldout or a JSONL file of {"prompt": ...}',
+    )
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--ks", default="1,2,3,4,5,6", help="draft lengths to measure")
@@ -157,8 +191,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="torch threads [default: torch's]")
     p.add_argument("--device", default="cpu", help="where the engines run: cpu or cuda")
     p.add_argument("--dtype", help="compute dtype of both engines [default: as built]")
-    p.add_argument("--drafter", choices=("model", "lookup"), default="model",
-                   help="the draft model, or prompt lookup (no draft engine; e.g. code editing)")
+    p.add_argument(
+        "--drafter",
+        choices=("model", "lookup"),
+        default="model",
+        help="the draft model, or prompt lookup (no draft engine; e.g. code editing)",
+    )
     p.add_argument("--costs-only", action="store_true", help="measure the step costs (a.) only")
     p.add_argument("--output", type=Path, default=Path("draft-bench.json"))
     return p.parse_args(argv)
@@ -180,7 +218,9 @@ def main(argv=None) -> int:
 
         run_build(args.config, args.engines, console=console)
     target = Engine.load(args.engines / "target", device=args.device, dtype=args.dtype)
-    draft = Engine.load(args.engines / "draft", device=args.device, dtype=args.dtype) if args.drafter == "model" else None
+    draft = (
+        Engine.load(args.engines / "draft", device=args.device, dtype=args.dtype) if args.drafter == "model" else None
+    )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(args.engines / "target"))
@@ -191,8 +231,10 @@ def main(argv=None) -> int:
 
     with CpuMeter() as m_costs:
         costs = step_costs(target, draft, prompts[0], max(ks), args.reps)
-    t = Table(title=f"a. step costs on a cached {costs['context_tokens']}-token sequence, median of {args.reps} "
-                    f"(other processes: {m_costs.others_cores:.2f} cores)")
+    t = Table(
+        title=f"a. step costs on a cached {costs['context_tokens']}-token sequence, median of {args.reps} "
+        f"(other processes: {m_costs.others_cores:.2f} cores)"
+    )
     for col in ("step", "ms", "x target decode"):
         t.add_column(col, justify="right")
     for name, value in costs["ms"].items():
@@ -204,21 +246,36 @@ def main(argv=None) -> int:
         return 0
     with CpuMeter() as m_side:
         side = side_by_side(target, draft, prompts, ks, args.max_tokens, end_id, console)
-    t = Table(title=f"b. greedy, concurrency 1, {side['prompts']} held-out chat prompts, up to {args.max_tokens} tokens, "
-                    f"interleaved (other processes: {m_side.others_cores:.2f} cores); outputs identical: {side['outputs_identical']}")
+    t = Table(
+        title=f"b. greedy, concurrency 1, {side['prompts']} held-out chat prompts, up to {args.max_tokens} tokens, "
+        f"interleaved (other processes: {m_side.others_cores:.2f} cores); outputs identical: "
+        f"{side['outputs_identical']}"
+    )
     for col in ("K", "acceptance", "tokens/target call", "ms/token", "speedup", "median per prompt"):
         t.add_column(col, justify="right")
     for r in side["rows"]:
-        t.add_row("target-only" if r["k"] == 0 else str(r["k"]), "-" if r["acceptance"] is None else f"{r['acceptance']:.3f}",
-                  "-" if r["tokens_per_target_call"] is None else f"{r['tokens_per_target_call']:.2f}",
-                  f"{r['ms_per_token']:.1f}", f"{r['speedup']:.3f}x", f"{r['speedup_median_per_prompt']:.3f}x")
+        t.add_row(
+            "target-only" if r["k"] == 0 else str(r["k"]),
+            "-" if r["acceptance"] is None else f"{r['acceptance']:.3f}",
+            "-" if r["tokens_per_target_call"] is None else f"{r['tokens_per_target_call']:.2f}",
+            f"{r['ms_per_token']:.1f}",
+            f"{r['speedup']:.3f}x",
+            f"{r['speedup_median_per_prompt']:.3f}x",
+        )
     console.print(t)
     best = max(side["rows"][1:], key=lambda r: r["speedup"])
-    console.print(f"best K = {best['k']}: {best['speedup']:.3f}x at acceptance {best['acceptance']:.3f}"
-                  + (f"; draft step = {costs['ratio_to_target_decode']['draft decode']:.3f} x target step" if draft else ""))
-    report = {"command": " ".join([Path(sys.executable).name] + sys.argv), "engines": str(args.engines),
-              "threads": torch.get_num_threads(), "step_costs": costs | {"other_processes_cores": round(m_costs.others_cores, 2)},
-              "side_by_side": side | {"other_processes_cores": round(m_side.others_cores, 2)}, "best_k": best["k"]}
+    console.print(
+        f"best K = {best['k']}: {best['speedup']:.3f}x at acceptance {best['acceptance']:.3f}"
+        + (f"; draft step = {costs['ratio_to_target_decode']['draft decode']:.3f} x target step" if draft else "")
+    )
+    report = {
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "engines": str(args.engines),
+        "threads": torch.get_num_threads(),
+        "step_costs": costs | {"other_processes_cores": round(m_costs.others_cores, 2)},
+        "side_by_side": side | {"other_processes_cores": round(m_side.others_cores, 2)},
+        "best_k": best["k"],
+    }
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"report: {args.output}")
     return 0 if side["outputs_identical"] else 1

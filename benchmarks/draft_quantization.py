@@ -26,7 +26,9 @@ from trtspec.distill import train as T
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--draft", default="pkg:trtspec/data/drafts/smollm2-135m-instruct", help="a draft made by trtspec distill")
+    p.add_argument(
+        "--draft", default="pkg:trtspec/data/drafts/smollm2-135m-instruct", help="a draft made by trtspec distill"
+    )
     p.add_argument("--target-quantization", default="fp8", choices=["none", "fp8"], help="the target as built")
     p.add_argument("--prompts", type=int, default=32, help="held-out prompts")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per held-out answer")
@@ -41,9 +43,17 @@ def main() -> int:
     with console.status("the target answers the held-out prompts"):
         target = load_model(target_info, torch.float32)
         round_like_engine(target, args.target_quantization)
-        answers = D.decode_answers(compact_forward(target, target_info.architecture, torch.device("cpu")), prompts,
-                                   list(range(len(prompts))), temperature=0.0, max_new_tokens=args.max_tokens,
-                                   batch_size=32, top_k=32, seed=0, eos_id=tokenizer.eos_token_id)
+        answers = D.decode_answers(
+            compact_forward(target, target_info.architecture, torch.device("cpu")),
+            prompts,
+            list(range(len(prompts))),
+            temperature=0.0,
+            max_new_tokens=args.max_tokens,
+            batch_size=32,
+            top_k=32,
+            seed=0,
+            eos_id=tokenizer.eos_token_id,
+        )
         del target
     results = {}
     for quantization in ("none", "fp8"):
@@ -53,14 +63,20 @@ def main() -> int:
         if head is not None:
             draft.lm_head.full_vocab = False
         results[quantization] = T.evaluate(draft, T.prepare(answers, head, target_info.vocab_size), torch.device("cpu"))
-    table = Table(title=f"greedy acceptance on {len(answers)} held-out answers "
-                        f"({sum(a.supervised for a in answers):,} tokens), teacher-forced")
+    table = Table(
+        title=f"greedy acceptance on {len(answers)} held-out answers "
+        f"({sum(a.supervised for a in answers):,} tokens), teacher-forced"
+    )
     for col in ("draft weights", "KL", "K=1", "K=2", "K=4", "tokens/call K=4"):
         table.add_column(col, justify="right")
     for quantization, r in results.items():
         by_k = {x["k"]: x for x in r.by_k}
-        table.add_row("as shipped (bf16)" if quantization == "none" else "FP8 per tensor", f"{r.kl:.3f}",
-                      *(f"{by_k[k]['acceptance']:.3f}" for k in (1, 2, 4)), f"{by_k[4]['tokens_per_call']:.2f}")
+        table.add_row(
+            "as shipped (bf16)" if quantization == "none" else "FP8 per tensor",
+            f"{r.kl:.3f}",
+            *(f"{by_k[k]['acceptance']:.3f}" for k in (1, 2, 4)),
+            f"{by_k[4]['tokens_per_call']:.2f}",
+        )
     console.print(table)
     args.output.write_text(json.dumps({q: r.summary() for q, r in results.items()}, indent=2) + "\n")
     return 0

@@ -31,14 +31,13 @@ import time
 from pathlib import Path
 
 import torch
+from cpu_meter import cpu_flags  # benchmarks/cpu_meter.py, beside this script
 from rich.console import Console
 from rich.table import Table
 
 from trtspec.contract import GenerationRequest
 from trtspec.engine.model import Segment
 from trtspec.engine.runtime import Engine
-
-from cpu_meter import cpu_flags  # benchmarks/cpu_meter.py, beside this script
 
 CONTEXT = 106
 
@@ -56,7 +55,10 @@ def bandwidth(mib: int = 256) -> dict[str, float]:
         src.sum()
         reads.append(time.perf_counter() - t)
     nbytes = src.numel() * 4
-    return {"copy_gbs": 2 * nbytes / statistics.median(copies) / 1e9, "read_gbs": nbytes / statistics.median(reads) / 1e9}
+    return {
+        "copy_gbs": 2 * nbytes / statistics.median(copies) / 1e9,
+        "read_gbs": nbytes / statistics.median(reads) / 1e9,
+    }
 
 
 def kernel_fma_rate(rows: int = 12, reps: int = 50) -> float:
@@ -108,7 +110,11 @@ def draft_in_loop(target, draft, ids: list[int], steps: int) -> dict[str, float]
         t = time.perf_counter()
         draft.forward([Segment(ids[p + 1 : p + 2], p + 1, kv_d, 1)])
         after.append(time.perf_counter() - t)
-    return {"hot": statistics.median(hot), "after_target": statistics.median(after), "verify": statistics.median(verify)}
+    return {
+        "hot": statistics.median(hot),
+        "after_target": statistics.median(after),
+        "verify": statistics.median(verify),
+    }
 
 
 def long_context_steps(model, ids: list[int], contexts: list[int], steps: int) -> dict[int, dict[str, float]]:
@@ -149,8 +155,11 @@ def served_rate(url: str, prompts: list[list[int]], concurrency: int, tokens: in
     def one(prompt: list[int]) -> int:
         # SpecClient.infer: a plain infer, or a gRPC stream for decoupled engine models (the default deployment)
         with SpecClient(url, protocol="grpc", timeout=600) as client:
-            out = client.infer("tensorrt_llm", request_to_tensors(
-                GenerationRequest(input_ids=prompt, request_output_len=tokens, end_id=-1)), ["sequence_length"])
+            out = client.infer(
+                "tensorrt_llm",
+                request_to_tensors(GenerationRequest(input_ids=prompt, request_output_len=tokens, end_id=-1)),
+                ["sequence_length"],
+            )
         return int(out["sequence_length"].reshape(-1)[0]) - len(prompt)
 
     t = time.perf_counter()
@@ -166,8 +175,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=9, help="decode steps timed per repetition")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=32, help="tokens per request in the batching part")
-    p.add_argument("--url", help="gRPC address of a server running this pair's repository (e.g. 127.0.0.1:8001): "
-                   "also measure part d through Triton")
+    p.add_argument(
+        "--url",
+        help="gRPC address of a server running this pair's repository (e.g. 127.0.0.1:8001): "
+        "also measure part d through Triton",
+    )
     p.add_argument("--long-contexts", default="900,1800", help="contexts of part f (comma-separated; empty: skip it)")
     p.add_argument("--output", type=Path)
     args = p.parse_args(argv)
@@ -192,7 +204,9 @@ def main(argv=None) -> int:
             console.print(f"repetition {rep + 1}/{args.reps}")
             r = {"bandwidth": bandwidth(), "passes": {}, "rates": {}, "fma_rate": kernel_fma_rate()}
             for (role, forward), engine in engines.items():
-                r["passes"][f"{role}/{forward}"] = pass_times(engine.model, ids, ks if role == "target" else [0], args.steps)
+                r["passes"][f"{role}/{forward}"] = pass_times(
+                    engine.model, ids, ks if role == "target" else [0], args.steps
+                )
             if "draft" in roles:
                 r["loop"] = draft_in_loop(target.model, engines["draft", "compact"].model, ids, args.steps)
             if contexts and hasattr(target.model, "kv_dtype"):
@@ -201,7 +215,9 @@ def main(argv=None) -> int:
             for c in (1, 4, 8):
                 r["rates"][c] = batched_rate(target, batch, c, args.tokens)
                 if args.url:
-                    r.setdefault("served", {})[c] = served_rate(args.url, [[t + 1 for t in p] for p in batch], c, args.tokens)
+                    r.setdefault("served", {})[c] = served_rate(
+                        args.url, [[t + 1 for t in p] for p in batch], c, args.tokens
+                    )
             r["bandwidth_after"] = bandwidth()
             reps.append(r)
 
@@ -213,11 +229,17 @@ def main(argv=None) -> int:
 
     read = median(read_gbs)
     model = target.model
-    report = {"command": "python " + " ".join(sys.argv), "threads": args.threads, "reps": args.reps,
-              "batch_invariant": target.batch_invariant, "linears": getattr(model, "kernel_summary", model.linear_kind),
-              "cpu_flags": sorted(f for f in cpu_flags() if f.startswith("avx")),
-              "copy_gbs": median(lambda r: max(r["bandwidth"]["copy_gbs"], r["bandwidth_after"]["copy_gbs"])),
-              "read_gbs": read, "models": {}}
+    report = {
+        "command": "python " + " ".join(sys.argv),
+        "threads": args.threads,
+        "reps": args.reps,
+        "batch_invariant": target.batch_invariant,
+        "linears": getattr(model, "kernel_summary", model.linear_kind),
+        "cpu_flags": sorted(f for f in cpu_flags() if f.startswith("avx")),
+        "copy_gbs": median(lambda r: max(r["bandwidth"]["copy_gbs"], r["bandwidth_after"]["copy_gbs"])),
+        "read_gbs": read,
+        "models": {},
+    }
     for role in roles:
         wb = engines[role, "compact"].model.weight_bytes
         name = f"{role}/compact"
@@ -236,11 +258,16 @@ def main(argv=None) -> int:
     fma = median(lambda r: r["fma_rate"])
     weights = sum(lin.n_padded * lin.k for layer in model.layers for lin in layer.values() if hasattr(lin, "n_padded"))
     weights += getattr(model.head, "n_padded", 0) * getattr(model.head, "k", 0)
-    report["roofline"] = {"fma_per_s": fma, "weights": weights,
-                          "rows": fma * report["models"]["target"]["weight_mb"] * 1e6 / weights / (read * 1e9)}
+    report["roofline"] = {
+        "fma_per_s": fma,
+        "weights": weights,
+        "rows": fma * report["models"]["target"]["weight_mb"] * 1e6 / weights / (read * 1e9),
+    }
     for forward in ("compact", "hf"):
         name = f"target/{forward}"
-        report[f"passes_{forward}"] = {k + 1: median(lambda r: r["passes"][name][k] / r["passes"][name][0]) for k in ks[1:]}
+        report[f"passes_{forward}"] = {
+            k + 1: median(lambda r: r["passes"][name][k] / r["passes"][name][0]) for k in ks[1:]
+        }
     report["rates"] = {c: median(lambda r: r["rates"][c]) for c in (1, 4, 8)}
     report["rate_ratio"] = {c: median(lambda r: r["rates"][c] / r["rates"][1]) for c in (1, 4, 8)}
     if args.url:
@@ -252,11 +279,18 @@ def main(argv=None) -> int:
             loop[f"{key}_ms"] = median(lambda r: r["loop"][key]) * 1e3
             loop[f"{key}_in_target_steps"] = median(lambda r: r["loop"][key] / r["passes"]["target/compact"][0])
     if reps and "long" in reps[0]:
-        report["long_context"] = {"kv_dtype": str(model.kv_dtype).removeprefix("torch."), "kv_bytes_per_token":
-                                  model.kv_bytes_per_token, "contexts": {
-            c: {"kept_ms": median(lambda r: r["long"][c]["kept"]) * 1e3,
-                "float32_ms": median(lambda r: r["long"][c]["float32"]) * 1e3,
-                "ratio": median(lambda r: r["long"][c]["kept"] / r["long"][c]["float32"])} for c in contexts}}
+        report["long_context"] = {
+            "kv_dtype": str(model.kv_dtype).removeprefix("torch."),
+            "kv_bytes_per_token": model.kv_bytes_per_token,
+            "contexts": {
+                c: {
+                    "kept_ms": median(lambda r: r["long"][c]["kept"]) * 1e3,
+                    "float32_ms": median(lambda r: r["long"][c]["float32"]) * 1e3,
+                    "ratio": median(lambda r: r["long"][c]["kept"] / r["long"][c]["float32"]),
+                }
+                for c in contexts
+            },
+        }
     report["batching"] = vars(target.stats.batching)
     _print(Console(), report)
     if args.output:
@@ -265,18 +299,39 @@ def main(argv=None) -> int:
 
 
 def _print(console: Console, r: dict) -> None:
-    t = Table(title=f"decode step vs the bandwidth bound (read {r['read_gbs']:.1f} GB/s, copy {r['copy_gbs']:.1f} GB/s; "
-                    f"{', '.join(r['cpu_flags'])}; linears {r['linears']}; batch-invariant {r['batch_invariant']})")
-    for col in ("model", "weights MB read", "decode ms", "tok/s", "bound ms", "decode / bound", "HF eager ms", "eager / compact"):
+    t = Table(
+        title=f"decode step vs the bandwidth bound (read {r['read_gbs']:.1f} GB/s, copy {r['copy_gbs']:.1f} GB/s; "
+        f"{', '.join(r['cpu_flags'])}; linears {r['linears']}; batch-invariant {r['batch_invariant']})"
+    )
+    for col in (
+        "model",
+        "weights MB read",
+        "decode ms",
+        "tok/s",
+        "bound ms",
+        "decode / bound",
+        "HF eager ms",
+        "eager / compact",
+    ):
         t.add_column(col, justify="right")
     for role, m in r["models"].items():
-        t.add_row(role, f"{m['weight_mb']:.0f}", f"{m['decode_ms']:.2f}", f"{m['tokens_per_s']:.0f}", f"{m['bound_ms']:.2f}",
-                  f"{m['decode_over_bound']:.2f}x", f"{m['eager_decode_ms']:.1f}", f"{m['eager_over_compact']:.2f}x")
+        t.add_row(
+            role,
+            f"{m['weight_mb']:.0f}",
+            f"{m['decode_ms']:.2f}",
+            f"{m['tokens_per_s']:.0f}",
+            f"{m['bound_ms']:.2f}",
+            f"{m['decode_over_bound']:.2f}x",
+            f"{m['eager_decode_ms']:.1f}",
+            f"{m['eager_over_compact']:.2f}x",
+        )
     console.print(t)
     rf = r["roofline"]
-    console.print(f"roofline (target): the kernel's in-cache rate {rf['fma_per_s'] / 1e9:.0f} G multiply-adds/s over "
-                  f"{rf['weights'] / 1e6:.0f} M weights of {r['models']['target']['weight_mb']:.0f} MB: a pass is "
-                  f"memory-bound up to {rf['rows']:.1f} rows")
+    console.print(
+        f"roofline (target): the kernel's in-cache rate {rf['fma_per_s'] / 1e9:.0f} G multiply-adds/s over "
+        f"{rf['weights'] / 1e6:.0f} M weights of {r['models']['target']['weight_mb']:.0f} MB: a pass is "
+        f"memory-bound up to {rf['rows']:.1f} rows"
+    )
     t = Table(title="a pass of k+1 rows, in decode steps (target)")
     t.add_column("forward")
     for k in r["passes_compact"]:
@@ -286,7 +341,10 @@ def _print(console: Console, r: dict) -> None:
     console.print(t)
     if "draft_in_loop" in r:
         d = r["draft_in_loop"]
-        t = Table(title="one iteration at K=1: the draft's decode step back to back and right after a target pass of 2 rows, and that pass")
+        t = Table(
+            title="one iteration at K=1: the draft's decode step back to back and right after a target pass of 2 "
+            "rows, and that pass"
+        )
         for col in ("", "ms", "in target decode steps"):
             t.add_column(col, justify="right")
         t.add_row("back to back", f"{d['hot_ms']:.1f}", f"{d['hot_in_target_steps']:.3f}")
@@ -295,15 +353,24 @@ def _print(console: Console, r: dict) -> None:
         console.print(t)
     if "long_context" in r:
         lc = r["long_context"]
-        t = Table(title=f"decode step at long contexts (target): the KV cache as kept ({lc['kv_dtype']}) against float32")
+        t = Table(
+            title=f"decode step at long contexts (target): the KV cache as kept ({lc['kv_dtype']}) against float32"
+        )
         for col in ("context", "KV MB read as kept", "ms as kept", "ms float32", "kept / float32"):
             t.add_column(col, justify="right")
         for c, m in lc["contexts"].items():
-            t.add_row(str(c), f"{c * lc['kv_bytes_per_token'] / 1e6:.1f}", f"{m['kept_ms']:.2f}", f"{m['float32_ms']:.2f}",
-                      f"{m['ratio']:.2f}x")
+            t.add_row(
+                str(c),
+                f"{c * lc['kv_bytes_per_token'] / 1e6:.1f}",
+                f"{m['kept_ms']:.2f}",
+                f"{m['float32_ms']:.2f}",
+                f"{m['ratio']:.2f}x",
+            )
         console.print(t)
     t = Table(title="target-only, requests generating together (in-flight batching)")
-    for col in ("concurrency", "in process tok/s", "vs concurrency 1") + (("through Triton tok/s", "vs concurrency 1") if "served_rates" in r else ()):
+    for col in ("concurrency", "in process tok/s", "vs concurrency 1") + (
+        ("through Triton tok/s", "vs concurrency 1") if "served_rates" in r else ()
+    ):
         t.add_column(col, justify="right")
     for c, rate in r["rates"].items():
         served = (f"{r['served_rates'][c]:.1f}", f"{r['served_ratio'][c]:.2f}x") if "served_rates" in r else ()

@@ -24,12 +24,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from fuzzing import OUTPUT_NEUTRAL, PROMPTS, Outcome, bls_requests, send, wrong_json_type  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
-
-from fuzzing import OUTPUT_NEUTRAL, PROMPTS, Outcome, bls_requests, send, wrong_json_type  # noqa: E402
 
 
 class _Endpoints:
@@ -39,6 +38,7 @@ class _Endpoints:
 
 def _tiny_server(root: Path):
     from tiny import make_checkpoint, make_perturbed_copy, write_config
+
     from trtspec.compile import run_build
     from trtspec.config import load_config
     from trtspec.repository import write_repository
@@ -46,8 +46,13 @@ def _tiny_server(root: Path):
 
     target = make_checkpoint(root / "target", layers=2, seed=0)
     draft = make_perturbed_copy(target, root / "draft", noise=0.01)
-    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
-                          engine={"max_input_len": 64, "max_seq_len": 128})
+    config = write_config(
+        root / "build.yaml",
+        target,
+        draft,
+        speculation={"max_draft_len": 4},
+        engine={"max_input_len": 64, "max_seq_len": 128},
+    )
     repo = write_repository(load_config(config), run_build(config, root / "engines"), root / "repo")
     return TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
 
@@ -67,8 +72,11 @@ def main(argv=None) -> int:
     else:
         from trtspec.server import TritonServer, free_port
 
-        server = (TritonServer(args.repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
-                  if args.repo else _tiny_server(Path(tempfile.mkdtemp(prefix="trtspec-fuzz-"))))
+        server = (
+            TritonServer(args.repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+            if args.repo
+            else _tiny_server(Path(tempfile.mkdtemp(prefix="trtspec-fuzz-")))
+        )
         server.start()
         target = server
     counts: collections.Counter = collections.Counter()
@@ -86,8 +94,13 @@ def main(argv=None) -> int:
         with Progress(console=console) as progress:
             task = progress.add_task("fuzzing", total=args.cases)
 
-            @settings(max_examples=args.cases, deadline=None, database=None, phases=[Phase.generate],
-                      suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=args.cases,
+                deadline=None,
+                database=None,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
             @given(case=bls_requests())
             def run(case):
                 transport, fields = case
@@ -100,9 +113,13 @@ def main(argv=None) -> int:
                 with urllib.request.urlopen(f"{target.http_base_url}/v2/health/ready", timeout=30) as ready:
                     if ready.status != 200:
                         problem = f"server not ready after the request ({ready.status})"
-                if (problem is None and outcome.kind == Outcome.ANSWER and set(fields) <= OUTPUT_NEUTRAL
-                        and fields.get("text_input") in PROMPTS
-                        and outcome.ids != reference(fields["text_input"], fields["max_tokens"])):
+                if (
+                    problem is None
+                    and outcome.kind == Outcome.ANSWER
+                    and set(fields) <= OUTPUT_NEUTRAL
+                    and fields.get("text_input") in PROMPTS
+                    and outcome.ids != reference(fields["text_input"], fields["max_tokens"])
+                ):
                     problem = "greedy answer differs from target-only"
                 if problem:
                     counts[("violation", problem.split(":")[0])] += 1
@@ -124,9 +141,18 @@ def main(argv=None) -> int:
     for v in violations:
         console.print(v, markup=False)
     if args.output:
-        args.output.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "cases": args.cases,
-                                           "seconds": seconds, "counts": {f"{t} | {k}": n for (t, k), n in counts.items()},
-                                           "violations": violations}, indent=2))
+        args.output.write_text(
+            json.dumps(
+                {
+                    "command": "python " + " ".join(sys.argv),
+                    "cases": args.cases,
+                    "seconds": seconds,
+                    "counts": {f"{t} | {k}": n for (t, k), n in counts.items()},
+                    "violations": violations,
+                },
+                indent=2,
+            )
+        )
     return 1 if violations else 0
 
 

@@ -59,11 +59,25 @@ def llama8b_state(device: torch.device, seed: int = 0) -> tuple[object, dict[str
     quantized to FP8 E4M3 per tensor as `trtspec build` does; embeddings and head bfloat16."""
     from transformers import LlamaConfig
 
-    config = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    config = LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     config.architectures = ["LlamaForCausalLM"]
     g = torch.Generator(device=device).manual_seed(seed)
     h, inter, kv = config.hidden_size, config.intermediate_size, config.num_key_value_heads * 128
@@ -71,14 +85,22 @@ def llama8b_state(device: torch.device, seed: int = 0) -> tuple[object, dict[str
     def weight(rows, cols):
         return torch.randn(rows, cols, device=device, generator=g, dtype=torch.bfloat16) * 0.02
 
-    state = {"model.embed_tokens.weight": weight(config.vocab_size, h), "lm_head.weight": weight(config.vocab_size, h),
-             "model.norm.weight": torch.ones(h, device=device, dtype=torch.bfloat16)}
+    state = {
+        "model.embed_tokens.weight": weight(config.vocab_size, h),
+        "lm_head.weight": weight(config.vocab_size, h),
+        "model.norm.weight": torch.ones(h, device=device, dtype=torch.bfloat16),
+    }
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        layer = {p + "self_attn.q_proj.weight": weight(h, h), p + "self_attn.k_proj.weight": weight(kv, h),
-                 p + "self_attn.v_proj.weight": weight(kv, h), p + "self_attn.o_proj.weight": weight(h, h),
-                 p + "mlp.gate_proj.weight": weight(inter, h), p + "mlp.up_proj.weight": weight(inter, h),
-                 p + "mlp.down_proj.weight": weight(h, inter)}
+        layer = {
+            p + "self_attn.q_proj.weight": weight(h, h),
+            p + "self_attn.k_proj.weight": weight(kv, h),
+            p + "self_attn.v_proj.weight": weight(kv, h),
+            p + "self_attn.o_proj.weight": weight(h, h),
+            p + "mlp.gate_proj.weight": weight(inter, h),
+            p + "mlp.up_proj.weight": weight(inter, h),
+            p + "mlp.down_proj.weight": weight(h, inter),
+        }
         state |= fp8.quantize_state_dict(layer, per_channel=False)
         state[p + "input_layernorm.weight"] = torch.ones(h, device=device, dtype=torch.bfloat16)
         state[p + "post_attention_layernorm.weight"] = torch.ones(h, device=device, dtype=torch.bfloat16)
@@ -160,10 +182,13 @@ def products(reps: int) -> list[dict]:
         for m in (1, 4, 9):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             xq, xs = x.to(fp8.FP8_DTYPE), torch.ones(m, 1, device="cuda")
-            variants = {"bf16 F.linear": lambda: torch.nn.functional.linear(x, w),
-                        "fp8 _scaled_mm": lambda: torch._scaled_mm(xq, linear.weight_t, scale_a=xs, scale_b=linear.scale_b,
-                                                                   out_dtype=torch.bfloat16),
-                        "fp8 Fp8Linear": lambda: linear(x)}
+            variants = {
+                "bf16 F.linear": lambda: torch.nn.functional.linear(x, w),
+                "fp8 _scaled_mm": lambda: torch._scaled_mm(
+                    xq, linear.weight_t, scale_a=xs, scale_b=linear.scale_b, out_dtype=torch.bfloat16
+                ),
+                "fp8 Fp8Linear": lambda: linear(x),
+            }
             row = {"product": name, "n": n, "k": k, "rows": m}
             for label, fn in variants.items():
                 fn()
@@ -183,25 +208,61 @@ def report_rows(name: str, model: CompactModel, times: dict, bandwidth: float) -
     bound = model.weight_bytes / bandwidth
     rows = []
     for k in KS:
-        row = {"model": name, "k": k, "rows": k + 1, "weight_bytes": model.weight_bytes, "bound_ms": bound * 1e3,
-               "eager_ms": times["eager"][k] * 1e3, "eager_x_bound": times["eager"][k] / bound,
-               "eager_x_decode": times["eager"][k] / times["eager"][0]}
+        row = {
+            "model": name,
+            "k": k,
+            "rows": k + 1,
+            "weight_bytes": model.weight_bytes,
+            "bound_ms": bound * 1e3,
+            "eager_ms": times["eager"][k] * 1e3,
+            "eager_x_bound": times["eager"][k] / bound,
+            "eager_x_decode": times["eager"][k] / times["eager"][0],
+        }
         if times["graph"]:
-            row |= {"graph_ms": times["graph"][k] * 1e3, "graph_x_bound": times["graph"][k] / bound,
-                    "graph_x_decode": times["graph"][k] / times["graph"][0],
-                    "graph_max_abs_diff": times["graph_max_abs_diff"][k]}
+            row |= {
+                "graph_ms": times["graph"][k] * 1e3,
+                "graph_x_bound": times["graph"][k] / bound,
+                "graph_x_decode": times["graph"][k] / times["graph"][0],
+                "graph_max_abs_diff": times["graph_max_abs_diff"][k],
+            }
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict], bandwidth: float) -> Table:
-    t = Table(title=f"passes of k+1 rows on a cached context; bound = weight bytes / copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    for col in ("model", "k", "weights MB", "bound ms", "eager ms", "x bound", "x decode", "graph ms", "x bound", "x decode"):
+    t = Table(
+        title=f"passes of k+1 rows on a cached context; bound = weight bytes / copy bandwidth {bandwidth / 1e12:.2f} "
+        "TB/s"
+    )
+    for col in (
+        "model",
+        "k",
+        "weights MB",
+        "bound ms",
+        "eager ms",
+        "x bound",
+        "x decode",
+        "graph ms",
+        "x bound",
+        "x decode",
+    ):
         t.add_column(col, justify="right")
     for r in rows:
-        graph = [f"{r['graph_ms']:.3f}", f"{r['graph_x_bound']:.2f}", f"{r['graph_x_decode']:.3f}"] if "graph_ms" in r else ["-"] * 3
-        t.add_row(r["model"], str(r["k"]), f"{r['weight_bytes'] / 1e6:.0f}", f"{r['bound_ms']:.3f}", f"{r['eager_ms']:.3f}",
-                  f"{r['eager_x_bound']:.2f}", f"{r['eager_x_decode']:.3f}", *graph)
+        graph = (
+            [f"{r['graph_ms']:.3f}", f"{r['graph_x_bound']:.2f}", f"{r['graph_x_decode']:.3f}"]
+            if "graph_ms" in r
+            else ["-"] * 3
+        )
+        t.add_row(
+            r["model"],
+            str(r["k"]),
+            f"{r['weight_bytes'] / 1e6:.0f}",
+            f"{r['bound_ms']:.3f}",
+            f"{r['eager_ms']:.3f}",
+            f"{r['eager_x_bound']:.2f}",
+            f"{r['eager_x_decode']:.3f}",
+            *graph,
+        )
     return t
 
 
@@ -212,7 +273,11 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--no-graphs", action="store_true")
-    p.add_argument("--products", action="store_true", help="also time one 8B layer's products alone: bf16, FP8, FP8 as the engine calls it")
+    p.add_argument(
+        "--products",
+        action="store_true",
+        help="also time one 8B layer's products alone: bf16, FP8, FP8 as the engine calls it",
+    )
     p.add_argument("--output", type=Path, default=Path("gpu-engine.json"))
     args = p.parse_args(argv)
     console = Console()
@@ -222,8 +287,12 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
     bandwidth = copy_bandwidth()
-    console.print(f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB; torch {torch.__version__}; "
-                  f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + written)", highlight=False)
+    console.print(
+        f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB; torch "
+        f"{torch.__version__}; "
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + written)",
+        highlight=False,
+    )
     rows, models, product_rows = [], [], []
     if args.products:
         product_rows = products(args.reps)
@@ -231,37 +300,77 @@ def main(argv=None) -> int:
         for col in ("product", "rows", "bf16 F.linear", "fp8 _scaled_mm", "fp8 Fp8Linear"):
             t.add_column(col, justify="right")
         for r in product_rows:
-            t.add_row(f"{r['product']} {r['n']}x{r['k']}", str(r["rows"]),
-                      *(f"{r[v]['us']:.1f} ({r[v]['weight_tb_s']:.2f})" for v in ("bf16 F.linear", "fp8 _scaled_mm", "fp8 Fp8Linear")))
+            t.add_row(
+                f"{r['product']} {r['n']}x{r['k']}",
+                str(r["rows"]),
+                *(
+                    f"{r[v]['us']:.1f} ({r[v]['weight_tb_s']:.2f})"
+                    for v in ("bf16 F.linear", "fp8 _scaled_mm", "fp8 Fp8Linear")
+                ),
+            )
         console.print(t)
     if args.engines:
-        models += [("demo target fp8", lambda: Engine.load(args.engines / "target", device="cuda", dtype="bfloat16",
-                                                           fp8_matmul=True, check_invariance=False).model),
-                   ("demo target bf16", lambda: Engine.load(args.engines / "target", device="cuda", dtype="bfloat16",
-                                                            check_invariance=False).model)]
+        models += [
+            (
+                "demo target fp8",
+                lambda: (
+                    Engine.load(
+                        args.engines / "target",
+                        device="cuda",
+                        dtype="bfloat16",
+                        fp8_matmul=True,
+                        check_invariance=False,
+                    ).model
+                ),
+            ),
+            (
+                "demo target bf16",
+                lambda: (
+                    Engine.load(args.engines / "target", device="cuda", dtype="bfloat16", check_invariance=False).model
+                ),
+            ),
+        ]
     if args.llama8b:
+
         def llama(fp8_matmul: bool):
             config, state = llama8b_state(device)
             model = CompactModel(config, state, dtype=torch.bfloat16, device=device, fp8_matmul=fp8_matmul)
             del state
             return model
+
         models += [("llama-3-8b-shape fp8", lambda: llama(True)), ("llama-3-8b-shape bf16", lambda: llama(False))]
     for name, load in models:
         started = time.perf_counter()
         model = load()
         gc.collect()
         torch.cuda.empty_cache()
-        console.print(f"{name}: loaded in {time.perf_counter() - started:.1f} s, {model.weight_bytes / 1e9:.2f} GB of weights read "
-                      f"per pass, linears {type(model.layers[0]['gate_up']).__name__}", highlight=False)
+        console.print(
+            f"{name}: loaded in {time.perf_counter() - started:.1f} s, {model.weight_bytes / 1e9:.2f} GB of weights "
+            "read "
+            f"per pass, linears {type(model.layers[0]['gate_up']).__name__}",
+            highlight=False,
+        )
         rows += report_rows(name, model, measure(model, args.context, args.reps, not args.no_graphs), bandwidth)
         console.print(table([r for r in rows if r["model"] == name], bandwidth))
         del model
         gc.collect()
         torch.cuda.empty_cache()
-    args.output.write_text(json.dumps({"command": " ".join([Path(sys.executable).name] + sys.argv), "device": props.name,
-                                       "torch": torch.__version__, "copy_bandwidth_bytes_per_s": bandwidth,
-                                       "context": args.context, "reps": args.reps, "rows": rows,
-                                       "products": product_rows}, indent=2) + "\n")
+    args.output.write_text(
+        json.dumps(
+            {
+                "command": " ".join([Path(sys.executable).name] + sys.argv),
+                "device": props.name,
+                "torch": torch.__version__,
+                "copy_bandwidth_bytes_per_s": bandwidth,
+                "context": args.context,
+                "reps": args.reps,
+                "rows": rows,
+                "products": product_rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     console.print(table(rows, bandwidth))
     return 0
 

@@ -74,8 +74,10 @@ def main() -> None:
     print(f"metric updates per finished request: {us:.1f} us (median of {a.rounds})")
     if a.url:
         ms = request_ms(a.url, a.max_tokens, a.requests)
-        print(f"a {a.max_tokens}-token request at {a.url}: {ms:.1f} ms (median of {a.requests}); "
-              f"metrics: {us / 1000 / ms:.2%} of it")
+        print(
+            f"a {a.max_tokens}-token request at {a.url}: {ms:.1f} ms (median of {a.requests}); "
+            f"metrics: {us / 1000 / ms:.2%} of it"
+        )
 
 
 if __name__ == "__main__":

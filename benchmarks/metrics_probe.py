@@ -22,16 +22,24 @@ def _stats() -> RequestStats:
     stats = RequestStats()
     for i in range(16):  # 16 iterations of 4 drafts, 2.5 accepted on average: 64 tokens
         accepted = (3, 2)[i % 2]
-        stats.record(num_draft_tokens=4, num_accepted_tokens=accepted, emitted=accepted + 1, draft_seconds=0.004,
-                     verify_seconds=0.02, source="draft_model")
+        stats.record(
+            num_draft_tokens=4,
+            num_accepted_tokens=accepted,
+            emitted=accepted + 1,
+            draft_seconds=0.004,
+            verify_seconds=0.02,
+            source="draft_model",
+        )
     stats.fallbacks["low_acceptance"] = 1
     return stats
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.metrics = Metrics(args["model_name"], {"target": "t", "draft": "d", "quantization": "fp8",
-                                                    "max_draft_len": "4", "trtspec_version": "0"})
+        self.metrics = Metrics(
+            args["model_name"],
+            {"target": "t", "draft": "d", "quantization": "fp8", "max_draft_len": "4", "trtspec_version": "0"},
+        )
 
     def execute(self, requests):
         responses = []

@@ -7,7 +7,8 @@
 
 Each prompt is sent both ways back to back, in a random order per pair (so drift in the server's speed hits both
 ways alike), one request at a time, after a one-token request of the same prompt: the engines' prefix cache then
-holds the prompt for both ways, so neither is measured without the prefill the other skips. The OpenAI side uses one keep-alive HTTP connection and the standard library,
+holds the prompt for both ways, so neither is measured without the prefill the other skips. The OpenAI side uses
+one keep-alive HTTP connection and the standard library,
 so the figures hold the front (parsing, tokenizing the prompt for usage, the gRPC call, the response) and not a
 client library's own cost. Both sides must produce the same tokens (greedy, same max_tokens); pairs that do not
 are counted and left out. Prompts: a JSONL file of {"prompt": ...} or one per line [default: the built-in chat set].
@@ -61,8 +62,14 @@ class OpenAIClient:
         return body
 
     def complete(self, prompt: str, max_tokens: int, stream: bool, extra: dict) -> tuple[float, float, int, str]:
-        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
-                **extra}
+        body = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": stream,
+            **extra,
+        }
         if stream:
             body["stream_options"] = {"include_usage": True}
         sent = time.perf_counter()
@@ -97,7 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--triton-url", default="127.0.0.1:8001", help="gRPC host:port of Triton")
     parser.add_argument("--openai-url", default="http://127.0.0.1:9000", help="the OpenAI front's base URL")
-    parser.add_argument("--prompts", help="JSONL of {\"prompt\": ...} or one prompt per line [default: built-in chat]")
+    parser.add_argument("--prompts", help='JSONL of {"prompt": ...} or one prompt per line [default: built-in chat]')
     parser.add_argument("--requests", type=int, default=32, help="requests each way (after 2 warm-ups each)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--stream", action="store_true", help="stream both ways (adds time to first token)")
@@ -138,14 +145,24 @@ def main() -> None:
             if o_tok != b_tok or o_text != b_text:
                 mismatched += 1
                 continue
-            rows.append({"prompt": i % len(prompts), "tokens": o_tok, "openai_s": o_s, "bls_s": b_s,
-                         "openai_ttft_s": o_ttft, "bls_ttft_s": b_ttft})
+            rows.append(
+                {
+                    "prompt": i % len(prompts),
+                    "tokens": o_tok,
+                    "openai_s": o_s,
+                    "bls_s": b_s,
+                    "openai_ttft_s": o_ttft,
+                    "bls_ttft_s": b_ttft,
+                }
+            )
     direct.close()
     if not rows:
         sys.exit(f"every pair differed ({mismatched}); is the deployment greedy and deterministic?")
 
-    table = Table(title=f"OpenAI front vs tensorrt_llm_bls direct: {len(rows)} request pairs, "
-                        f"max_tokens {args.max_tokens}, {'streamed' if args.stream else 'not streamed'}")
+    table = Table(
+        title=f"OpenAI front vs tensorrt_llm_bls direct: {len(rows)} request pairs, "
+        f"max_tokens {args.max_tokens}, {'streamed' if args.stream else 'not streamed'}"
+    )
     for column in ("", "p50", "p90", "mean"):
         table.add_column(column, justify="right" if column else "left")
 

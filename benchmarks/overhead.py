@@ -43,17 +43,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trtspec.bench import (
-    distribution, environment, finish_environment, load_prompt_set, table_console, write_report,
+    distribution,
+    environment,
+    finish_environment,
+    load_prompt_set,
+    table_console,
+    write_report,
 )
 from trtspec.client import ClientError, SpecClient
 from trtspec.config import BuildConfig, EngineSpec, ModelSpec, SpeculationSpec
-from trtspec.repository import DRAFT_MODEL, TARGET_MODEL, BLS_MODEL, validate_repository, write_repository
+from trtspec.repository import BLS_MODEL, DRAFT_MODEL, TARGET_MODEL, validate_repository, write_repository
 from trtspec.server import TritonServer, free_port
 
 HERE = Path(__file__).resolve().parent
@@ -64,6 +68,7 @@ MAX_DRAFT_LEN = 8
 
 
 # ---- the repository ----------------------------------------------------------------------------------------
+
 
 def load_tokenizer(args):
     if args.tokenizer:
@@ -81,8 +86,13 @@ def engine_config(vocab_size: int, max_input_len: int, max_seq_len: int) -> dict
     return {
         "version": "trivial",
         "pretrained_config": {"architecture": "TrivialForCausalLM", "dtype": "float32", "vocab_size": vocab_size},
-        "build_config": {"max_batch_size": 8, "max_input_len": max_input_len, "max_seq_len": max_seq_len + MAX_DRAFT_LEN,
-                         "max_draft_len": MAX_DRAFT_LEN, "speculative_decoding_mode": 2},
+        "build_config": {
+            "max_batch_size": 8,
+            "max_input_len": max_input_len,
+            "max_seq_len": max_seq_len + MAX_DRAFT_LEN,
+            "max_draft_len": MAX_DRAFT_LEN,
+            "speculative_decoding_mode": 2,
+        },
         "trtspec": {"backend": "torch"},
     }
 
@@ -96,13 +106,19 @@ def write_trivial_repository(workdir: Path, tokenizer, *, max_input_len: int = 1
     for role in ("target", "draft"):
         folder = engines / role
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(engine_config(len(tokenizer), max_input_len, max_seq_len), indent=2))
+        (folder / "config.json").write_text(
+            json.dumps(engine_config(len(tokenizer), max_input_len, max_seq_len), indent=2)
+        )
         (folder / "trivial.json").write_text(json.dumps({"token": token}))
         tokenizer.save_pretrained(str(folder))
     config = BuildConfig(
-        name="trivial", backend="torch", target=ModelSpec(checkpoint="trivial"), draft=ModelSpec(checkpoint="trivial"),
+        name="trivial",
+        backend="torch",
+        target=ModelSpec(checkpoint="trivial"),
+        draft=ModelSpec(checkpoint="trivial"),
         speculation=SpeculationSpec(max_draft_len=MAX_DRAFT_LEN, num_draft_tokens=4),
-        engine=EngineSpec(max_batch_size=8, max_input_len=max_input_len, max_seq_len=max_seq_len))
+        engine=EngineSpec(max_batch_size=8, max_input_len=max_input_len, max_seq_len=max_seq_len),
+    )
     repo = write_repository(config, engines, workdir / "model_repository", force=True, device="cpu")
     for model in (TARGET_MODEL, DRAFT_MODEL):
         shutil.copy(TRIVIAL_ENGINE, repo / model / "1" / "model.py")
@@ -123,9 +139,14 @@ def floor_config(name: str) -> str:
         outputs = ", ".join(f'{{ name: "T{i}" data_type: TYPE_INT32 dims: [-1] }}' for i in range(10))
         io = f"input [ {inputs} ]\noutput [ {outputs} ]\nmodel_transaction_policy {{ decoupled: true }}"
     else:
-        io = ('input [ { name: "rounds" data_type: TYPE_INT32 dims: [1] } ]\n'
-              'output [ { name: "round_trip_ms" data_type: TYPE_STRING dims: [1] } ]')
-    return f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{io}\ninstance_group [ {{ kind: KIND_CPU count: 1 }} ]\n'
+        io = (
+            'input [ { name: "rounds" data_type: TYPE_INT32 dims: [1] } ]\n'
+            'output [ { name: "round_trip_ms" data_type: TYPE_STRING dims: [1] } ]'
+        )
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{io}\n'
+        "instance_group [ { kind: KIND_CPU count: 1 } ]\n"
+    )
 
 
 def measure_floor(url: str, rounds: int = 300) -> dict[str, float]:
@@ -144,12 +165,20 @@ def measure_floor(url: str, rounds: int = 300) -> dict[str, float]:
 
 # ---- the measurement ---------------------------------------------------------------------------------------
 
+
 def one_request(client: SpecClient, prompt: str, k: int, perf: bool, max_tokens: int, fields: dict) -> dict:
-    c = client.generate(prompt, max_tokens=max_tokens, num_draft_tokens=k, stream=True, return_perf_metrics=perf, **fields)
+    c = client.generate(
+        prompt, max_tokens=max_tokens, num_draft_tokens=k, stream=True, return_perf_metrics=perf, **fields
+    )
     times = [chunk.seconds for chunk in c.chunks if chunk.token_ids]
     gaps = [(b - a) * 1e3 for a, b in zip(times, times[1:])]
-    record = {"tokens": len(c.token_ids), "seconds": c.seconds, "ttft_ms": (c.time_to_first_token or 0) * 1e3,
-              "responses": len(times), "gaps_ms": gaps}
+    record = {
+        "tokens": len(c.token_ids),
+        "seconds": c.seconds,
+        "ttft_ms": (c.time_to_first_token or 0) * 1e3,
+        "responses": len(times),
+        "gaps_ms": gaps,
+    }
     if not perf:  # what a client that does not ask for perf metrics pays; the breakdown needs them
         return record
     iterations = c.iterations or 0
@@ -157,16 +186,33 @@ def one_request(client: SpecClient, prompt: str, k: int, perf: bool, max_tokens:
     # per response: a speculative iteration sends one; a streamed plain stretch is one engine call and one response
     # per token, so its call's time is spread over its tokens
     round_trips = (c.draft_ms + c.verify_ms) / len(times) if times else None
-    return {**record, "iterations": iterations,
-            "draft_ms": c.draft_ms, "verify_ms": c.verify_ms, "round_trips_ms": round_trips,
-            "draft_ms_per_iteration": c.draft_ms / speculative if speculative else None,
-            "verify_ms_per_iteration": c.verify_ms / iterations if iterations else None,
-            "rest_ms": sum(gaps) / len(gaps) - round_trips if gaps and round_trips is not None else None,
-            "accepted": c.accepted, "drafted": c.drafted}
+    return {
+        **record,
+        "iterations": iterations,
+        "draft_ms": c.draft_ms,
+        "verify_ms": c.verify_ms,
+        "round_trips_ms": round_trips,
+        "draft_ms_per_iteration": c.draft_ms / speculative if speculative else None,
+        "verify_ms_per_iteration": c.verify_ms / iterations if iterations else None,
+        "rest_ms": sum(gaps) / len(gaps) - round_trips if gaps and round_trips is not None else None,
+        "accepted": c.accepted,
+        "drafted": c.drafted,
+    }
 
 
-def measure(url: str, protocol: str, prompts: list[str], concurrencies, ks, perfs, *, max_tokens: int, requests: int,
-            seed: int, console: Console) -> dict:
+def measure(
+    url: str,
+    protocol: str,
+    prompts: list[str],
+    concurrencies,
+    ks,
+    perfs,
+    *,
+    max_tokens: int,
+    requests: int,
+    seed: int,
+    console: Console,
+) -> dict:
     clients = [SpecClient(url, protocol=protocol) for _ in range(max(concurrencies))]
     try:
         inputs = [i["name"] for i in clients[0].model_config(BLS_MODEL).get("input", [])]
@@ -190,13 +236,18 @@ def measure(url: str, protocol: str, prompts: list[str], concurrencies, ks, perf
                     texts = [f"#{counter + i} {prompts[(counter + i) % len(prompts)]}" for i in range(c)]
                     counter += c
                     with ThreadPoolExecutor(max_workers=c) as pool:
-                        done = list(pool.map(lambda i: one_request(clients[i], texts[i], k, p, max_tokens, fields), range(c)))
+                        done = list(
+                            pool.map(lambda i: one_request(clients[i], texts[i], k, p, max_tokens, fields), range(c))
+                        )
                     results[(c, k, p)] += done
                     progress.advance(task, c)
     finally:
         for client in clients:
             client.close()
-    return {"cells": [summarize(c, k, p, recs) for (c, k, p), recs in results.items()], "fixed_draft_length": bool(fields)}
+    return {
+        "cells": [summarize(c, k, p, recs) for (c, k, p), recs in results.items()],
+        "fixed_draft_length": bool(fields),
+    }
 
 
 def summarize(concurrency: int, k: int, perf: bool, records: list[dict]) -> dict:
@@ -204,29 +255,46 @@ def summarize(concurrency: int, k: int, perf: bool, records: list[dict]) -> dict
         return [r[key] for r in records if r.get(key) is not None]
 
     cell = {
-        "concurrency": concurrency, "k": k, "perf_metrics": perf, "requests": len(records),
-        "tokens": sum(values("tokens")), "responses": sum(values("responses")),
+        "concurrency": concurrency,
+        "k": k,
+        "perf_metrics": perf,
+        "requests": len(records),
+        "tokens": sum(values("tokens")),
+        "responses": sum(values("responses")),
         "iteration_ms": distribution([g for r in records for g in r["gaps_ms"]]),
         "ttft_ms": distribution(values("ttft_ms")),
         "tokens_per_s": sum(values("tokens")) / sum(values("seconds")) * concurrency if records else None,
     }
     if perf:
-        cell.update({
-            "iterations": sum(values("iterations")),
-            "tokens_per_iteration": sum(values("tokens")) / max(1, sum(values("iterations"))),
-            "round_trips_ms": distribution(values("round_trips_ms")),
-            "draft_round_trip_ms": distribution(values("draft_ms_per_iteration")),
-            "verify_round_trip_ms": distribution(values("verify_ms_per_iteration")),
-            "rest_ms": distribution(values("rest_ms")),
-            "all_accepted": all(r["accepted"] == r["drafted"] for r in records),
-        })
+        cell.update(
+            {
+                "iterations": sum(values("iterations")),
+                "tokens_per_iteration": sum(values("tokens")) / max(1, sum(values("iterations"))),
+                "round_trips_ms": distribution(values("round_trips_ms")),
+                "draft_round_trip_ms": distribution(values("draft_ms_per_iteration")),
+                "verify_round_trip_ms": distribution(values("verify_ms_per_iteration")),
+                "rest_ms": distribution(values("rest_ms")),
+                "all_accepted": all(r["accepted"] == r["drafted"] for r in records),
+            }
+        )
     return cell
 
 
 def render(report: dict, console: Console) -> None:
     table = Table(title="orchestration cost per iteration, trivial engines (they answer at once)")
-    for col in ("C", "K", "perf", "req", "responses", "tok/iter", "iteration ms p50/p99", "BLS round trips ms p50",
-                "draft / verify ms p50", "rest ms p50", "TTFT ms p50/p99"):
+    for col in (
+        "C",
+        "K",
+        "perf",
+        "req",
+        "responses",
+        "tok/iter",
+        "iteration ms p50/p99",
+        "BLS round trips ms p50",
+        "draft / verify ms p50",
+        "rest ms p50",
+        "TTFT ms p50/p99",
+    ):
         table.add_column(col, justify="right")
 
     def ms(d):
@@ -235,28 +303,45 @@ def render(report: dict, console: Console) -> None:
     for c in sorted(report["cells"], key=lambda c: (c["concurrency"], c["k"], c["perf_metrics"])):
         it, ttft = c["iteration_ms"], c["ttft_ms"]
         perf = c["perf_metrics"]
-        table.add_row(str(c["concurrency"]), str(c["k"]), "on" if perf else "off", str(c["requests"]),
-                      str(c["responses"]), f"{c['tokens_per_iteration']:.2f}" if perf else "-",
-                      f"{it['p50']:.2f}/{it['p99']:.2f}", ms(c.get("round_trips_ms")),
-                      f"{ms(c.get('draft_round_trip_ms'))} / {ms(c.get('verify_round_trip_ms'))}",
-                      ms(c.get("rest_ms")), f"{ttft['p50']:.1f}/{ttft['p99']:.1f}")
+        table.add_row(
+            str(c["concurrency"]),
+            str(c["k"]),
+            "on" if perf else "off",
+            str(c["requests"]),
+            str(c["responses"]),
+            f"{c['tokens_per_iteration']:.2f}" if perf else "-",
+            f"{it['p50']:.2f}/{it['p99']:.2f}",
+            ms(c.get("round_trips_ms")),
+            f"{ms(c.get('draft_round_trip_ms'))} / {ms(c.get('verify_round_trip_ms'))}",
+            ms(c.get("rest_ms")),
+            f"{ttft['p50']:.1f}/{ttft['p99']:.1f}",
+        )
     console.print(table)
     floor = report.get("round_trip_floor_ms") or {}
-    console.print("floor of one BLS round trip between two Python-backend models that do nothing (median ms): "
-                  + ", ".join(f"{shape} {ms:.2f}" for shape, ms in floor.items()))
+    console.print(
+        "floor of one BLS round trip between two Python-backend models that do nothing (median ms): "
+        + ", ".join(f"{shape} {ms:.2f}" for shape, ms in floor.items())
+    )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="build_configs/demo.yaml", help="build config whose target's tokenizer to use")
-    parser.add_argument("--tokenizer", help="tokenizer dir (e.g. a target engine dir) instead of the config's checkpoint")
+    parser.add_argument(
+        "--config", default="build_configs/demo.yaml", help="build config whose target's tokenizer to use"
+    )
+    parser.add_argument(
+        "--tokenizer", help="tokenizer dir (e.g. a target engine dir) instead of the config's checkpoint"
+    )
     parser.add_argument("--workdir", help="where the repository goes [default: a temporary dir, removed]")
     parser.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     parser.add_argument("--concurrency", default="1,4")
     parser.add_argument("--num-draft-tokens", default="0,4")
-    parser.add_argument("--perf-metrics", default="off,on",
-                        help="cells without and with return_perf_metrics (the per-call breakdown needs them; they add "
-                             "output tensors to every engine call and response)")
+    parser.add_argument(
+        "--perf-metrics",
+        default="off,on",
+        help="cells without and with return_perf_metrics (the per-call breakdown needs them; they add "
+        "output tensors to every engine call and response)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=8, help="requests per cell (rounded up to the concurrency)")
     parser.add_argument("--prompts", default="builtin:chat")
@@ -272,15 +357,30 @@ def main(argv=None) -> int:
     try:
         with console.status("writing the trivial repository…"):
             repo = write_trivial_repository(workdir, load_tokenizer(args))
-        server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                              model_control_explicit_models=(TARGET_MODEL, DRAFT_MODEL, BLS_MODEL, FLOOR_ECHO, FLOOR_CALLER))
+        server = TritonServer(
+            repo,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            model_control_explicit_models=(TARGET_MODEL, DRAFT_MODEL, BLS_MODEL, FLOOR_ECHO, FLOOR_CALLER),
+        )
         with console.status("starting tritonserver…"):
             server.start(timeout=300)
         try:
             url = server.grpc_url if args.protocol == "grpc" else server.http_url
             env, started = environment(), time.perf_counter()
-            result = measure(url, args.protocol, load_prompt_set(args.prompts), concurrencies, ks, perfs,
-                             max_tokens=args.max_tokens, requests=args.requests, seed=args.seed, console=console)
+            result = measure(
+                url,
+                args.protocol,
+                load_prompt_set(args.prompts),
+                concurrencies,
+                ks,
+                perfs,
+                max_tokens=args.max_tokens,
+                requests=args.requests,
+                seed=args.seed,
+                console=console,
+            )
             with console.status("measuring the floor of a BLS round trip…"):
                 floor = measure_floor(server.grpc_url)
         finally:
@@ -293,9 +393,17 @@ def main(argv=None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     report = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-        "settings": {"protocol": args.protocol, "concurrency": concurrencies, "num_draft_tokens": ks, "perf_metrics": perfs,
-                     "max_tokens": args.max_tokens, "requests": args.requests, "prompts": args.prompts,
-                     "fixed_draft_length": result["fixed_draft_length"], "stream": True},
+        "settings": {
+            "protocol": args.protocol,
+            "concurrency": concurrencies,
+            "num_draft_tokens": ks,
+            "perf_metrics": perfs,
+            "max_tokens": args.max_tokens,
+            "requests": args.requests,
+            "prompts": args.prompts,
+            "fixed_draft_length": result["fixed_draft_length"],
+            "stream": True,
+        },
         "environment": finish_environment(env, started),
         "cells": result["cells"],
         "round_trip_floor_ms": floor,

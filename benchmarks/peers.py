@@ -47,8 +47,14 @@ from trtspec.config import load_config
 
 HF_TARGET, HF_ASSISTED, HF_LOOKUP = "hf target", "hf assisted", "hf prompt lookup"
 TS_TARGET, TS_DRAFT, TS_LOOKUP = "trtspec target", "trtspec draft model", "trtspec prompt lookup"
-BASELINE = {HF_TARGET: HF_TARGET, HF_ASSISTED: HF_TARGET, HF_LOOKUP: HF_TARGET,
-            TS_TARGET: TS_TARGET, TS_DRAFT: TS_TARGET, TS_LOOKUP: TS_TARGET}
+BASELINE = {
+    HF_TARGET: HF_TARGET,
+    HF_ASSISTED: HF_TARGET,
+    HF_LOOKUP: HF_TARGET,
+    TS_TARGET: TS_TARGET,
+    TS_DRAFT: TS_TARGET,
+    TS_LOOKUP: TS_TARGET,
+}
 
 
 class HuggingFace:
@@ -72,16 +78,25 @@ class HuggingFace:
         start = time.perf_counter()
         inputs = self.tokenizer(text, return_tensors="pt", add_special_tokens=True)
         with torch.inference_mode():
-            out = self.target.generate(**inputs, max_new_tokens=max_tokens, do_sample=False, num_beams=1,
-                                       pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
-                                       **options)
+            out = self.target.generate(
+                **inputs,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                **options,
+            )
         seconds = time.perf_counter() - start
-        return out[0, inputs["input_ids"].shape[1]:].tolist(), seconds
+        return out[0, inputs["input_ids"].shape[1] :].tolist(), seconds
 
     def options(self, method: str, k: int) -> dict:
         if method == HF_ASSISTED:
-            return {"assistant_model": self.draft, "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
-                    "assistant_confidence_threshold": 0.0}
+            return {
+                "assistant_model": self.draft,
+                "num_assistant_tokens": k,
+                "num_assistant_tokens_schedule": "constant",
+                "assistant_confidence_threshold": 0.0,
+            }
         if method == HF_LOOKUP:
             return {"prompt_lookup_num_tokens": k}
         return {}
@@ -89,8 +104,9 @@ class HuggingFace:
 
 def chat(tokenizer, prompt: str) -> str:
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
     return prompt
 
 
@@ -101,6 +117,7 @@ def run(args, console: Console) -> dict:
 
     def text(i: int) -> str:
         return chat(hf.tokenizer, f"#{next(number)} {prompts[i]}")
+
     server = None
     if args.url is None:
         from trtspec.server import TritonServer, free_port
@@ -155,35 +172,56 @@ def summarize(runs: dict[str, list[dict]]) -> list[dict]:
         tokens = sum(len(r["token_ids"]) for r in results)
         seconds = sum(r["seconds"] for r in results)
         base_tps = sum(len(r["token_ids"]) for r in base) / sum(r["seconds"] for r in base)
-        paired = [(len(r["token_ids"]) / r["seconds"]) / (len(b["token_ids"]) / b["seconds"]) for r, b in zip(results, base)]
+        paired = [
+            (len(r["token_ids"]) / r["seconds"]) / (len(b["token_ids"]) / b["seconds"]) for r, b in zip(results, base)
+        ]
         accepted = sum(r.get("accepted") or 0 for r in results)
         drafted = sum(r.get("drafted") or 0 for r in results)
-        rows.append({
-            "method": method, "baseline": BASELINE[method], "runs": len(results), "tokens": tokens, "seconds": seconds,
-            "tokens_per_s": tokens / seconds, "speedup": tokens / seconds / base_tps,
-            "median_paired_speedup": statistics.median(paired),
-            "drafted": drafted if method.startswith("trtspec") else None,
-            "acceptance_rate": accepted / drafted if drafted else None,
-        })
+        rows.append(
+            {
+                "method": method,
+                "baseline": BASELINE[method],
+                "runs": len(results),
+                "tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_s": tokens / seconds,
+                "speedup": tokens / seconds / base_tps,
+                "median_paired_speedup": statistics.median(paired),
+                "drafted": drafted if method.startswith("trtspec") else None,
+                "acceptance_rate": accepted / drafted if drafted else None,
+            }
+        )
     return rows
 
 
 def render(report: dict, console: Console) -> None:
     s = report["settings"]
-    table = Table(title=f"speculative decoding, each against its own baseline: {s['num_prompts']} prompts "
-                        f"({s['prompts']}), {s['max_tokens']} tokens, K = {s['num_draft_tokens']}, greedy, batch 1")
+    table = Table(
+        title=f"speculative decoding, each against its own baseline: {s['num_prompts']} prompts "
+        f"({s['prompts']}), {s['max_tokens']} tokens, K = {s['num_draft_tokens']}, greedy, batch 1"
+    )
     for col in ("method", "tok/s", "speedup", "paired median", "acceptance"):
         table.add_column(col, justify="right" if col != "method" else "left")
     for row in report["methods"]:
         base = row["method"] == row["baseline"]
-        table.add_row(row["method"], f"{row['tokens_per_s']:.2f}", "1.00x (baseline)" if base else f"{row['speedup']:.2f}x",
-                      "-" if base else f"{row['median_paired_speedup']:.2f}x",
-                      "no drafts" if row.get("drafted") == 0 and not base else
-                      "-" if row["acceptance_rate"] is None else f"{row['acceptance_rate']:.0%}")
+        table.add_row(
+            row["method"],
+            f"{row['tokens_per_s']:.2f}",
+            "1.00x (baseline)" if base else f"{row['speedup']:.2f}x",
+            "-" if base else f"{row['median_paired_speedup']:.2f}x",
+            "no drafts"
+            if row.get("drafted") == 0 and not base
+            else "-"
+            if row["acceptance_rate"] is None
+            else f"{row['acceptance_rate']:.0%}",
+        )
     console.print(table)
     if report["same_checkpoint"]:
-        console.print("The build config's draft is the target's own checkpoint: every draft token is accepted and each "
-                      "costs a full target step.", style="dim")
+        console.print(
+            "The build config's draft is the target's own checkpoint: every draft token is accepted and each "
+            "costs a full target step.",
+            style="dim",
+        )
 
 
 def main(argv=None) -> int:
@@ -197,8 +235,11 @@ def main(argv=None) -> int:
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--num-draft-tokens", type=int, default=4)
-    parser.add_argument("--hf-dtype", choices=("float32", "bfloat16"),
-                        help="transformers' compute dtype for both models [default: each model's dtype in the build config]")
+    parser.add_argument(
+        "--hf-dtype",
+        choices=("float32", "bfloat16"),
+        help="transformers' compute dtype for both models [default: each model's dtype in the build config]",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="JSON report")
     args = parser.parse_args(argv)
@@ -207,9 +248,16 @@ def main(argv=None) -> int:
     result = run(args, console)
     report = {
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-        "settings": {"config": args.config, "prompts": args.prompts, "num_prompts": args.num_prompts,
-                     "max_tokens": args.max_tokens, "num_draft_tokens": args.num_draft_tokens, "hf_dtype": args.hf_dtype,
-                     "protocol": args.protocol, "url": result["url"]},
+        "settings": {
+            "config": args.config,
+            "prompts": args.prompts,
+            "num_prompts": args.num_prompts,
+            "max_tokens": args.max_tokens,
+            "num_draft_tokens": args.num_draft_tokens,
+            "hf_dtype": args.hf_dtype,
+            "protocol": args.protocol,
+            "url": result["url"],
+        },
         "environment": finish_environment(env, started) | {"torch_threads": torch.get_num_threads()},
         "same_checkpoint": result["same_checkpoint"],
         "methods": result["methods"],

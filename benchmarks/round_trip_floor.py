@@ -1,6 +1,7 @@
 """The floor of a BLS round trip: two Python-backend models that do nothing else.
 
-`benchmarks/overhead.py` copies this file into two model dirs of its repository, beside their configs. As `floor_echo` (decoupled,
+`benchmarks/overhead.py` copies this file into two model dirs of its repository, beside their configs. As
+`floor_echo` (decoupled,
 as trtspec deploys its engine models) it answers each request with its input, one response with the final flag.
 As `floor_caller` it calls `floor_echo` through BLS `rounds` times per shape and answers with the median round
 trip in ms per shape: one int32 tensor each way, then as many input and output tensors as a verification call
@@ -34,7 +35,8 @@ class TritonPythonModel:
                 echoed = [pb_utils.Tensor(t.name(), t.as_numpy()) for t in request.inputs()]
                 wanted = request.requested_output_names()
                 request.get_response_sender().send(
-                    pb_utils.InferenceResponse([t for t in echoed if t.name() in wanted]), flags=final)
+                    pb_utils.InferenceResponse([t for t in echoed if t.name() in wanted]), flags=final
+                )
             return None
         responses = []
         for request in requests:
@@ -50,8 +52,9 @@ class TritonPythonModel:
             started = time.perf_counter()
             inputs = [pb_utils.Tensor("T0", np.arange(256, dtype=np.int32))]
             inputs += [pb_utils.Tensor(f"T{j}", np.zeros(1, np.int32)) for j in range(1, n_in)]
-            call = pb_utils.InferenceRequest(model_name=ECHO, inputs=inputs,
-                                             requested_output_names=[f"T{j}" for j in range(n_out)])
+            call = pb_utils.InferenceRequest(
+                model_name=ECHO, inputs=inputs, requested_output_names=[f"T{j}" for j in range(n_out)]
+            )
             responses = list(call.exec(decoupled=True))
             outputs = {t.name(): t.as_numpy().copy() for r in responses for t in r.output_tensors()}
             kept.append((call, responses))  # freed with the request, as trtspec's BLS keeps its calls

@@ -84,7 +84,7 @@ class Plan:
 @dataclass
 class Result:
     plan: Plan
-    outcome: str                       # completed | cancelled | disconnected | failed | lost
+    outcome: str  # completed | cancelled | disconnected | failed | lost
     token_ids: list[int] = field(default_factory=list)
     detail: str = ""
     drafted: int | None = None
@@ -97,10 +97,16 @@ def draw_plans(count: int, prompts: int, rng: random.Random, *, cancel: float, s
     plans = []
     for i in range(count):
         transport = rng.choice(TRANSPORTS)
-        plan = Plan(index=i, prompt=rng.randrange(prompts), transport=transport,
-                    max_tokens=rng.randint(8, MAX_TOKENS), speculation=rng.choice(SPECULATION),
-                    num_draft_tokens=rng.choice([None, *range(1, 9)]), adaptive=rng.choice([None, True, False]),
-                    stream=transport == "http_stream" or (transport == "grpc" and rng.random() < 0.5))
+        plan = Plan(
+            index=i,
+            prompt=rng.randrange(prompts),
+            transport=transport,
+            max_tokens=rng.randint(8, MAX_TOKENS),
+            speculation=rng.choice(SPECULATION),
+            num_draft_tokens=rng.choice([None, *range(1, 9)]),
+            adaptive=rng.choice([None, True, False]),
+            stream=transport == "http_stream" or (transport == "grpc" and rng.random() < 0.5),
+        )
         if rng.random() < sample:
             plan.temperature = round(rng.uniform(0.5, 1.2), 2)
             plan.top_k, plan.top_p = rng.choice([(None, 1.0), (40, None), (None, 0.9), (20, 0.95)])
@@ -116,10 +122,20 @@ def draw_plans(count: int, prompts: int, rng: random.Random, *, cancel: float, s
 def run_one(client: SpecClient, plan: Plan, prompt: str, timeout: float) -> Result:
     started = time.perf_counter()
     try:
-        done = client.generate(prompt, max_tokens=plan.max_tokens, num_draft_tokens=plan.num_draft_tokens,
-                               temperature=plan.temperature, top_k=plan.top_k, top_p=plan.top_p, seed=plan.seed,
-                               stop_words=plan.stop_words, stream=plan.stream, speculation=plan.speculation,
-                               adaptive_draft_length=plan.adaptive, stop_after_s=plan.abandon_after_s)
+        done = client.generate(
+            prompt,
+            max_tokens=plan.max_tokens,
+            num_draft_tokens=plan.num_draft_tokens,
+            temperature=plan.temperature,
+            top_k=plan.top_k,
+            top_p=plan.top_p,
+            seed=plan.seed,
+            stop_words=plan.stop_words,
+            stream=plan.stream,
+            speculation=plan.speculation,
+            adaptive_draft_length=plan.adaptive,
+            stop_after_s=plan.abandon_after_s,
+        )
     except ClientError as exc:
         message = str(exc)
         lost = "gave no final response within" in message or "did not finish within" in message
@@ -127,8 +143,15 @@ def run_one(client: SpecClient, plan: Plan, prompt: str, timeout: float) -> Resu
     outcome = "completed"
     if done.finish_reason == "cancelled":
         outcome = "cancelled" if plan.transport == "grpc" else "disconnected"
-    return Result(plan, outcome, token_ids=list(done.token_ids), drafted=done.drafted, fallbacks=dict(done.fallbacks),
-                  started=started, ended=time.perf_counter())
+    return Result(
+        plan,
+        outcome,
+        token_ids=list(done.token_ids),
+        drafted=done.drafted,
+        fallbacks=dict(done.fallbacks),
+        started=started,
+        ended=time.perf_counter(),
+    )
 
 
 def unequal(result: Result, reference: list[int]) -> str | None:
@@ -138,11 +161,15 @@ def unequal(result: Result, reference: list[int]) -> str | None:
         return f"{len(ids)} tokens for max_tokens {plan.max_tokens}"
     if not plan.greedy:
         return None
-    expected = reference[:plan.max_tokens]
+    expected = reference[: plan.max_tokens]
     if result.outcome == "completed" and not plan.stop_words:
         return None if ids == expected else f"differs from the reference at token {_first_difference(ids, expected)}"
     # cut short by a cancellation or a stop word: what arrived must be the reference's beginning
-    return None if ids == expected[:len(ids)] else f"not a prefix of the reference (token {_first_difference(ids, expected)})"
+    return (
+        None
+        if ids == expected[: len(ids)]
+        else f"not a prefix of the reference (token {_first_difference(ids, expected)})"
+    )
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -167,7 +194,9 @@ class Sampler(threading.Thread):
 
 def draft_error_fallbacks(metrics_url: str) -> float:
     metrics = fetch_metrics(metrics_url, prefix="trtspec_fallbacks_total")
-    return sum(v for k, v in metrics.items() if k.startswith("trtspec_fallbacks_total{") and 'reason="draft_error"' in k)
+    return sum(
+        v for k, v in metrics.items() if k.startswith("trtspec_fallbacks_total{") and 'reason="draft_error"' in k
+    )
 
 
 def engine_calls(metrics_url: str) -> float:
@@ -188,9 +217,12 @@ def wait_idle(metrics_url: str, quiet_s: float = 2.0, limit_s: float = 60.0) -> 
     return limit_s
 
 
-LOG_MESSAGES = {"draft model down": "requests decode without it", "stub reloaded": "whose process had died",
-                "request waited for the target": "the request waits for tensorrt_llm",
-                "draft model back": "speculation with it resumes"}
+LOG_MESSAGES = {
+    "draft model down": "requests decode without it",
+    "stub reloaded": "whose process had died",
+    "request waited for the target": "the request waits for tensorrt_llm",
+    "draft model back": "speculation with it resumes",
+}
 
 
 def log_mentions(server) -> dict[str, int]:
@@ -235,16 +267,32 @@ def main(argv=None) -> int:
     p.add_argument("--repo", type=Path, help="serve this model repository [default: build --config]")
     p.add_argument("--config", type=Path, default=HERE.parent / "build_configs" / "demo.yaml")
     p.add_argument("--workdir", type=Path, help="engines and repository of --config go here [default: a temporary dir]")
-    p.add_argument("--tokenizer", type=Path, help="send the prompts in this tokenizer's chat template "
-                                                  "[default with --config: the target engine dir]")
-    p.add_argument("--kill-draft-at", type=float, default=0.5, help="kill the draft model's process when this "
-                                                                    "fraction of the requests has ended (0: never)")
-    p.add_argument("--kill-target-at", type=float, nargs="*", default=[0.3, 0.7],
-                   help="kill the target model's process when each of these fractions of the requests has ended")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="send the prompts in this tokenizer's chat template [default with --config: the target engine dir]",
+    )
+    p.add_argument(
+        "--kill-draft-at",
+        type=float,
+        default=0.5,
+        help="kill the draft model's process when this fraction of the requests has ended (0: never)",
+    )
+    p.add_argument(
+        "--kill-target-at",
+        type=float,
+        nargs="*",
+        default=[0.3, 0.7],
+        help="kill the target model's process when each of these fractions of the requests has ended",
+    )
     p.add_argument("--cancel", type=float, default=0.1, help="fraction of requests abandoned part way")
     p.add_argument("--sample", type=float, default=0.2, help="fraction of requests that sample")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds after which a request with no final "
-                                                                "response counts as lost")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds after which a request with no final response counts as lost",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, help="write the counts and every failure as JSON")
     args = p.parse_args(argv)
@@ -252,8 +300,11 @@ def main(argv=None) -> int:
 
     server, tokenizer = serve(args, console)
     try:
-        prompts = Prompts(load_prompt_set("builtin:chat") + load_prompt_set("builtin:code-edit"),
-                          tokenizer_dir=tokenizer, numbered=False)
+        prompts = Prompts(
+            load_prompt_set("builtin:chat") + load_prompt_set("builtin:code-edit"),
+            tokenizer_dir=tokenizer,
+            numbered=False,
+        )
         texts = [prompts.text(i) for i in range(len(prompts))]
         plans = draw_plans(args.requests, len(texts), random.Random(args.seed), cancel=args.cancel, sample=args.sample)
         report = soak(server, texts, plans, args, console)
@@ -264,7 +315,9 @@ def main(argv=None) -> int:
     if args.output:
         args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
     bad = report["counts"].get("failed", 0) + report["counts"].get("lost", 0) + report["unequal"]
-    return 1 if bad or not (report["ready_after"] and report["target_ready_after"] and report["draft_ready_after"]) else 0
+    return (
+        1 if bad or not (report["ready_after"] and report["target_ready_after"] and report["draft_ready_after"]) else 0
+    )
 
 
 def soak(server, texts: list[str], plans: list[Plan], args, console: Console) -> dict:
@@ -274,8 +327,9 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
         protocol = "grpc" if transport == "grpc" else "http"
         clients = local.__dict__.setdefault("clients", {})
         if protocol not in clients:
-            clients[protocol] = SpecClient(server.grpc_url if protocol == "grpc" else server.http_url, protocol,
-                                           timeout=args.timeout)
+            clients[protocol] = SpecClient(
+                server.grpc_url if protocol == "grpc" else server.http_url, protocol, timeout=args.timeout
+            )
         return clients[protocol]
 
     with Progress(console=console, transient=True) as progress:
@@ -291,8 +345,11 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
 
     results: list[Result] = []
     lock = threading.Lock()
-    kill = {"at_count": int(len(plans) * args.kill_draft_at) if args.kill_draft_at > 0 else None,
-            "stubs": 0, "time": None}
+    kill = {
+        "at_count": int(len(plans) * args.kill_draft_at) if args.kill_draft_at > 0 else None,
+        "stubs": 0,
+        "time": None,
+    }
     target_kills = {int(len(plans) * f): None for f in args.kill_target_at if 0 < f < 1}  # at count -> stubs killed
     sampler = Sampler(server)
     sampler.start()
@@ -338,29 +395,45 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
         why = unequal(r, references[r.plan.prompt]) if r.outcome in ("completed", "cancelled", "disconnected") else None
         if why or r.outcome in ("failed", "lost"):
             problems.append({"outcome": r.outcome, "why": why or r.detail, "plan": asdict(r.plan)})
-    after_kill = sorted((r.started - kill["time"], r) for r in results if kill["time"] is not None
-                        and r.started > kill["time"] and r.plan.speculation in (None, "draft_model")
-                        and r.outcome == "completed" and r.plan.num_draft_tokens != 0)
+    after_kill = sorted(
+        (r.started - kill["time"], r)
+        for r in results
+        if kill["time"] is not None
+        and r.started > kill["time"]
+        and r.plan.speculation in (None, "draft_model")
+        and r.outcome == "completed"
+        and r.plan.num_draft_tokens != 0
+    )
     drafting_after_kill = [t for t, r in after_kill if (r.drafted or 0) > 0]
     fell_back = sum(1 for r in results if r.fallbacks.get("draft_error"))
     return {
-        "requests": len(plans), "concurrency": args.concurrency, "seconds": seconds,
-        "counts": dict(counts), "unequal": sum(1 for p in problems if p["outcome"] not in ("failed", "lost")),
+        "requests": len(plans),
+        "concurrency": args.concurrency,
+        "seconds": seconds,
+        "counts": dict(counts),
+        "unequal": sum(1 for p in problems if p["outcome"] not in ("failed", "lost")),
         "greedy_checked": sum(1 for r in results if r.plan.greedy and r.outcome != "failed" and r.outcome != "lost"),
         "tokens": sum(len(r.token_ids) for r in results),
-        "draft_kill": {"stubs_killed": kill["stubs"], "after_requests": kill["at_count"],
-                       "requests_with_draft_error_fallback": fell_back,
-                       "fallbacks_metric_before": fallbacks_before, "fallbacks_metric_after": fallbacks_after,
-                       "draft_model_requests_after_kill": len(after_kill),
-                       "of_which_drafted": len(drafting_after_kill),
-                       "first_drafting_request_after_kill_s": drafting_after_kill[0] if drafting_after_kill else None},
+        "draft_kill": {
+            "stubs_killed": kill["stubs"],
+            "after_requests": kill["at_count"],
+            "requests_with_draft_error_fallback": fell_back,
+            "fallbacks_metric_before": fallbacks_before,
+            "fallbacks_metric_after": fallbacks_after,
+            "draft_model_requests_after_kill": len(after_kill),
+            "of_which_drafted": len(drafting_after_kill),
+            "first_drafting_request_after_kill_s": drafting_after_kill[0] if drafting_after_kill else None,
+        },
         "target_kills": {str(at): stubs for at, stubs in target_kills.items()},
         "idle_after_last_response_s": idle_s,
         "memory_bytes": {"after_warmup": memory_before, "peak": sampler.peak, "after": memory_after},
-        "memory_by_process": {name: [by_process_before.get(name), by_process_after.get(name)]
-                              for name in sorted(set(by_process_before) | set(by_process_after))},
+        "memory_by_process": {
+            name: [by_process_before.get(name), by_process_after.get(name)]
+            for name in sorted(set(by_process_before) | set(by_process_after))
+        },
         "server_log": log_mentions(server),
-        "ready_after": ready(server), "draft_ready_after": ready(server, "tensorrt_llm_draft"),
+        "ready_after": ready(server),
+        "draft_ready_after": ready(server, "tensorrt_llm_draft"),
         "target_ready_after": ready(server, "tensorrt_llm"),
         "problems": problems,
     }
@@ -369,8 +442,10 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
 def show(report: dict, console: Console) -> None:
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
     kill, memory, counts = report["draft_kill"], report["memory_bytes"], report["counts"]
-    table = Table(title=f"soak: {report['requests']} requests at concurrency {report['concurrency']} "
-                        f"in {report['seconds']:.0f} s ({report['tokens'] / report['seconds']:.1f} tok/s)")
+    table = Table(
+        title=f"soak: {report['requests']} requests at concurrency {report['concurrency']} "
+        f"in {report['seconds']:.0f} s ({report['tokens'] / report['seconds']:.1f} tok/s)"
+    )
     table.add_column("what")
     table.add_column("value", justify="right")
     for outcome in ("completed", "cancelled", "disconnected", "failed", "lost"):
@@ -378,21 +453,32 @@ def show(report: dict, console: Console) -> None:
     table.add_row("unequal to the target-only reference", f"{report['unequal']} of {report['greedy_checked']} checked")
     table.add_row("draft stubs killed (after n requests)", f"{kill['stubs_killed']} ({kill['after_requests']})")
     table.add_row("requests that fell back on draft_error", str(kill["requests_with_draft_error_fallback"]))
-    table.add_row("target stubs killed (after n requests)",
-                  ", ".join(f"{stubs} ({at})" for at, stubs in report["target_kills"].items()) or "none")
-    table.add_row('trtspec_fallbacks_total{reason="draft_error"}',
-                  f"{kill['fallbacks_metric_before']:.0f} → {kill['fallbacks_metric_after']:.0f}")
+    table.add_row(
+        "target stubs killed (after n requests)",
+        ", ".join(f"{stubs} ({at})" for at, stubs in report["target_kills"].items()) or "none",
+    )
+    table.add_row(
+        'trtspec_fallbacks_total{reason="draft_error"}',
+        f"{kill['fallbacks_metric_before']:.0f} → {kill['fallbacks_metric_after']:.0f}",
+    )
     first = kill["first_drafting_request_after_kill_s"]
     table.add_row("draft model drafting again after", "never" if first is None else f"{first:.1f} s")
-    table.add_row("draft-model requests after the kill: drafted / all",
-                  f"{kill['of_which_drafted']} / {kill['draft_model_requests_after_kill']}")
-    table.add_row("server log: " + " / ".join(report["server_log"]),
-                  " / ".join(str(n) for n in report["server_log"].values()))
+    table.add_row(
+        "draft-model requests after the kill: drafted / all",
+        f"{kill['of_which_drafted']} / {kill['draft_model_requests_after_kill']}",
+    )
+    table.add_row(
+        "server log: " + " / ".join(report["server_log"]), " / ".join(str(n) for n in report["server_log"].values())
+    )
     table.add_row("engines idle after the last response", f"{report['idle_after_last_response_s']:.1f} s")
-    table.add_row("server memory: after warm-up / peak / after",
-                  f"{mib(memory['after_warmup'])} / {mib(memory['peak'])} / {mib(memory['after'])}")
-    table.add_row("server ready / target / draft model ready at the end",
-                  f"{report['ready_after']} / {report['target_ready_after']} / {report['draft_ready_after']}")
+    table.add_row(
+        "server memory: after warm-up / peak / after",
+        f"{mib(memory['after_warmup'])} / {mib(memory['peak'])} / {mib(memory['after'])}",
+    )
+    table.add_row(
+        "server ready / target / draft model ready at the end",
+        f"{report['ready_after']} / {report['target_ready_after']} / {report['draft_ready_after']}",
+    )
     console.print(table)
     processes = Table(title="resident memory by process")
     for col in ("process", "after warm-up", "after"):

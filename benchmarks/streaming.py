@@ -49,8 +49,15 @@ def openai_stream(url: str, model: str, message: str, max_tokens: int) -> tuple[
     """(text, arrival time of each content chunk, completion tokens) of one streamed chat completion."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
-    body = {"model": model, "messages": [{"role": "user", "content": message}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "num_draft_tokens": 0}
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "num_draft_tokens": 0,
+    }
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
@@ -86,8 +93,14 @@ class Runner:
             return text, tokens, gaps
         protocol, url = ("http", a.http_url) if path == "generate_stream" else ("grpc", a.grpc_url)
         with SpecClient(url, protocol=protocol, timeout=600) as client:
-            c = client.generate(self.templated[prompt], max_tokens=a.max_tokens, num_draft_tokens=0, temperature=0.0,
-                                stream=path != "bls", return_perf_metrics=False)
+            c = client.generate(
+                self.templated[prompt],
+                max_tokens=a.max_tokens,
+                num_draft_tokens=0,
+                temperature=0.0,
+                stream=path != "bls",
+                return_perf_metrics=False,
+            )
         gaps = [(b.seconds - c0.seconds) / max(len(b.token_ids), 1) for c0, b in zip(c.chunks, c.chunks[1:])]
         return c.text, len(c.token_ids), gaps
 
@@ -96,8 +109,12 @@ class Runner:
         with ThreadPoolExecutor(concurrency) as pool:
             results = list(pool.map(lambda p: self.one(path, p), prompts))
         wall = time.perf_counter() - start
-        return {"seconds": wall, "tokens": sum(r[1] for r in results), "gaps": [g for r in results for g in r[2]],
-                "texts": [r[0] for r in results]}
+        return {
+            "seconds": wall,
+            "tokens": sum(r[1] for r in results),
+            "gaps": [g for r in results for g in r[2]],
+            "texts": [r[0] for r in results],
+        }
 
 
 def decode_step_ms(engine_dir: str, prompt_ids: list[int], tokens: int, reps: int) -> float:
@@ -141,8 +158,10 @@ def main() -> int:
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     prompts = chat_prompts(args.prompts)
-    templated = {p: tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-                 for p in prompts}
+    templated = {
+        p: tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    }
     runner = Runner(args, model_name, templated)
     step_ms = []
     if args.engine:
@@ -166,8 +185,10 @@ def main() -> int:
 
     reference = cells[(concurrencies[0], paths[0])][0]["texts"]
     mismatches = sum(a != b for runs in cells.values() for run in runs for a, b in zip(run["texts"], reference))
-    table = Table(title=f"{len(prompts)} chat prompts, {args.max_tokens} tokens, greedy, num_draft_tokens 0, "
-                        f"{args.rounds} rounds interleaved")
+    table = Table(
+        title=f"{len(prompts)} chat prompts, {args.max_tokens} tokens, greedy, num_draft_tokens 0, "
+        f"{args.rounds} rounds interleaved"
+    )
     for col in ("C", "path", "tok/s", "vs not streamed", "ITL p50 ms", "ITL / decode step"):
         table.add_column(col, justify="right" if col not in ("path",) else "left")
     step = statistics.mean(step_ms) if step_ms else None
@@ -180,10 +201,23 @@ def main() -> int:
             base = rate if p == "bls" else base
             gaps = [g for r in runs for g in r["gaps"]]
             itl = statistics.median(gaps) * 1e3 if gaps and p != "bls" else None
-            table.add_row(str(c), p, f"{rate:.1f}", f"{rate / base:.2f}x" if base else "",
-                          f"{itl:.1f}" if itl else "", f"{itl / step:.2f}x" if itl and step and c == 1 else "")
-            report["cells"].append({"concurrency": c, "path": p, "tokens_per_second": rate,
-                                    "ratio_to_not_streamed": rate / base if base else None, "itl_p50_ms": itl})
+            table.add_row(
+                str(c),
+                p,
+                f"{rate:.1f}",
+                f"{rate / base:.2f}x" if base else "",
+                f"{itl:.1f}" if itl else "",
+                f"{itl / step:.2f}x" if itl and step and c == 1 else "",
+            )
+            report["cells"].append(
+                {
+                    "concurrency": c,
+                    "path": p,
+                    "tokens_per_second": rate,
+                    "ratio_to_not_streamed": rate / base if base else None,
+                    "itl_p50_ms": itl,
+                }
+            )
     console.print(table)
     if step:
         console.print(f"engine decode step (in process, server idle): {', '.join(f'{s:.1f}' for s in step_ms)} ms")

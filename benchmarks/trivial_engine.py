@@ -59,14 +59,22 @@ class TritonPythonModel:
                 elif "streaming" in tensors and np.any(tensors["streaming"]) and "draft_input_ids" not in tensors:
                     n = tensors_to_request(tensors).request_output_len
                     for i in range(n):
-                        out = {"output_ids": np.full((1, 1, 1), self.token, np.int32),
-                               "sequence_length": np.ones((1, 1), np.int32)}
-                        sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in out.items()]),
-                                    flags=final if i == n - 1 else 0)
+                        out = {
+                            "output_ids": np.full((1, 1, 1), self.token, np.int32),
+                            "sequence_length": np.ones((1, 1), np.int32),
+                        }
+                        sender.send(
+                            pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in out.items()]),
+                            flags=final if i == n - 1 else 0,
+                        )
                 else:
                     out = self._serve(request)
-                    sender.send(pb_utils.InferenceResponse(output_tensors=[
-                        pb_utils.Tensor(k, np.ascontiguousarray(v)) for k, v in out.items()]), flags=final)
+                    sender.send(
+                        pb_utils.InferenceResponse(
+                            output_tensors=[pb_utils.Tensor(k, np.ascontiguousarray(v)) for k, v in out.items()]
+                        ),
+                        flags=final,
+                    )
             except Exception as exc:  # the Triton edge: every failure becomes exactly one error response
                 sender.send(error_response(exc, self.name), flags=final)
         return None

@@ -26,8 +26,13 @@ MAX_DRAFT_LEN = 4
 MAX_INPUT_LEN = 64
 MAX_SEQ_LEN = 96
 # the tests read both kinds of logits, which an engine returns only when built for them
-ENGINE = {"max_input_len": MAX_INPUT_LEN, "max_seq_len": MAX_SEQ_LEN, "max_batch_size": 4,
-          "gather_context_logits": True, "gather_generation_logits": True}
+ENGINE = {
+    "max_input_len": MAX_INPUT_LEN,
+    "max_seq_len": MAX_SEQ_LEN,
+    "max_batch_size": 4,
+    "gather_context_logits": True,
+    "gather_generation_logits": True,
+}
 SPECULATION = {"max_draft_len": MAX_DRAFT_LEN, "num_draft_tokens": 3}
 
 
@@ -65,8 +70,16 @@ def _build(tiny_pair: TinyPair, name: str, target: dict, draft: dict) -> Built:
 
     folder = tiny_pair.root / name
     folder.mkdir()
-    config = write_config(folder / "build.yaml", tiny_pair.target, tiny_pair.draft,
-                          name=name, target=target, draft=draft, speculation=SPECULATION, engine=ENGINE)
+    config = write_config(
+        folder / "build.yaml",
+        tiny_pair.target,
+        tiny_pair.draft,
+        name=name,
+        target=target,
+        draft=draft,
+        speculation=SPECULATION,
+        engine=ENGINE,
+    )
     engines = run_build(config, folder / "engines")
     return Built(config, engines)
 
@@ -74,15 +87,23 @@ def _build(tiny_pair: TinyPair, name: str, target: dict, draft: dict) -> Built:
 @pytest.fixture(scope="session")
 def built_fp8(tiny_pair) -> Built:
     """FP8 engines: the target scaled per tensor, the draft per channel."""
-    return _build(tiny_pair, "fp8", {"quantization": "fp8", "fp8_scaling": "per_tensor"},
-                  {"quantization": "fp8", "fp8_scaling": "per_channel"})
+    return _build(
+        tiny_pair,
+        "fp8",
+        {"quantization": "fp8", "fp8_scaling": "per_tensor"},
+        {"quantization": "fp8", "fp8_scaling": "per_channel"},
+    )
 
 
 @pytest.fixture(scope="session")
 def built_none(tiny_pair) -> Built:
     """Unquantized float32 engines: the same weights as the checkpoints."""
-    return _build(tiny_pair, "none", {"quantization": "none", "kv_cache_dtype": "auto"},
-                  {"quantization": "none", "kv_cache_dtype": "auto"})
+    return _build(
+        tiny_pair,
+        "none",
+        {"quantization": "none", "kv_cache_dtype": "auto"},
+        {"quantization": "none", "kv_cache_dtype": "auto"},
+    )
 
 
 # ---- the model repository and a real Triton server on it -----------------------------------------------------
@@ -110,8 +131,9 @@ def unary_repository(built_fp8, tmp_path_factory) -> Path:
     from trtspec.repository import write_repository
 
     out = tmp_path_factory.mktemp("deploy-unary") / "model_repository"
-    return write_repository(load_config(built_fp8.config), built_fp8.engines, out, device="cpu",
-                            overrides={"decoupled_mode": False})
+    return write_repository(
+        load_config(built_fp8.config), built_fp8.engines, out, device="cpu", overrides={"decoupled_mode": False}
+    )
 
 
 def free_ports(count: int) -> list[int]:
@@ -133,8 +155,13 @@ def triton_server(unary_repository):
     from trtspec.server import TritonServer
 
     http, grpc, metrics = free_ports(3)
-    server = TritonServer(unary_repository, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          model_control_explicit_models=SERVED_MODELS)
+    server = TritonServer(
+        unary_repository,
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        model_control_explicit_models=SERVED_MODELS,
+    )
     with server:
         yield server
 
@@ -142,9 +169,18 @@ def triton_server(unary_repository):
 # `pytest -m "not server"` is the quick loop: the tests below need no Triton server. A test is marked `server`
 # when it uses one of these fixtures or carries the mark itself; the guard under it fails any unmarked test that
 # starts a server, so the quick loop cannot silently grow slow.
-SERVER_FIXTURES = {"triton_server", "bench_server", "unary_models", "default_models", "server", "scraped", "triton",
-                   "small_kv_server", "spec_server",
-                   "llama3_ends"}
+SERVER_FIXTURES = {
+    "triton_server",
+    "bench_server",
+    "unary_models",
+    "default_models",
+    "server",
+    "scraped",
+    "triton",
+    "small_kv_server",
+    "spec_server",
+    "llama3_ends",
+}
 
 
 def pytest_collection_modifyitems(items):
@@ -174,8 +210,11 @@ def _server_tests_are_marked():
     def guarded(self, *args, **kwargs):
         item = _running[0]
         if item is not None and item.get_closest_marker("server") is None:
-            pytest.fail(f"{item.nodeid} starts a Triton server: mark it @pytest.mark.server, or name its fixture in "
-                        f"SERVER_FIXTURES (tests/conftest.py)", pytrace=False)
+            pytest.fail(
+                f"{item.nodeid} starts a Triton server: mark it @pytest.mark.server, or name its fixture in "
+                f"SERVER_FIXTURES (tests/conftest.py)",
+                pytrace=False,
+            )
         return start(self, *args, **kwargs)
 
     TritonServer.start = guarded

@@ -20,12 +20,35 @@ BLS = "tensorrt_llm_bls"
 SPECS = {t.name: t for t in BLS_INPUTS}
 PROMPTS = ("The quick brown fox", "def add(a, b):", "Ünïcødé ☃ — text")
 # fields that leave a greedy answer as it is: with only these, an answer must equal target-only output
-OUTPUT_NEUTRAL = {"text_input", "max_tokens", "num_draft_tokens", "speculation", "adaptive_draft_length", "stream",
-                  "use_draft_logits", "return_perf_metrics", "final_perf_metrics_only", "timeout_ms", "return_log_probs", "return_context_logits",
-                  "return_generation_logits", "return_num_input_tokens", "return_num_output_tokens", "length_penalty",
-                  "num_return_sequences", "beam_width", "decoder_text_input", "image_url_input", "prompt_vocab_size",
-                  "prompt_table_extra_id", "embedding_bias_words", "embedding_bias_weights", "lora_task_id",
-                  "guided_decoding_guide_type", "guided_decoding_guide"}
+OUTPUT_NEUTRAL = {
+    "text_input",
+    "max_tokens",
+    "num_draft_tokens",
+    "speculation",
+    "adaptive_draft_length",
+    "stream",
+    "use_draft_logits",
+    "return_perf_metrics",
+    "final_perf_metrics_only",
+    "timeout_ms",
+    "return_log_probs",
+    "return_context_logits",
+    "return_generation_logits",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+    "length_penalty",
+    "num_return_sequences",
+    "beam_width",
+    "decoder_text_input",
+    "image_url_input",
+    "prompt_vocab_size",
+    "prompt_table_extra_id",
+    "embedding_bias_words",
+    "embedding_bias_weights",
+    "lora_task_id",
+    "guided_decoding_guide_type",
+    "guided_decoding_guide",
+}
 TRANSPORTS = ("http", "http_stream", "grpc")
 
 _ints = st.integers
@@ -34,8 +57,14 @@ _bool = st.one_of(st.booleans(), st.booleans(), _ints(0, 2), st.text(max_size=4)
 _words = st.one_of(st.lists(st.text(max_size=8), max_size=3), st.text(max_size=8), _ints(-5, 5))
 
 VALUES = {
-    "text_input": st.one_of(st.sampled_from(PROMPTS), st.sampled_from(PROMPTS), st.text(max_size=60), st.just(""),
-                            st.just("word " * 200), _ints(-3, 3)),
+    "text_input": st.one_of(
+        st.sampled_from(PROMPTS),
+        st.sampled_from(PROMPTS),
+        st.text(max_size=60),
+        st.just(""),
+        st.just("word " * 200),
+        _ints(-3, 3),
+    ),
     "max_tokens": st.one_of(_ints(1, 8), _ints(1, 8), _ints(-2, 0), st.sampled_from([2**31 - 1, 10**6, 300]), _wrong),
     "num_draft_tokens": st.one_of(_ints(0, 4), _ints(0, 4), _ints(-3, 12), st.sampled_from([2**31 - 1]), _wrong),
     "use_draft_logits": _bool,
@@ -59,8 +88,11 @@ VALUES = {
     "presence_penalty": st.one_of(st.floats(-2, 2), _wrong),
     "frequency_penalty": st.one_of(st.floats(-2, 2), _wrong),
     "length_penalty": st.one_of(st.floats(-2, 2), _wrong),
-    "return_log_probs": _bool, "return_context_logits": _bool, "return_generation_logits": _bool,
-    "return_num_input_tokens": _bool, "return_num_output_tokens": _bool,
+    "return_log_probs": _bool,
+    "return_context_logits": _bool,
+    "return_generation_logits": _bool,
+    "return_num_input_tokens": _bool,
+    "return_num_output_tokens": _bool,
     "num_return_sequences": st.one_of(st.just(1), _ints(-2, 4), _wrong),
     "beam_width": st.one_of(st.just(1), _ints(-2, 4), _wrong),
     # taken only at their neutral value (trtspec.interfaces): empty, zero, or refused naming the field
@@ -81,22 +113,46 @@ assert set(VALUES) == set(SPECS) - UNFUZZED, "every BLS input is fuzzed"
 # values a request may carry and still get an answer (so that answers, and their equality with target-only
 # output, are fuzzed as much as the errors)
 VALID = {
-    "text_input": st.sampled_from(PROMPTS), "max_tokens": _ints(1, 8), "num_draft_tokens": _ints(0, 4),
-    "use_draft_logits": st.booleans(), "stream": st.booleans(), "temperature": st.sampled_from([0.0, 0.7, 1.3]),
-    "top_k": _ints(0, 40), "top_p": st.sampled_from([0.0, 0.5, 0.9, 1.0]), "seed": _ints(0, 2**32),
-    "end_id": _ints(-1, 200), "pad_id": _ints(0, 200), "min_tokens": _ints(0, 4),
-    "stop_words": st.lists(st.sampled_from(["fox", ".", "\n"]), max_size=2), "bad_words": st.just([]),
-    "return_perf_metrics": st.booleans(), "final_perf_metrics_only": st.booleans(), "exclude_input_in_output": st.booleans(),
-    "speculation": st.sampled_from(["draft_model", "prompt_lookup", "none"]), "adaptive_draft_length": st.booleans(),
+    "text_input": st.sampled_from(PROMPTS),
+    "max_tokens": _ints(1, 8),
+    "num_draft_tokens": _ints(0, 4),
+    "use_draft_logits": st.booleans(),
+    "stream": st.booleans(),
+    "temperature": st.sampled_from([0.0, 0.7, 1.3]),
+    "top_k": _ints(0, 40),
+    "top_p": st.sampled_from([0.0, 0.5, 0.9, 1.0]),
+    "seed": _ints(0, 2**32),
+    "end_id": _ints(-1, 200),
+    "pad_id": _ints(0, 200),
+    "min_tokens": _ints(0, 4),
+    "stop_words": st.lists(st.sampled_from(["fox", ".", "\n"]), max_size=2),
+    "bad_words": st.just([]),
+    "return_perf_metrics": st.booleans(),
+    "final_perf_metrics_only": st.booleans(),
+    "exclude_input_in_output": st.booleans(),
+    "speculation": st.sampled_from(["draft_model", "prompt_lookup", "none"]),
+    "adaptive_draft_length": st.booleans(),
     "timeout_ms": st.just(60000),
-    "repetition_penalty": st.sampled_from([1.0, 1.2]), "presence_penalty": st.sampled_from([0.0, 0.5]),
-    "frequency_penalty": st.sampled_from([0.0, 0.3]), "length_penalty": st.just(1.0),
-    "return_log_probs": st.booleans(), "return_context_logits": st.booleans(), "return_generation_logits": st.booleans(),
-    "return_num_input_tokens": st.booleans(), "return_num_output_tokens": st.booleans(),
-    "num_return_sequences": st.just(1), "beam_width": st.just(1), "decoder_text_input": st.just(""),
-    "image_url_input": st.just(""), "prompt_vocab_size": st.just(0), "prompt_table_extra_id": st.just(0),
-    "embedding_bias_words": st.just([]), "embedding_bias_weights": st.just([]), "lora_task_id": st.just(0),
-    "guided_decoding_guide_type": st.just(""), "guided_decoding_guide": st.just(""),
+    "repetition_penalty": st.sampled_from([1.0, 1.2]),
+    "presence_penalty": st.sampled_from([0.0, 0.5]),
+    "frequency_penalty": st.sampled_from([0.0, 0.3]),
+    "length_penalty": st.just(1.0),
+    "return_log_probs": st.booleans(),
+    "return_context_logits": st.booleans(),
+    "return_generation_logits": st.booleans(),
+    "return_num_input_tokens": st.booleans(),
+    "return_num_output_tokens": st.booleans(),
+    "num_return_sequences": st.just(1),
+    "beam_width": st.just(1),
+    "decoder_text_input": st.just(""),
+    "image_url_input": st.just(""),
+    "prompt_vocab_size": st.just(0),
+    "prompt_table_extra_id": st.just(0),
+    "embedding_bias_words": st.just([]),
+    "embedding_bias_weights": st.just([]),
+    "lora_task_id": st.just(0),
+    "guided_decoding_guide_type": st.just(""),
+    "guided_decoding_guide": st.just(""),
 }
 
 
@@ -130,8 +186,18 @@ class Outcome:
         if message.startswith("Unable to parse"):
             return cls.JSON_TYPE_ERROR
         names = set(fields) | set(SPECS)
-        return cls.FIELD_ERROR if any(f"'{n}'" in message or f"{n} " in message or f"{n}:" in message
-                                      or f"{n}=" in message or f'"{n}"' in message for n in names) else cls.OTHER_ERROR
+        return (
+            cls.FIELD_ERROR
+            if any(
+                f"'{n}'" in message
+                or f"{n} " in message
+                or f"{n}:" in message
+                or f"{n}=" in message
+                or f'"{n}"' in message
+                for n in names
+            )
+            else cls.OTHER_ERROR
+        )
 
 
 def wrong_json_type(fields: dict) -> bool:
@@ -140,8 +206,16 @@ def wrong_json_type(fields: dict) -> bool:
         spec = SPECS.get(name)
         if spec is None:
             continue
-        kinds = {"STRING": (str,), "BOOL": (bool,), "FP32": (int, float), "FP16": (int, float), "INT32": (int,),
-                 "INT64": (int,), "UINT64": (int,), "UINT8": (int,)}[spec.dtype]
+        kinds = {
+            "STRING": (str,),
+            "BOOL": (bool,),
+            "FP32": (int, float),
+            "FP16": (int, float),
+            "INT32": (int,),
+            "INT64": (int,),
+            "UINT64": (int,),
+            "UINT8": (int,),
+        }[spec.dtype]
         values = value if isinstance(value, list) and spec.dims == (-1,) else [value]
         if any(not isinstance(v, kinds) or (spec.dtype != "BOOL" and isinstance(v, bool)) for v in values):
             return True
@@ -168,7 +242,9 @@ class _Failed(Exception):
 def _http(base: str, fields: dict, stream: bool, timeout: float) -> Outcome:
     path = "generate_stream" if stream else "generate"
     body = json.dumps(fields).encode()
-    req = urllib.request.Request(f"{base}/v2/models/{BLS}/{path}", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{base}/v2/models/{BLS}/{path}", data=body, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             text = resp.read().decode()
@@ -176,7 +252,11 @@ def _http(base: str, fields: dict, stream: bool, timeout: float) -> Outcome:
         text = exc.read().decode().strip()
         text = text[5:] if text.startswith("data:") else text
         raise _Failed(json.loads(text or "{}").get("error", f"HTTP {exc.code}")) from None
-    events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")] if stream else [json.loads(text)]
+    events = (
+        [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+        if stream
+        else [json.loads(text)]
+    )
     errors = [e["error"] for e in events if "error" in e]
     if errors:
         raise _Failed(errors[0])
@@ -197,7 +277,10 @@ def _tensor(grpcclient, name: str, value):
         target = spec.np_dtype if spec is not None and spec.dtype in ("INT32", "INT64", "UINT64") else np.int64
         info = np.iinfo(target)
         if all(info.min <= v <= info.max for v in values):
-            arr, dtype = np.asarray([values], dtype=target), spec.dtype if spec is not None and spec.dtype in ("INT32", "INT64", "UINT64") else "INT64"
+            arr, dtype = (
+                np.asarray([values], dtype=target),
+                spec.dtype if spec is not None and spec.dtype in ("INT32", "INT64", "UINT64") else "INT64",
+            )
         else:
             arr, dtype = np.asarray([[str(v).encode() for v in values]], dtype=np.object_), "BYTES"
     else:

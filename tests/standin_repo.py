@@ -10,8 +10,16 @@ from pathlib import Path
 from trtspec.config import load_config
 from trtspec.engine.manifest import read_engine
 from trtspec.repository import (
+    CONFIG_FILE,
+    DRAFT_MODEL,
+    ENGINE_TEMPLATES,
+    TARGET_MODEL,
+    TEMPLATES_DIR,
+    Raw,
     _apply_overrides,
-    CONFIG_FILE, DRAFT_MODEL, ENGINE_TEMPLATES, TARGET_MODEL, TEMPLATES_DIR, Raw, render, template_values, write_repository,
+    render,
+    template_values,
+    write_repository,
 )
 
 STANDIN = Path(__file__).parent / "tensorrtllm_standin.py"
@@ -29,9 +37,17 @@ def write_standin_repository(config_path, engines: Path, out: Path, *, edit=None
     for name, info in ((TARGET_MODEL, target), (DRAFT_MODEL, draft)):
         if info is None:
             continue
-        text = render(TEMPLATES_DIR / ENGINE_TEMPLATES["trtllm"] / CONFIG_FILE, {
-            **values, "model_name": name, "engine_dir": str(info.path), "gpu_device_ids": "0",
-            "kv_cache_free_gpu_mem_fraction": "0.9", "trtllm_extra_parameters": Raw("")})
+        text = render(
+            TEMPLATES_DIR / ENGINE_TEMPLATES["trtllm"] / CONFIG_FILE,
+            {
+                **values,
+                "model_name": name,
+                "engine_dir": str(info.path),
+                "gpu_device_ids": "0",
+                "kv_cache_free_gpu_mem_fraction": "0.9",
+                "trtllm_extra_parameters": Raw(""),
+            },
+        )
         text = text.replace('backend: "tensorrtllm"', 'backend: "python"')
         (repo / name / CONFIG_FILE).write_text(edit(text) if edit else text)
         shutil.copy(STANDIN, repo / name / "1" / "model.py")

@@ -27,9 +27,18 @@ GUIDED_DECODING_PARAMETERS = ("tokenizer_dir", "xgrammar_tokenizer_info_path", "
 BATCHING_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")
 # fillTritonResponse writes all of these when the request set return_perf_metrics, with no check that they are
 # declared; Triton then refuses the response ("unexpected inference output").
-PERF_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
-                "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
-                "total_accepted_draft_tokens", "total_draft_tokens")
+PERF_OUTPUTS = (
+    "kv_cache_alloc_new_blocks",
+    "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks",
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+)
 LOGITS_TYPES = {"TYPE_FP32": "float32", "TYPE_FP16": "float16"}
 
 
@@ -40,7 +49,8 @@ class TritonPythonModel(EmbeddedEngineModel):
         for name in ("gpt_model_type", *GUIDED_DECODING_PARAMETERS):
             if name not in params:
                 raise pb_utils.TritonModelException(
-                    f"unexpected error when creating modelInstanceState: Cannot find parameter with name: {name}")
+                    f"unexpected error when creating modelInstanceState: Cannot find parameter with name: {name}"
+                )
         if params["gpt_model_type"] not in BATCHING_TYPES:
             raise pb_utils.TritonModelException(f"Invalid gpt_model_type {params['gpt_model_type']}")
         # the constructor: "Both encoder and decoder model paths are empty"
@@ -49,9 +59,21 @@ class TritonPythonModel(EmbeddedEngineModel):
         # model_state.cc LoadParameters: the logits dtype is the data_type of the first output named
         # generation_logits or context_logits
         self.declared = {o["name"]: o["data_type"] for o in config.get("output", [])}
-        self.logits_type = next((self.declared[n] for n in self.declared if n in ("generation_logits", "context_logits")), None)
-        args = dict(args, model_config=json.dumps(dict(config, parameters={
-            **config.get("parameters", {}), "engine_dir": {"string_value": params["gpt_model_path"]}})))
+        self.logits_type = next(
+            (self.declared[n] for n in self.declared if n in ("generation_logits", "context_logits")), None
+        )
+        args = dict(
+            args,
+            model_config=json.dumps(
+                dict(
+                    config,
+                    parameters={
+                        **config.get("parameters", {}),
+                        "engine_dir": {"string_value": params["gpt_model_path"]},
+                    },
+                )
+            ),
+        )
         super().initialize(args)
         self.engine_logits = self.engine.info.raw.get("pretrained_config", {}).get("logits_dtype", "float32")
 
@@ -70,13 +92,19 @@ class TritonPythonModel(EmbeddedEngineModel):
         outputs = {t.name(): t for t in response.output_tensors()}
         if "generation_logits" in outputs and LOGITS_TYPES.get(self.logits_type) != self.engine_logits:
             # fillTritonResponse: TLLM_CHECK(generationLogitsType == model_state_->getLogitsDataType())
-            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
-                f"Error encountered while populating response: logits of the engine are {self.engine_logits}, "
-                f"the config declares {self.logits_type}"))
+            return pb_utils.InferenceResponse(
+                output_tensors=[],
+                error=pb_utils.TritonError(
+                    f"Error encountered while populating response: logits of the engine are {self.engine_logits}, "
+                    f"the config declares {self.logits_type}"
+                ),
+            )
         undeclared = [name for name in outputs if name not in self.declared]
         if undeclared:  # Triton core: InferenceResponse::AddOutput -> GetOutput fails for an undeclared name
-            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
-                f"unexpected inference output '{undeclared[0]}' for model '{self.name}'"))
+            return pb_utils.InferenceResponse(
+                output_tensors=[],
+                error=pb_utils.TritonError(f"unexpected inference output '{undeclared[0]}' for model '{self.name}'"),
+            )
         return response
 
 

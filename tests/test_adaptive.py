@@ -7,8 +7,8 @@ import pytest
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, FixedDraftLength, expected_tokens
 from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
 
-
 # ---- n-gram matcher ------------------------------------------------------------------------------------------
+
 
 def test_match_continues_the_most_recent_occurrence():
     tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
@@ -43,6 +43,7 @@ def test_continuation_is_cut_at_k_and_at_the_end():
 
 # ---- cost model ----------------------------------------------------------------------------------------------
 
+
 def test_expected_tokens_formula():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0
@@ -61,7 +62,7 @@ def test_a_fixed_verification_cost_favours_longer_drafts():
     cpu = CostModel(0.0, 0.05, 0.8)
     assert cpu.cost(0) == 1.0 and cpu.cost(4) == pytest.approx(2.0)
     k, gain = cpu.best(0.7, 8)
-    assert k >= 4 and gain > 1.0           # prompt lookup (no draft cost) with good acceptance pays
+    assert k >= 4 and gain > 1.0  # prompt lookup (no draft cost) with good acceptance pays
     assert CostModel(0.2, 0.05, 0.8).best(0.6, 8)[1] < 1.0  # a draft model at 0.6 does not
 
 
@@ -73,11 +74,21 @@ def feed(ctl, accepted_fraction: float, iterations: int):
     for _ in range(iterations):
         d = ctl.decide(1000)
         if d.k:
-            ctl.observe(num_draft_tokens=d.k, num_accepted_tokens=round(d.k * accepted_fraction),
-                        draft_seconds=0.001 * d.k, verify_seconds=0.012, tokens=round(d.k * accepted_fraction) + 1)
+            ctl.observe(
+                num_draft_tokens=d.k,
+                num_accepted_tokens=round(d.k * accepted_fraction),
+                draft_seconds=0.001 * d.k,
+                verify_seconds=0.012,
+                tokens=round(d.k * accepted_fraction) + 1,
+            )
         else:
-            ctl.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0,
-                        verify_seconds=0.01 * d.plain_tokens, tokens=d.plain_tokens)
+            ctl.observe(
+                num_draft_tokens=0,
+                num_accepted_tokens=0,
+                draft_seconds=0.0,
+                verify_seconds=0.01 * d.plain_tokens,
+                tokens=d.plain_tokens,
+            )
         yield d
 
 
@@ -184,8 +195,13 @@ def test_an_unseen_load_starts_from_the_nearest_lighter_one():
         request = shared.policy(2, model_drafts=True, load=load)
         request.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)
         for _ in range(10):
-            request.observe(num_draft_tokens=1, num_accepted_tokens=1, draft_seconds=0.003,
-                            verify_seconds=0.010 * (1.1 + v0), tokens=2)
+            request.observe(
+                num_draft_tokens=1,
+                num_accepted_tokens=1,
+                draft_seconds=0.003,
+                verify_seconds=0.010 * (1.1 + v0),
+                tokens=2,
+            )
         shared.learn(request, model_drafts=True, load=load)
     assert shared.costs_at(4).verify_cost_fixed == pytest.approx(shared.costs_at(1).verify_cost_fixed)
     assert shared.costs_at(16).verify_cost_fixed == pytest.approx(shared.costs_at(8).verify_cost_fixed)

@@ -17,10 +17,10 @@ import time
 import urllib.request
 
 import pytest
-
 from test_monitoring import needs_prometheus, prometheus_scraping
 from test_reliability import kills_a_stub
 from test_serving import grpc_generate
+
 from trtspec.monitoring import write_monitoring
 
 pytestmark = pytest.mark.server
@@ -29,8 +29,14 @@ pytestmark = pytest.mark.server
 WINDOW, FOR = "20s", "2s"
 REQUEST = {"max_tokens": 16, "num_draft_tokens": 4, "speculation": "draft_model", "adaptive_draft_length": False}
 # for the numbers-blind pair (tiny.make_numbers_blind_pair): words it predicts, numbers it cannot
-WORDS = ["The quick brown fox", "Speculative decoding drafts tokens", "def add(a, b):", "Once upon a time",
-         "Triton serves models over HTTP", "What is the capital of France?"]
+WORDS = [
+    "The quick brown fox",
+    "Speculative decoding drafts tokens",
+    "def add(a, b):",
+    "Once upon a time",
+    "Triton serves models over HTTP",
+    "What is the capital of France?",
+]
 NUMBERS = ["Count with me: 1 2 3", "The year 1999", "Call 555 0123", "Primes: 2 3 5 7", "Page 42"]
 
 
@@ -131,8 +137,11 @@ def test_a_killed_draft_fires_its_alert_and_the_governor_steps_down_and_back(ser
     with prometheus_scraping(server, scaled_rules(tmp_path / "monitoring"), tmp_path) as api:
         watch = Watch(api)
         try:
-            watch.wait_for("speculating, no alert",
-                           lambda: watch.state() == "speculating" and "TrtspecDraftModelFailing" not in watch.firing(), 60)
+            watch.wait_for(
+                "speculating, no alert",
+                lambda: watch.state() == "speculating" and "TrtspecDraftModelFailing" not in watch.firing(),
+                60,
+            )
             stubs = server.stub_pids("tensorrt_llm_draft")
             assert stubs, "the draft model's stub process was not found"
             for pid in stubs:
@@ -142,11 +151,13 @@ def test_a_killed_draft_fires_its_alert_and_the_governor_steps_down_and_back(ser
             watch.wait_for("TrtspecDraftModelFailing firing", lambda: "TrtspecDraftModelFailing" in watch.firing(), 90)
             # the BLS reloads the model whose process died; the breaker's probe finds it back and lifts the floor
             watch.wait_for("governor speculating again", lambda: watch.state() == "speculating", 180)
-            watch.wait_for("TrtspecDraftModelFailing resolved", lambda: "TrtspecDraftModelFailing" not in watch.firing(), 120)
+            watch.wait_for(
+                "TrtspecDraftModelFailing resolved", lambda: "TrtspecDraftModelFailing" not in watch.firing(), 120
+            )
         finally:
             traffic.stop()
     print("timeline (s):", watch.timeline)
-    assert not traffic.errors, traffic.errors[:3]   # a dead draft model costs speed, never an answer
+    assert not traffic.errors, traffic.errors[:3]  # a dead draft model costs speed, never an answer
     log = server.log_path.read_text()
     assert "speculating -> reduced (draft_down)" in log and "reduced -> speculating (draft_down_cleared)" in log
     changes = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
@@ -160,8 +171,15 @@ def test_prompts_the_draft_cannot_predict_fire_the_acceptance_alert_and_roll_spe
     with prometheus_scraping(blind_server, scaled_rules(tmp_path / "monitoring"), tmp_path) as api:
         watch = Watch(api)
         try:
-            watch.wait_for("speculating on words, no alert", lambda: watch.state() == "speculating" and api(
-                "query", query="trtspec:acceptance:ratio_rate5m > 0.9")["result"] and alert not in watch.firing(), 90)
+            watch.wait_for(
+                "speculating on words, no alert",
+                lambda: (
+                    watch.state() == "speculating"
+                    and api("query", query="trtspec:acceptance:ratio_rate5m > 0.9")["result"]
+                    and alert not in watch.firing()
+                ),
+                90,
+            )
             traffic.prompts = NUMBERS
             watch.mark("numbers begin")
             watch.wait_for("governor reduced (low_acceptance)", lambda: watch.state() == "reduced", 90)
@@ -178,8 +196,12 @@ def test_prompts_the_draft_cannot_predict_fire_the_acceptance_alert_and_roll_spe
     print("timeline (s):", watch.timeline)
     assert not traffic.errors, traffic.errors[:3]
     log = blind_server.log_path.read_text()
-    for change in ("speculating -> reduced (low_acceptance)", "reduced -> plain (low_acceptance)",
-                   "-> reduced (probes_pay)", "reduced -> speculating (pays)"):
+    for change in (
+        "speculating -> reduced (low_acceptance)",
+        "reduced -> plain (low_acceptance)",
+        "-> reduced (probes_pay)",
+        "reduced -> speculating (pays)",
+    ):
         assert change in log, change
 
 
@@ -188,11 +210,18 @@ def test_a_full_kv_cache_fires_its_alert_and_the_governor_decodes_plainly_until_
     alert = "TrtspecKvCacheCritical"
     with prometheus_scraping(small_kv_server, scaled_rules(tmp_path / "monitoring"), tmp_path) as api:
         watch = Watch(api)
-        watch.wait_for("speculating, KV cache empty", lambda: watch.state() == "speculating" and api(
-            "query", query='trtspec:kv_cache_used:ratio{model="tensorrt_llm"} < 0.5')["result"], 60)
+        watch.wait_for(
+            "speculating, KV cache empty",
+            lambda: (
+                watch.state() == "speculating"
+                and api("query", query='trtspec:kv_cache_used:ratio{model="tensorrt_llm"} < 0.5')["result"]
+            ),
+            60,
+        )
         # nine clients whose calls hold 7 blocks each want 63 of the 64 blocks
-        traffic = Traffic(small_kv_server.grpc_url, WORDS, pause=0.0, clients=9,
-                          fields={"max_tokens": 200, "min_tokens": 200})
+        traffic = Traffic(
+            small_kv_server.grpc_url, WORDS, pause=0.0, clients=9, fields={"max_tokens": 200, "min_tokens": 200}
+        )
         try:
             watch.wait_for("governor plain (kv_cache)", lambda: watch.state() == "plain", 60)
             watch.wait_for(f"{alert} firing", lambda: alert in watch.firing(), 60)
@@ -201,9 +230,15 @@ def test_a_full_kv_cache_fires_its_alert_and_the_governor_decodes_plainly_until_
         watch.mark("load ends")
         # the floor lifts; the level is then the one judging reached (the tiny pair's drafts, as costly as the
         # target, may not have paid under that load)
-        watch.wait_for("floor lifted (kv_cache_cleared)", lambda: "(kv_cache_cleared)" in small_kv_server.log_path.read_text()
-                       and watch.state() in ("speculating", "reduced"), 60)
+        watch.wait_for(
+            "floor lifted (kv_cache_cleared)",
+            lambda: (
+                "(kv_cache_cleared)" in small_kv_server.log_path.read_text()
+                and watch.state() in ("speculating", "reduced")
+            ),
+            60,
+        )
         watch.wait_for(f"{alert} resolved", lambda: alert not in watch.firing(), 60)
     print("timeline (s):", watch.timeline)
-    assert not traffic.errors, traffic.errors[:3]   # a full KV cache makes calls wait, never fail
+    assert not traffic.errors, traffic.errors[:3]  # a full KV cache makes calls wait, never fail
     assert "(kv_cache); draft-length cap now 0" in small_kv_server.log_path.read_text()

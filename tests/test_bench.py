@@ -29,10 +29,16 @@ def test_distribution_of_nothing_and_of_one_value():
     assert b.distribution([1, 2, 3, 4])["p50"] == 2.5
 
 
-@pytest.mark.parametrize("alpha, k, c, tokens, speedup", [
-    # worked values of Leviathan et al.'s formulas (reference table, §2.1)
-    (0.6, 4, 0.05, 2.31, 1.92), (0.8, 4, 0.05, 3.36, 2.80), (0.8, 5, 0.10, 3.69, 2.46), (0.9, 7, 0.05, 5.70, 4.22),
-])
+@pytest.mark.parametrize(
+    "alpha, k, c, tokens, speedup",
+    [
+        # worked values of Leviathan et al.'s formulas (reference table, §2.1)
+        (0.6, 4, 0.05, 2.31, 1.92),
+        (0.8, 4, 0.05, 3.36, 2.80),
+        (0.8, 5, 0.10, 3.69, 2.46),
+        (0.9, 7, 0.05, 5.70, 4.22),
+    ],
+)
 def test_leviathan_expectation_and_speedup(alpha, k, c, tokens, speedup):
     assert b.expected_tokens_per_iteration(alpha, k) == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
     assert b.expected_tokens_per_iteration(alpha, k) == pytest.approx(tokens, abs=0.005)
@@ -50,8 +56,9 @@ def test_predicted_speedup_is_the_ratio_of_model_work():
     s = b.predicted_speedup(1.0, 2, c=0.5, mean_draft_length=2, verify_cost=1.2, prefill=5, tokens=10)
     assert s == pytest.approx(14 / 14.1)
     # without prefill and with free verification the decode-phase formula of Leviathan et al. remains
-    assert b.predicted_speedup(0.8, 4, c=0.05, mean_draft_length=4, verify_cost=1.0, prefill=0, tokens=1e9) == \
-        pytest.approx(b.leviathan_speedup(0.8, 4, 0.05), rel=1e-6)
+    assert b.predicted_speedup(
+        0.8, 4, c=0.05, mean_draft_length=4, verify_cost=1.0, prefill=0, tokens=1e9
+    ) == pytest.approx(b.leviathan_speedup(0.8, 4, 0.05), rel=1e-6)
 
 
 def _simulate(alpha: float, k: int, iterations: int, seed: int = 0) -> tuple[list[int], list[int], int, int]:
@@ -80,7 +87,7 @@ def test_alpha_estimate_recovers_alpha_where_the_acceptance_rate_does_not():
     acc, dra, _, _ = _simulate(0.7, 6, 20000, seed=2)
     assert b.estimate_alpha(acc, dra) == pytest.approx(0.7, abs=0.01)
     rate = sum(acc) / sum(dra)
-    assert rate == pytest.approx(0.7 * (1 - 0.7 ** 6) / (6 * 0.3), abs=0.01)  # the rate is lower than α
+    assert rate == pytest.approx(0.7 * (1 - 0.7**6) / (6 * 0.3), abs=0.01)  # the rate is lower than α
 
 
 def test_alpha_estimate_with_shorter_drafts_and_nothing_drafted():
@@ -101,32 +108,75 @@ def test_verify_cost_fit():
 
 
 def test_best_k_and_the_speculation_limit():
-    assert b.best_k({0: None, 2: 1.3, 4: 1.5, 6: 1.5}) == 4          # ties go to the smaller K
-    assert b.best_k({0: None, 2: 0.8, 4: 0.9}) == 0                  # K = 0 counts as 1.0
+    assert b.best_k({0: None, 2: 1.3, 4: 1.5, 6: 1.5}) == 4  # ties go to the smaller K
+    assert b.best_k({0: None, 2: 0.8, 4: 0.9}) == 0  # K = 0 counts as 1.0
     assert b.best_k({0: None, 2: None}) == 0
-    assert b.speculation_limit({1: 4, 4: 2, 8: 0}) == 4               # spec wins up to 4, loses at 8
-    assert b.speculation_limit({1: 4, 4: 2, 8: 2}) == 0               # wins at the highest: no limit
-    assert b.speculation_limit({1: 0, 4: 0}) == 1                     # wins nowhere: only a request alone
+    assert b.speculation_limit({1: 4, 4: 2, 8: 0}) == 4  # spec wins up to 4, loses at 8
+    assert b.speculation_limit({1: 4, 4: 2, 8: 2}) == 0  # wins at the highest: no limit
+    assert b.speculation_limit({1: 0, 4: 0}) == 1  # wins nowhere: only a request alone
     assert b.speculation_limit({1: 2, 4: 0, 8: 2}) == 0
 
 
 # ---- cells from synthetic measurements ---------------------------------------------------------------------
 
-def _record(k, prompt, *, tokens, seconds, verify_ms, draft_ms=0.0, accepted=0, drafted=0, iterations=1, first_ms=50.0,
-            positions=None, ttft=None, intervals=()):
-    return b.RequestRecord(concurrency=1, k=k, round=prompt, prompt=prompt, tokens=tokens, seconds=seconds, ttft=ttft,
-                           intervals=list(intervals), accepted=accepted, drafted=drafted, iterations=iterations,
-                           draft_ms=draft_ms, verify_ms=verify_ms, accepted_per_position=list(positions or []),
-                           drafted_per_position=list(positions or []), first_ms=first_ms)
+
+def _record(
+    k,
+    prompt,
+    *,
+    tokens,
+    seconds,
+    verify_ms,
+    draft_ms=0.0,
+    accepted=0,
+    drafted=0,
+    iterations=1,
+    first_ms=50.0,
+    positions=None,
+    ttft=None,
+    intervals=(),
+):
+    return b.RequestRecord(
+        concurrency=1,
+        k=k,
+        round=prompt,
+        prompt=prompt,
+        tokens=tokens,
+        seconds=seconds,
+        ttft=ttft,
+        intervals=list(intervals),
+        accepted=accepted,
+        drafted=drafted,
+        iterations=iterations,
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        accepted_per_position=list(positions or []),
+        drafted_per_position=list(positions or []),
+        first_ms=first_ms,
+    )
 
 
 def _synthetic_cells():
     """C = 1: target step 10 ms, prefill 50 ms, 10 tokens a request. K = 2: every draft accepted (α = 1, E = 3), a
     first plain iteration then 3 speculative ones; c = 0.5, verification 1.2 steps."""
-    base = [_record(0, p, tokens=10, seconds=0.15, verify_ms=50 + 9 * 10, ttft=0.05, intervals=[0.01] * 9)
-            for p in range(2)]
-    spec = [_record(2, p, tokens=10, seconds=0.12, verify_ms=50 + 3 * 12, draft_ms=0.5 * (50 + 10 * 6), accepted=6,
-                    drafted=6, iterations=4, positions=[3, 3]) for p in range(2)]
+    base = [
+        _record(0, p, tokens=10, seconds=0.15, verify_ms=50 + 9 * 10, ttft=0.05, intervals=[0.01] * 9) for p in range(2)
+    ]
+    spec = [
+        _record(
+            2,
+            p,
+            tokens=10,
+            seconds=0.12,
+            verify_ms=50 + 3 * 12,
+            draft_ms=0.5 * (50 + 10 * 6),
+            accepted=6,
+            drafted=6,
+            iterations=4,
+            positions=[3, 3],
+        )
+        for p in range(2)
+    ]
     cells = [b.summarize_cell(base, 0.30, concurrency=1, k=0), b.summarize_cell(spec, 0.24, concurrency=1, k=2)]
     return b.analyse(cells)
 
@@ -169,22 +219,45 @@ def test_tuning_from_cells():
     assert tuning["verify_cost_per_token"] == pytest.approx(0.1)  # v = 1.2 at k = 2 (one k: v0 = 0)
     assert tuning["verify_cost_fixed"] == 0.0
     assert b.tuned_values(tuning, max_draft_len=8) == {
-        "default_num_draft_tokens": "2", "max_speculative_concurrency": "0", "draft_cost_ratio": "0.5",
-        "verify_cost_fixed": "0", "verify_cost_per_token": "0.1"}
+        "default_num_draft_tokens": "2",
+        "max_speculative_concurrency": "0",
+        "draft_cost_ratio": "0.5",
+        "verify_cost_fixed": "0",
+        "verify_cost_per_token": "0.1",
+    }
 
 
 def test_adaptive_cells_compare_ttft_and_count_fallbacks():
     base = [_record(0, p, tokens=10, seconds=0.15, verify_ms=140, ttft=0.050) for p in range(2)]
-    adaptive = [_record(4, p, tokens=10, seconds=0.16, verify_ms=150, draft_ms=5, accepted=0, drafted=2,
-                        iterations=4, positions=[1, 1], ttft=0.055) for p in range(2)]
+    adaptive = [
+        _record(
+            4,
+            p,
+            tokens=10,
+            seconds=0.16,
+            verify_ms=150,
+            draft_ms=5,
+            accepted=0,
+            drafted=2,
+            iterations=4,
+            positions=[1, 1],
+            ttft=0.055,
+        )
+        for p in range(2)
+    ]
     adaptive[0].fallbacks = {"low_acceptance": 2}
     adaptive[1].fallbacks = {"low_acceptance": 1, "load": 1}
-    base_cell, cell = b.analyse([b.summarize_cell(base, 0.30, concurrency=1, k=0),
-                                 b.summarize_cell(adaptive, 0.32, concurrency=1, k=4, adaptive=True)])
+    base_cell, cell = b.analyse(
+        [
+            b.summarize_cell(base, 0.30, concurrency=1, k=0),
+            b.summarize_cell(adaptive, 0.32, concurrency=1, k=4, adaptive=True),
+        ]
+    )
     assert cell["adaptive"] and cell["ttft_ratio"] == pytest.approx(1.1) and base_cell["ttft_ratio"] == 1.0
     assert cell["fallbacks"] == {"low_acceptance": 3, "load": 1} and cell["requests_with_fallback"] == 2
     assert cell["bound"] is None and cell["speedup"] == pytest.approx(0.30 / 0.32)
     assert b.tune([base_cell, cell])["best_k"] == {"1": 0}  # tuning reads fixed-K cells only
+
 
 def test_summary_row_and_why_it_paid():
     cells = _synthetic_cells()
@@ -195,9 +268,11 @@ def test_summary_row_and_why_it_paid():
     assert row["target_only_tokens_per_s"] == pytest.approx(20 / 0.30) and row["speedup"] == pytest.approx(1.25)
     assert row["acceptance"] == 1.0 and row["tokens_per_call"] == 3.0 and row["bound"] == pytest.approx(140 / 141)
     # 6 of 8 calls drafted (each request's first is the prefill); a call: 1.2 steps to verify + 2 x 0.5 to draft
-    assert row["why"] == ("C=1, K=2: 6 of 8 target calls verified drafts; 100% of drafted tokens accepted gave 3.00 "
-                          "tokens per call, and a call cost 2.20 target steps (1.20 to verify, 1.00 to draft), so it "
-                          "paid: 1.25x of a bound of 0.99x.")
+    assert row["why"] == (
+        "C=1, K=2: 6 of 8 target calls verified drafts; 100% of drafted tokens accepted gave 3.00 "
+        "tokens per call, and a call cost 2.20 target steps (1.20 to verify, 1.00 to draft), so it "
+        "paid: 1.25x of a bound of 0.99x."
+    )
     slow = dict(cells[1], speedup=0.8, drafted=0)
     assert "nothing was drafted" in b.summary_rows({"cells": [cells[0], slow], "settings": {}}, "x")[0]["why"]
     console = Console(record=True, width=140)
@@ -207,8 +282,10 @@ def test_summary_row_and_why_it_paid():
 
 
 def test_failed_requests_are_counted_not_measured():
-    records = [_record(0, 0, tokens=10, seconds=0.1, verify_ms=100),
-               b.RequestRecord(1, 0, 0, 1, error="tensorrt_llm_bls: max_tokens ...")]
+    records = [
+        _record(0, 0, tokens=10, seconds=0.1, verify_ms=100),
+        b.RequestRecord(1, 0, 0, 1, error="tensorrt_llm_bls: max_tokens ..."),
+    ]
     cell = b.summarize_cell(records, 0.1, concurrency=1, k=0)
     assert cell["requests"] == 1 and cell["errors"] == 1 and cell["tokens"] == 10
     assert cell["error_messages"] == ["tensorrt_llm_bls: max_tokens ..."]
@@ -216,14 +293,15 @@ def test_failed_requests_are_counted_not_measured():
 
 # ---- the plan -----------------------------------------------------------------------------------------------
 
+
 def test_schedule_interleaves_every_cell_with_the_same_prompts_per_round():
     blocks = b.schedule([1, 4], b.variants([0, 2, 4]), requests=6, num_prompts=5, seed=3)
     cells = {}
     for block in blocks:
         cells.setdefault((block.concurrency, block.k), []).append(block)
     assert set(cells) == {(c, k) for c in (1, 4) for k in (0, 2, 4, b.PROBE)}
-    assert all(len(v) == 6 for (c, _), v in cells.items() if c == 1)          # 6 rounds of one request
-    assert all(len(v) == 2 for (c, _), v in cells.items() if c == 4)          # 6 rounded up to 8 = 2 rounds of 4
+    assert all(len(v) == 6 for (c, _), v in cells.items() if c == 1)  # 6 rounds of one request
+    assert all(len(v) == 2 for (c, _), v in cells.items() if c == 4)  # 6 rounded up to 8 = 2 rounds of 4
     for c in (1, 4):
         for r in range(6 if c == 1 else 2):
             prompts = {blk.prompts for blk in blocks if blk.concurrency == c and blk.round == r}
@@ -257,6 +335,7 @@ def test_int_lists():
 
 # ---- prompts ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", b.PROMPT_SETS)
 def test_builtin_prompt_sets(name):
     prompts = b.load_prompt_set(f"builtin:{name}")
@@ -282,9 +361,8 @@ def test_prompt_file_and_unknown_set(tmp_path):
 
 
 def test_prompts_numbered_and_templated(tmp_path):
-    from transformers import AutoTokenizer
-
     from tiny import make_tokenizer
+    from transformers import AutoTokenizer
 
     plain = b.Prompts(["Why?"], numbered=True)
     assert plain.text(0, 7) == "#7 Why?" and b.Prompts(["Why?"], numbered=False).text(0, 7) == "Why?"
@@ -297,11 +375,9 @@ def test_prompts_numbered_and_templated(tmp_path):
     assert b.Prompts(["Why?"], tokenizer_dir=tmp_path / "tok").text(0, 3) == "<user>#3 Why?<assistant>"
 
 
-
 def test_random_token_prompts(tmp_path):
-    from transformers import AutoTokenizer
-
     from tiny import make_tokenizer
+    from transformers import AutoTokenizer
 
     with pytest.raises(b.BenchError, match="--chat-template"):
         b.load_prompt_set("builtin:random")
@@ -318,43 +394,58 @@ def test_random_token_prompts(tmp_path):
 
 # ---- applying the tuning --------------------------------------------------------------------------------------
 
-CONFIG = '''name: "tensorrt_llm_bls"
+CONFIG = """name: "tensorrt_llm_bls"
 parameters: { key: "default_num_draft_tokens" value: { string_value: "0" } }
 parameters { key: "draft_cost_ratio" value { string_value: "0.3" } }
 parameters: { key: "max_draft_len" value: { string_value: "8" } }
 instance_group [ { count: 1 kind: KIND_CPU } ]
-'''
+"""
 
 
 def test_set_parameters_replaces_in_place_and_adds_what_is_missing():
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    text, changes = b.set_parameters(CONFIG, {"default_num_draft_tokens": "4", "draft_cost_ratio": "0.3",
-                                              "max_speculative_concurrency": "4"})
-    assert changes == [b.Change("default_num_draft_tokens", "0", "4"), b.Change("max_speculative_concurrency", None, "4")]
+    text, changes = b.set_parameters(
+        CONFIG, {"default_num_draft_tokens": "4", "draft_cost_ratio": "0.3", "max_speculative_concurrency": "4"}
+    )
+    assert changes == [
+        b.Change("default_num_draft_tokens", "0", "4"),
+        b.Change("max_speculative_concurrency", None, "4"),
+    ]
     lines = text.splitlines()
     assert lines[1].endswith('string_value: "4" } }') and lines[2] == CONFIG.splitlines()[2]
     assert lines[4].startswith('parameters: { key: "max_speculative_concurrency"')  # after the last parameter
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
     assert {k: v.string_value for k, v in config.parameters.items()} == {
-        "default_num_draft_tokens": "4", "draft_cost_ratio": "0.3", "max_draft_len": "8", "max_speculative_concurrency": "4"}
+        "default_num_draft_tokens": "4",
+        "draft_cost_ratio": "0.3",
+        "max_draft_len": "8",
+        "max_speculative_concurrency": "4",
+    }
     assert b.set_parameters(text, {"default_num_draft_tokens": "4"}) == (text, [])
 
 
 # ---- end to end -----------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def bench_server(model_repository, tmp_path_factory):
     """The tiny FP8 pair's repository (a copy, which the test edits) with the BLS and both engines served."""
     from conftest import free_ports
+
     from trtspec.server import TritonServer
 
     repo = tmp_path_factory.mktemp("bench") / "model_repository"
     shutil.copytree(model_repository, repo)
     http, grpc, metrics = free_ports(3)
-    server = TritonServer(repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                          model_control_explicit_models=("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"))
+    server = TritonServer(
+        repo,
+        http_port=http,
+        grpc_port=grpc,
+        metrics_port=metrics,
+        model_control_explicit_models=("tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"),
+    )
     with server:
         yield server
 
@@ -364,14 +455,41 @@ def test_bench_end_to_end(bench_server, tmp_path):
     from trtspec.repository import validate_repository
 
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
-                               ["The quick brown fox", "def add(a, b):", "Triton serves models"]))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": p}) + "\n" for p in ["The quick brown fox", "def add(a, b):", "Triton serves models"]
+        )
+    )
     report, plot = tmp_path / "report.json", tmp_path / "report.png"
-    result = CliRunner().invoke(cli, [
-        "bench", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", str(prompts),
-        "--concurrency", "1,2", "--ks", "2,9", "--draft-length", "both", "--max-tokens", "8",
-        "--requests", "2", "--stream",
-        "--output", str(report), "--plot", str(plot), "--apply", str(bench_server.repo)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "--url",
+            bench_server.grpc_url,
+            "--protocol",
+            "grpc",
+            "--prompts",
+            str(prompts),
+            "--concurrency",
+            "1,2",
+            "--ks",
+            "2,9",
+            "--draft-length",
+            "both",
+            "--max-tokens",
+            "8",
+            "--requests",
+            "2",
+            "--stream",
+            "--output",
+            str(report),
+            "--plot",
+            str(plot),
+            "--apply",
+            str(bench_server.repo),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "skipping K=9" in result.output and "default_num_draft_tokens" in result.output
     assert "speculative vs target-only" in result.output and "target calls verified drafts" in result.output
@@ -382,7 +500,13 @@ def test_bench_end_to_end(bench_server, tmp_path):
     assert data["command"].startswith("trtspec bench") and data["settings"]["num_draft_tokens"] == [0, 2]
     assert data["settings"]["draft_length"] == "both"
     assert sorted((c["concurrency"], c["k"], c["adaptive"]) for c in data["cells"]) == [
-        (1, 0, False), (1, 2, False), (1, 2, True), (2, 0, False), (2, 2, False), (2, 2, True)]
+        (1, 0, False),
+        (1, 2, False),
+        (1, 2, True),
+        (2, 0, False),
+        (2, 2, False),
+        (2, 2, True),
+    ]
     for cell in data["cells"]:
         assert cell["requests"] == 2 and cell["errors"] == 0, cell["error_messages"]
         # 2 requests of at most 8 tokens (the tiny random target may end one early with its eos, even at once: a
@@ -403,7 +527,9 @@ def test_bench_end_to_end(bench_server, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     config = (bench_server.repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()
-    assert f'key: "default_num_draft_tokens" value: {{ string_value: "{tuning["default_num_draft_tokens"]}" }}' in config
+    assert (
+        f'key: "default_num_draft_tokens" value: {{ string_value: "{tuning["default_num_draft_tokens"]}" }}' in config
+    )
     assert 'key: "verify_cost_per_token"' in config
     assert validate_repository(bench_server.repo) == []
 
@@ -413,10 +539,28 @@ def test_validate_outputs_with_each_draft_source(bench_server, tmp_path, specula
     from trtspec.cli import cli
 
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["one two one two one two", "def f(x): return x"]))
-    result = CliRunner().invoke(cli, [
-        "validate", "outputs", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", str(prompts),
-        "--ks", "2", "--max-tokens", "8", "--speculation", speculation])
+    prompts.write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in ["one two one two one two", "def f(x): return x"])
+    )
+    result = CliRunner().invoke(
+        cli,
+        [
+            "validate",
+            "outputs",
+            "--url",
+            bench_server.grpc_url,
+            "--protocol",
+            "grpc",
+            "--prompts",
+            str(prompts),
+            "--ks",
+            "2",
+            "--max-tokens",
+            "8",
+            "--speculation",
+            speculation,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output
 
@@ -468,10 +612,28 @@ def test_spec_bench_through_trtspec_bench(bench_server, tmp_path):
 
     questions, report = write_spec_bench(tmp_path / "question.jsonl"), tmp_path / "spec.json"
     tokenizer = chat_tokenizer(bench_server.repo, tmp_path / "tokenizer")
-    result = CliRunner().invoke(cli, [
-        "bench", "--url", bench_server.grpc_url, "--protocol", "grpc", "--prompts", f"spec-bench:{questions}",
-        "--chat-template", str(tokenizer), "--concurrency", "1,2", "--max-tokens", "8", "--output", str(report),
-        "--draft-length", "fixed"])  # every iteration drafts (the adaptive policy may judge drafting not to pay)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "--url",
+            bench_server.grpc_url,
+            "--protocol",
+            "grpc",
+            "--prompts",
+            f"spec-bench:{questions}",
+            "--chat-template",
+            str(tokenizer),
+            "--concurrency",
+            "1,2",
+            "--max-tokens",
+            "8",
+            "--output",
+            str(report),
+            "--draft-length",
+            "fixed",
+        ],
+    )  # every iteration drafts (the adaptive policy may judge drafting not to pay)
     assert result.exit_code == 0, result.output
     assert "Spec-Bench, C=1" in result.output and "Spec-Bench, C=2" in result.output and "1 skipped" in result.output
     data = json.loads(report.read_text())

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import ENGINE, MAX_DRAFT_LEN, MAX_SEQ_LEN, SPECULATION
 from rich.console import Console
 from safetensors import safe_open
 from safetensors.torch import load_file
-
-from conftest import ENGINE, MAX_DRAFT_LEN, MAX_SEQ_LEN, SPECULATION
 from tiny import write_config
-from trtspec.compile import run_build
-from trtspec.compile.common import atomic_dir, sha256_file
+
 from trtspec.checkpoint import declared_end_ids
 from trtspec.cli import cli
+from trtspec.compile import run_build
+from trtspec.compile.common import atomic_dir, sha256_file
 from trtspec.engine import fp8
 from trtspec.engine.manifest import SPEC_MODE_DRAFT_TOKENS_EXTERNAL, SPEC_MODE_NONE, read_engine, read_manifest
 from trtspec.errors import CheckpointError, TrtspecError
@@ -45,7 +45,9 @@ def check_fp8_error(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> di
     err = (w - deq).abs()
     bound = e4m3_bound(w, scale)
     worst = torch.argmax(err - bound)
-    assert torch.all(err <= bound), f"E4M3 bound broken at {worst}: |w - deq| = {err.flatten()[worst]}, bound {bound.flatten()[worst]}"
+    assert torch.all(err <= bound), (
+        f"E4M3 bound broken at {worst}: |w - deq| = {err.flatten()[worst]}, bound {bound.flatten()[worst]}"
+    )
     x = (w / scale).abs()
     normal, subnormal = x >= 2.0**-6, (x < 2.0**-6) & (x > 0)
     return {
@@ -55,6 +57,7 @@ def check_fp8_error(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> di
 
 
 # ---- FP8 quantization itself --------------------------------------------------------------------------------
+
 
 def wide_range_weight(rows: int = 96, cols: int = 128, seed: int = 0) -> torch.Tensor:
     """Magnitudes spread over 2^-24..1 so that both E4M3's normal and subnormal ranges are hit."""
@@ -77,7 +80,7 @@ def test_fp8_per_tensor_error_within_e4m3_bound():
 
 def test_fp8_per_channel_error_within_e4m3_bound():
     w = wide_range_weight(seed=1) * torch.logspace(-6, 2, 96).unsqueeze(1)  # rows 8 decades apart
-    w[5] = 0.0                                                                # an all-zero row
+    w[5] = 0.0  # an all-zero row
     q, scale = fp8.quantize(w, per_channel=True)
     assert scale.shape == (96, 1)
     assert scale[5, 0] == 1.0 and torch.all(q[5].float() == 0)
@@ -111,6 +114,7 @@ def test_fp8_state_dict_round_trip():
 
 
 # ---- the engine dirs ----------------------------------------------------------------------------------------
+
 
 def test_engine_config_has_the_trtllm_layout(built_fp8):
     target = json.loads((built_fp8.target / "config.json").read_text())
@@ -175,10 +179,14 @@ def test_engine_dir_has_tokenizer_and_manifest(built_fp8, tiny_pair):
         engine = getattr(built_fp8, role)
         assert (engine / "tokenizer.json").is_file() and (engine / "tokenizer_config.json").is_file()
         # the checkpoint's end tokens travel with the engine, for the BLS (declared_end_ids)
-        assert (engine / "generation_config.json").read_text() == (getattr(tiny_pair, role) / "generation_config.json").read_text()
+        assert (engine / "generation_config.json").read_text() == (
+            getattr(tiny_pair, role) / "generation_config.json"
+        ).read_text()
         text = "The quick brown fox verifies drafts."
-        assert AutoTokenizer.from_pretrained(str(engine))(text).input_ids == \
-            AutoTokenizer.from_pretrained(str(getattr(tiny_pair, role)))(text).input_ids
+        assert (
+            AutoTokenizer.from_pretrained(str(engine))(text).input_ids
+            == AutoTokenizer.from_pretrained(str(getattr(tiny_pair, role)))(text).input_ids
+        )
 
         manifest = read_manifest(engine)
         assert manifest["role"] == role and manifest["backend"] == "torch"
@@ -204,7 +212,9 @@ def test_cli_build_round_trip(built_fp8, tmp_path):
     assert result.exit_code == 0, result.output
     assert "engines in" in result.output
     for role in ("target", "draft"):
-        assert (tmp_path / "cli" / role / "config.json").read_bytes() == (built_fp8.engines / role / "config.json").read_bytes()
+        assert (tmp_path / "cli" / role / "config.json").read_bytes() == (
+            built_fp8.engines / role / "config.json"
+        ).read_bytes()
         new = load_file(str(tmp_path / "cli" / role / "rank0.safetensors"))
         old = load_file(str(built_fp8.engines / role / "rank0.safetensors"))
         assert set(new) == set(old)
@@ -221,14 +231,19 @@ def _console() -> Console:
 
 # ---- skip, rebuild, dry run ---------------------------------------------------------------------------------
 
-def _config(tmp_path: Path, pair, *, target_ckpt: Path | None = None, draft_ckpt: Path | None = None, **sections) -> Path:
+
+def _config(
+    tmp_path: Path, pair, *, target_ckpt: Path | None = None, draft_ckpt: Path | None = None, **sections
+) -> Path:
     sections = {"speculation": SPECULATION, "engine": ENGINE} | sections
     return write_config(tmp_path / "c.yaml", target_ckpt or pair.target, draft_ckpt or pair.draft, **sections)
 
 
 def _state(engines: Path) -> dict:
-    return {role: ((engines / role / "manifest.json").stat().st_mtime_ns, (engines / role / "manifest.json").read_text())
-            for role in ("target", "draft")}
+    return {
+        role: ((engines / role / "manifest.json").stat().st_mtime_ns, (engines / role / "manifest.json").read_text())
+        for role in ("target", "draft")
+    }
 
 
 def test_unchanged_build_is_skipped_and_changes_rebuild(tiny_pair, tmp_path):
@@ -245,15 +260,23 @@ def test_unchanged_build_is_skipped_and_changes_rebuild(tiny_pair, tmp_path):
     assert _state(out) == first
 
     # A draft-only setting rebuilds the draft and leaves the target alone.
-    config = _config(tmp_path, tiny_pair, draft={"checkpoint": str(tiny_pair.draft), "dtype": "float32", "fp8_scaling": "per_channel"})
+    config = _config(
+        tmp_path,
+        tiny_pair,
+        draft={"checkpoint": str(tiny_pair.draft), "dtype": "float32", "fp8_scaling": "per_channel"},
+    )
     run_build(config, out)
     second = _state(out)
     assert second["target"] == first["target"] and second["draft"] != first["draft"]
     assert "per_channel" in second["draft"][1]
 
     # An engine setting shared by both rebuilds both.
-    config = _config(tmp_path, tiny_pair, draft={"checkpoint": str(tiny_pair.draft), "dtype": "float32", "fp8_scaling": "per_channel"},
-                     engine=ENGINE | {"max_seq_len": MAX_SEQ_LEN + 8})
+    config = _config(
+        tmp_path,
+        tiny_pair,
+        draft={"checkpoint": str(tiny_pair.draft), "dtype": "float32", "fp8_scaling": "per_channel"},
+        engine=ENGINE | {"max_seq_len": MAX_SEQ_LEN + 8},
+    )
     run_build(config, out)
     third = _state(out)
     assert third["target"] != second["target"] and third["draft"] != second["draft"]
@@ -298,6 +321,7 @@ def test_dry_run_writes_nothing(tiny_pair, tmp_path):
 
 
 # ---- failures -----------------------------------------------------------------------------------------------
+
 
 def _no_leftovers(folder: Path) -> list[str]:
     return [p.name for p in folder.rglob("*") if ".partial-" in p.name]
@@ -365,7 +389,7 @@ def test_config_errors_reach_the_cli_as_one_message(tiny_pair, tmp_path):
 
 
 def test_declared_end_ids_read_every_end_token(tmp_path):
-    assert declared_end_ids(tmp_path, 7) == [7]                        # no generation_config.json
+    assert declared_end_ids(tmp_path, 7) == [7]  # no generation_config.json
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [128001, 128008, 128009]}))
     assert declared_end_ids(tmp_path, 128009) == [128009, 128001, 128008]  # the tokenizer's own first, no repeats
     assert declared_end_ids(tmp_path, None) == [128001, 128008, 128009]

@@ -17,6 +17,7 @@ from trtspec.interfaces import SPECULATION_METHODS
 
 def _all_commands():
     """(command path, command) of every command and subcommand."""
+
     def walk(path, command):
         yield path, command
         if isinstance(command, click.Group):
@@ -40,11 +41,14 @@ def test_cli_md_is_current():
     assert DOC.read_text() == render(), f"docs/cli.md is not current: regenerate it with `{REGENERATE}`"
 
 
-@pytest.mark.parametrize("path, old, new, param, value", [
-    ("bench", "--num-draft-tokens", "--ks", "ks", "0,4"),
-    ("bench", "--tokenizer", "--chat-template", "tokenizer_dir", "."),
-    ("validate outputs", "--num-draft-tokens", "--ks", "ks", "1,4,8"),
-])
+@pytest.mark.parametrize(
+    "path, old, new, param, value",
+    [
+        ("bench", "--num-draft-tokens", "--ks", "ks", "0,4"),
+        ("bench", "--tokenizer", "--chat-template", "tokenizer_dir", "."),
+        ("validate outputs", "--num-draft-tokens", "--ks", "ks", "1,4,8"),
+    ],
+)
 def test_old_option_names_still_work(capsys, path, old, new, param, value):
     for args in ([old, value], [f"{old}={value}"]):
         ctx = _parse(path, args)
@@ -65,11 +69,14 @@ def test_only_option_names_are_renamed(capsys):
 def test_an_old_name_reaches_the_command(tmp_path):
     result = CliRunner().invoke(cli, ["validate", "outputs", "--url", "127.0.0.1:1", "--num-draft-tokens", "0"])
     assert result.exit_code == 2
-    assert "--num-draft-tokens is deprecated" in result.output and "--ks: '0' is not a positive integer" in result.output
+    assert (
+        "--num-draft-tokens is deprecated" in result.output and "--ks: '0' is not a positive integer" in result.output
+    )
 
 
-@pytest.mark.parametrize("path, param", [("generate", "url"), ("validate outputs", "url"), ("bench", "url"),
-                                         ("openai", "triton_url")])
+@pytest.mark.parametrize(
+    "path, param", [("generate", "url"), ("validate outputs", "url"), ("bench", "url"), ("openai", "triton_url")]
+)
 def test_server_address_from_the_environment(monkeypatch, path, param):
     args = ["hi"] if path == "generate" else []
     monkeypatch.setenv("TRTSPEC_URL", "gpu-host:8000")
@@ -91,7 +98,7 @@ def test_speculation_offers_the_same_choices_everywhere():
 
 
 def test_every_command_shows_examples():
-    for path, command in _all_commands():
+    for path, _command in _all_commands():
         text = CliRunner().invoke(cli, [*path.split()[1:], "--help"], terminal_width=80).output
         assert "Examples:" in text, path
         examples = text.split("Examples:")[1].split("\n\n")[0].strip().splitlines()

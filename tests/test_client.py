@@ -14,31 +14,44 @@ from click.testing import CliRunner
 
 from trtspec.client import ClientError, SpecClient, _sse_events, parse_prometheus, request_fields, split_url
 from trtspec.validate import (
-    DEFAULT_PROMPTS, MISMATCH, NEAR_TIE, Difference, KResult, Report, ValidationError, classify, compare_tokens,
-    load_prompts, parse_ks,
+    DEFAULT_PROMPTS,
+    MISMATCH,
+    NEAR_TIE,
+    Difference,
+    KResult,
+    Report,
+    ValidationError,
+    classify,
+    compare_tokens,
+    load_prompts,
+    parse_ks,
 )
-
 
 # ---- compare_tokens ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("a, b, expected", [
-    ([1, 2, 3], [1, 2, 3], None),
-    ([], [], None),
-    ([1, 2, 3], [1, 9, 3], 1),
-    ([5], [6], 0),
-    ([1, 2, 3], [1, 2], 2),       # one output ended earlier: they differ where it ends
-    ([1, 2], [1, 2, 3], 2),
-    ([], [7], 0),
-])
+
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        ([1, 2, 3], [1, 2, 3], None),
+        ([], [], None),
+        ([1, 2, 3], [1, 9, 3], 1),
+        ([5], [6], 0),
+        ([1, 2, 3], [1, 2], 2),  # one output ended earlier: they differ where it ends
+        ([1, 2], [1, 2, 3], 2),
+        ([], [7], 0),
+    ],
+)
 def test_compare_tokens(a, b, expected):
     assert compare_tokens(a, b) == expected
 
 
 # ---- classify -----------------------------------------------------------------------------------------------------
 
+
 def test_classify_near_tie_and_mismatch():
     logits = np.array([10.0, 9.95, 2.0, -30.0], dtype=np.float32)
-    tie = classify(logits, expected=0, got=1, tolerance=1e-2)          # gap 0.05 <= 0.01 * 30
+    tie = classify(logits, expected=0, got=1, tolerance=1e-2)  # gap 0.05 <= 0.01 * 30
     assert tie.kind == NEAR_TIE and tie.consistent and tie.argmax == 0
     assert tie.allowed == pytest.approx(0.3)
     assert tie.gap == pytest.approx(0.05, abs=1e-5)
@@ -75,11 +88,12 @@ def test_report_passes_only_without_differences_or_errors():
 
     assert report().passed()
     assert not report(NEAR_TIE).passed() and report(NEAR_TIE).passed(allow_near_ties=True)
-    assert not report(MISMATCH).passed(allow_near_ties=True)      # no verdict counts as a mismatch
+    assert not report(MISMATCH).passed(allow_near_ties=True)  # no verdict counts as a mismatch
     assert not report(errors=["prompt 1: boom"]).passed(allow_near_ties=True)
 
 
 # ---- prompts and options --------------------------------------------------------------------------------------------
+
 
 def test_load_prompts_plain_text(tmp_path):
     path = tmp_path / "prompts.txt"
@@ -93,11 +107,14 @@ def test_load_prompts_jsonl(tmp_path):
     assert load_prompts(path) == ["a\nb", "c"]
 
 
-@pytest.mark.parametrize("text, message", [
-    ('{"prompt": "a"}\nnot json\n', ":2: not a JSON object"),
-    ('{"prompt": "a"}\n{"text": "b"}\n', ':2: expected an object with a non-empty string "prompt"'),
-    ("\n  \n", "has no prompts"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"prompt": "a"}\nnot json\n', ":2: not a JSON object"),
+        ('{"prompt": "a"}\n{"text": "b"}\n', ':2: expected an object with a non-empty string "prompt"'),
+        ("\n  \n", "has no prompts"),
+    ],
+)
 def test_load_prompts_errors(tmp_path, text, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(text)
@@ -148,7 +165,7 @@ def test_parse_prometheus_sums_and_keeps_label_sets():
     assert m['trtspec_accepted_tokens_by_position_total{model="tensorrt_llm_bls",position="0"}'] == 10
     assert m['trtspec_accepted_tokens_by_position_total{model="tensorrt_llm_bls",position="1"}'] == 4.5
     assert m["trtspec_requests_total"] == 5
-    assert m['trtspec_requests_total{mode="plain",model="b"}'] == 2   # the timestamp is not the value
+    assert m['trtspec_requests_total{mode="plain",model="b"}'] == 2  # the timestamp is not the value
     assert m['trtspec_weird{note="a \\"quoted\\", value"}'] == 1
     assert m["trtspec_bare"] == 7
     assert "nv_inference_count" not in m
@@ -158,19 +175,30 @@ def test_parse_prometheus_sums_and_keeps_label_sets():
 
 # ---- request fields, URLs, SSE -------------------------------------------------------------------------------------
 
+
 def test_request_fields_leave_out_defaults():
     fields = request_fields("hi", max_tokens=5, num_draft_tokens=0, stop_words=["x"])
-    assert fields == {"text_input": "hi", "max_tokens": 5, "num_draft_tokens": 0, "stop_words": ["x"],
-                      "return_perf_metrics": True, "stream": False, "exclude_input_in_output": True}
+    assert fields == {
+        "text_input": "hi",
+        "max_tokens": 5,
+        "num_draft_tokens": 0,
+        "stop_words": ["x"],
+        "return_perf_metrics": True,
+        "stream": False,
+        "exclude_input_in_output": True,
+    }
 
 
-@pytest.mark.parametrize("url, expected", [
-    ("127.0.0.1:9000", ("http", "127.0.0.1", 9000)),
-    ("http://localhost:9000/", ("http", "localhost", 9000)),
-    ("localhost", ("http", "localhost", 8000)),
-    ("[::1]:9000", ("http", "::1", 9000)),
-    ("grpc://h:1", ("grpc", "h", 1)),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("127.0.0.1:9000", ("http", "127.0.0.1", 9000)),
+        ("http://localhost:9000/", ("http", "localhost", 9000)),
+        ("localhost", ("http", "localhost", 8000)),
+        ("[::1]:9000", ("http", "::1", 9000)),
+        ("grpc://h:1", ("grpc", "h", 1)),
+    ],
+)
 def test_split_url(url, expected):
     assert split_url(url, 8000) == expected
 
@@ -195,6 +223,7 @@ def test_sse_events():
 
 # ---- the HTTP generate path against a stand-in for Triton's generate extension -------------------------------------
 
+
 class _FakeTriton(BaseHTTPRequestHandler):
     requests: list = []
 
@@ -206,9 +235,17 @@ class _FakeTriton(BaseHTTPRequestHandler):
         type(self).requests.append((self.path, body))
         if body.get("max_tokens", 0) > 100:
             return self._send(400, {"error": "max_tokens: must be between 1 and 100"})
-        perf = {"acceptance_rate": 0.5, "total_accepted_draft_tokens": 2, "total_draft_tokens": 4,
-                "num_iterations": 3, "draft_time_ms": 1.5, "verify_time_ms": 2.5,
-                "accepted_per_position": [2, 0], "drafted_per_position": [2, 2], "finish_reason": "length"}
+        perf = {
+            "acceptance_rate": 0.5,
+            "total_accepted_draft_tokens": 2,
+            "total_draft_tokens": 4,
+            "num_iterations": 3,
+            "draft_time_ms": 1.5,
+            "verify_time_ms": 2.5,
+            "accepted_per_position": [2, 0],
+            "drafted_per_position": [2, 2],
+            "finish_reason": "length",
+        }
         if self.path.endswith("/generate"):
             return self._send(200, {"model_name": "m", "text_output": "abc", "output_ids": [1, 2, 3], **perf})
         if body["text_input"] == "bad":  # Triton answers a first-response error with 400 and the error as an event
@@ -220,8 +257,11 @@ class _FakeTriton(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        events = [{"text_output": "a", "output_ids": [1]}, {"text_output": "bc", "output_ids": [2, 3]},
-                  {"text_output": "", "output_ids": [], **perf}]
+        events = [
+            {"text_output": "a", "output_ids": [1]},
+            {"text_output": "bc", "output_ids": [2, 3]},
+            {"text_output": "", "output_ids": [], **perf},
+        ]
         if body["text_input"] == "fail":
             events[1] = {"error": "engine exploded"}
         for i, event in enumerate(events):
@@ -299,6 +339,7 @@ def test_unreachable_server():
 
 # ---- CLI wiring -----------------------------------------------------------------------------------------------------
 
+
 def test_cli_commands_exist():
     from trtspec.cli import cli
 
@@ -318,6 +359,7 @@ def test_cli_generate_against_fake_server(fake_server):
 
 
 # ---- run_validation with a stand-in client ---------------------------------------------------------------------------
+
 
 class _FakeSpecClient:
     """Target-only output 10, 11, 12, 13; K=2 agrees; K=3 swaps position 2 for a near-tie; K=4 for a far token."""
@@ -361,12 +403,12 @@ def test_run_validation_classifies_differences():
     by_k = {r.k: r for r in report.results}
     assert by_k[2].matches == 1 and not by_k[2].differences
     assert by_k[2].acceptance == 0.5 and by_k[2].tokens_per_second == 8.0
-    tie, = by_k[3].differences
+    (tie,) = by_k[3].differences
     assert (tie.position, tie.expected, tie.got, tie.kind) == (2, 12, 20, NEAR_TIE)
     assert tie.expected_text == "'<12>' (12)"
-    far, = by_k[4].differences
+    (far,) = by_k[4].differences
     assert far.kind == MISMATCH and far.verdict.gap == pytest.approx(15.0)
-    assert client.logit_requests == [[1, 2, 10, 11], [1, 2, 10, 11]]   # prompt ids + the common prefix
+    assert client.logit_requests == [[1, 2, 10, 11], [1, 2, 10, 11]]  # prompt ids + the common prefix
     assert not report.passed(allow_near_ties=True)
     console = Console(record=True, width=160)
     render_report(report, console)

@@ -77,8 +77,9 @@ def streamed(server, model: str, inputs: dict, request_id: str = "") -> list:
 
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         client.start_stream(callback=partial(callback, responses))
-        client.async_stream_infer(model, [tensor(n, v) for n, v in inputs.items()], request_id=request_id,
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            model, [tensor(n, v) for n, v in inputs.items()], request_id=request_id, enable_empty_final_response=True
+        )
         out = []
         while True:
             item = responses.get(timeout=120)
@@ -102,30 +103,45 @@ def prompt_ids(server) -> tuple[list[int], int, int]:
 def inflight_client_inputs(ids, end_id, pad_id, n=12, streaming=False) -> dict:
     """The ten inputs inflight_batcher_llm_client.py always sends, with its defaults."""
     return {
-        "input_ids": np.array([ids], dtype=np.int32), "input_lengths": i32(len(ids)), "request_output_len": i32(n),
-        "beam_width": i32(1), "temperature": f32(1.0), "streaming": b(streaming), "end_id": i32(end_id),
-        "pad_id": i32(pad_id), "runtime_top_k": i32(1), "runtime_top_p": f32(0.0),
+        "input_ids": np.array([ids], dtype=np.int32),
+        "input_lengths": i32(len(ids)),
+        "request_output_len": i32(n),
+        "beam_width": i32(1),
+        "temperature": f32(1.0),
+        "streaming": b(streaming),
+        "end_id": i32(end_id),
+        "pad_id": i32(pad_id),
+        "runtime_top_k": i32(1),
+        "runtime_top_p": f32(0.0),
     }
 
 
 # ---- inflight_batcher_llm_client.py -> tensorrt_llm ------------------------------------------------------------
 
+
 def test_inflight_client_unary(unary_models):
     ids, end_id, pad_id = prompt_ids(unary_models)
-    base = unary(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id), parameters={"Streaming": False})
+    base = unary(
+        unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id), parameters={"Streaming": False}
+    )
     assert base["output_ids"].shape[:2] == (1, 1) and base["output_ids"][0, 0, : len(ids)].tolist() == ids
     length = int(base["sequence_length"][0][0])
-    new = base["output_ids"][0, 0, len(ids):length].tolist()
+    new = base["output_ids"][0, 0, len(ids) : length].tolist()
     assert 0 < len(new) <= 12 and end_id not in new
     # every optional input it sends on a flag, at once
     extra = {
-        "return_log_probs": b(True), "return_context_logits": b(True), "return_generation_logits": b(True),
-        "return_num_input_tokens": b(True), "return_num_output_tokens": b(True), "exclude_input_in_output": b(True),
-        "return_perf_metrics": b(True), "num_return_sequences": i32(1),
+        "return_log_probs": b(True),
+        "return_context_logits": b(True),
+        "return_generation_logits": b(True),
+        "return_num_input_tokens": b(True),
+        "return_num_output_tokens": b(True),
+        "exclude_input_in_output": b(True),
+        "return_perf_metrics": b(True),
+        "num_return_sequences": i32(1),
         "lora_task_id": np.array([[0]], dtype=np.uint64),
     }
     out = unary(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id) | extra)
-    assert out["output_ids"][0, 0, : out["sequence_length"][0][0]].tolist() == new   # excluded input, same tokens
+    assert out["output_ids"][0, 0, : out["sequence_length"][0][0]].tolist() == new  # excluded input, same tokens
     assert out["output_log_probs"].shape == (1, 1, len(new)) and np.all(out["output_log_probs"] <= 0)
     assert out["cum_log_probs"][0][0] == pytest.approx(out["output_log_probs"].sum(), rel=1e-5)
     assert out["context_logits"].shape[:2] == (1, len(ids))
@@ -134,12 +150,26 @@ def test_inflight_client_unary(unary_models):
     assert out["kv_cache_alloc_total_blocks"][0][0] >= 1 and out["arrival_time_ns"][0][0] > 0
     # the penalties change the answer, and the stop request it can send is refused by name (not supported)
     logged = inflight_client_inputs(ids, end_id, pad_id) | {"return_log_probs": b(True)}
-    penalized = unary(unary_models, "tensorrt_llm", logged | {"repetition_penalty": f32(3.0), "presence_penalty": f32(1.0),
-                                                        "frequency_penalty": f32(1.0)})
-    assert penalized["output_log_probs"].tolist() != unary(unary_models, "tensorrt_llm", logged)["output_log_probs"].tolist()
+    penalized = unary(
+        unary_models,
+        "tensorrt_llm",
+        logged | {"repetition_penalty": f32(3.0), "presence_penalty": f32(1.0), "frequency_penalty": f32(1.0)},
+    )
+    assert (
+        penalized["output_log_probs"].tolist()
+        != unary(unary_models, "tensorrt_llm", logged)["output_log_probs"].tolist()
+    )
     with pytest.raises(InferenceServerException, match="stop"):
-        unary(unary_models, "tensorrt_llm", {"input_ids": np.array([[1]], dtype=np.int32), "input_lengths": i32(0),
-                                      "request_output_len": i32(0), "stop": b(True)})
+        unary(
+            unary_models,
+            "tensorrt_llm",
+            {
+                "input_ids": np.array([[1]], dtype=np.int32),
+                "input_lengths": i32(0),
+                "request_output_len": i32(0),
+                "stop": b(True),
+            },
+        )
 
 
 def test_unary_clients_need_decoupled_mode_false(default_models):
@@ -157,11 +187,15 @@ def test_inflight_client_streaming_needs_decoupled_mode(unary_models, default_mo
         streamed(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id, streaming=True))
     whole = unary(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id))
     length = int(whole["sequence_length"][0][0])
-    expected = whole["output_ids"][0, 0, len(ids):length].tolist()
-    parts = streamed(default_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id, streaming=True)
-                     | {"return_log_probs": b(True), "return_perf_metrics": b(True)})
+    expected = whole["output_ids"][0, 0, len(ids) : length].tolist()
+    parts = streamed(
+        default_models,
+        "tensorrt_llm",
+        inflight_client_inputs(ids, end_id, pad_id, streaming=True)
+        | {"return_log_probs": b(True), "return_perf_metrics": b(True)},
+    )
     tokens = [t for p in parts for t in p["output_ids"][0, 0, : p["sequence_length"][0][0]].tolist()]
-    assert tokens == expected and len(parts) >= len(expected)    # one response per token (+ the final one)
+    assert tokens == expected and len(parts) >= len(expected)  # one response per token (+ the final one)
     assert all("kv_cache_alloc_total_blocks" in p for p in parts)  # perf metrics on every response
     log_probs = [v for p in parts for v in p["output_log_probs"].reshape(-1).tolist()]
     assert len(log_probs) == len(expected)
@@ -172,24 +206,41 @@ def test_inflight_client_streaming_needs_decoupled_mode(unary_models, default_mo
 
 # ---- end_to_end_grpc_client.py -> ensemble / tensorrt_llm_bls --------------------------------------------------
 
+
 def e2e_inputs(output_len=16, stream=False, **flags) -> dict:
     """What end_to_end_grpc_client.py sends (run_inference), and speculative_decoding_test.py's control call."""
-    inputs = {"text_input": text([PROMPT]), "max_tokens": i32(output_len), "stream": b(stream), "beam_width": i32(1),
-              "temperature": f32(1.0), "exclude_input_in_output": b(False),
-              "embedding_bias_words": np.empty((1, 0), dtype=object), "embedding_bias_weights": np.empty((1, 0), dtype=np.float32)}
+    inputs = {
+        "text_input": text([PROMPT]),
+        "max_tokens": i32(output_len),
+        "stream": b(stream),
+        "beam_width": i32(1),
+        "temperature": f32(1.0),
+        "exclude_input_in_output": b(False),
+        "embedding_bias_words": np.empty((1, 0), dtype=object),
+        "embedding_bias_weights": np.empty((1, 0), dtype=np.float32),
+    }
     return inputs | flags
 
 
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 def test_end_to_end_client(default_models, model):
     (answer,) = streamed(default_models, model, e2e_inputs())
-    assert answer["text_output"].shape == (1,)                      # flat: the client reads text_output[0]
+    assert answer["text_output"].shape == (1,)  # flat: the client reads text_output[0]
     text_output = answer["text_output"][0].decode()
     assert text_output.startswith(PROMPT) and len(text_output) > len(PROMPT)
-    flags = {"bad_words": text(["xyz"]), "stop_words": text(["."]), "repetition_penalty": f32(1.1),
-             "presence_penalty": f32(0.1), "frequency_penalty": f32(0.1), "return_log_probs": b(True),
-             "return_context_logits": b(True), "return_generation_logits": b(True), "return_perf_metrics": b(True),
-             "end_id": i32(0), "pad_id": i32(1)}
+    flags = {
+        "bad_words": text(["xyz"]),
+        "stop_words": text(["."]),
+        "repetition_penalty": f32(1.1),
+        "presence_penalty": f32(0.1),
+        "frequency_penalty": f32(0.1),
+        "return_log_probs": b(True),
+        "return_context_logits": b(True),
+        "return_generation_logits": b(True),
+        "return_perf_metrics": b(True),
+        "end_id": i32(0),
+        "pad_id": i32(1),
+    }
     (full,) = streamed(default_models, model, e2e_inputs(**flags))
     assert full["output_log_probs"].ndim == 3 and full["cum_log_probs"].shape == (1, 1)
     assert full["generation_logits"].shape[2] == full["output_log_probs"].shape[2]
@@ -200,8 +251,11 @@ def test_end_to_end_client(default_models, model):
 def test_ensemble_and_bls_agree_as_speculative_decoding_test_checks(default_models):
     """speculative_decoding_test.py --execute-bls-speculative-decoding: the same text from both."""
     (control,) = streamed(default_models, "ensemble", e2e_inputs(output_len=20))
-    (spec,) = streamed(default_models, "tensorrt_llm_bls", e2e_inputs(output_len=20, num_draft_tokens=i32(3),
-                                                              use_draft_logits=b(False), return_perf_metrics=b(True)))
+    (spec,) = streamed(
+        default_models,
+        "tensorrt_llm_bls",
+        e2e_inputs(output_len=20, num_draft_tokens=i32(3), use_draft_logits=b(False), return_perf_metrics=b(True)),
+    )
     assert spec["text_output"][0] == control["text_output"][0]
     assert spec["total_draft_tokens"][0][0] > 0
 
@@ -219,8 +273,10 @@ def test_a_batch_through_the_decoupled_ensemble(unary_models, default_models):
     """end_to_end_grpc_client.py --batch-inputs: rows concatenated on axis 0; each row answered on its own, placed
     by batch_index. A batch needs decoupled engine models, as TensorRT-LLM's backend requires."""
     prompts = [PROMPT, "Once upon a time"]
-    single = [streamed(default_models, "ensemble", e2e_inputs(output_len=8) | {"text_input": text([p])})[0]["text_output"][0]
-              for p in prompts]
+    single = [
+        streamed(default_models, "ensemble", e2e_inputs(output_len=8) | {"text_input": text([p])})[0]["text_output"][0]
+        for p in prompts
+    ]
     batch = {name: np.concatenate([v, v]) for name, v in e2e_inputs(output_len=8).items()}
     batch["text_input"] = np.array([[p.encode()] for p in prompts], dtype=object)
     parts = streamed(default_models, "ensemble", batch)
@@ -230,18 +286,27 @@ def test_a_batch_through_the_decoupled_ensemble(unary_models, default_models):
         streamed(unary_models, "ensemble", batch)
 
 
-@pytest.mark.parametrize("name,value", [
-    ("embedding_bias_words", text(["fox"])), ("beam_width", i32(2)), ("num_return_sequences", i32(2)),
-    ("guided_decoding_guide_type", text(["json"])), ("lora_task_id", np.array([[3]], dtype=np.uint64)),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("embedding_bias_words", text(["fox"])),
+        ("beam_width", i32(2)),
+        ("num_return_sequences", i32(2)),
+        ("guided_decoding_guide_type", text(["json"])),
+        ("lora_task_id", np.array([[3]], dtype=np.uint64)),
+    ],
+)
 @pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 def test_what_cannot_be_served_is_refused_by_name(default_models, model, name, value):
-    with pytest.raises(InferenceServerException, match=name.upper() if model == "ensemble" and name.startswith("embedding") else name):
+    with pytest.raises(
+        InferenceServerException, match=name.upper() if model == "ensemble" and name.startswith("embedding") else name
+    ):
         streamed(default_models, model, e2e_inputs(**{name: value}))
     assert streamed(default_models, model, e2e_inputs(output_len=2))  # and the server keeps serving
 
 
 # ---- e2e_grpc_speculative_decoding_client.py: the loop on the client side ---------------------------------------
+
 
 def client_side_speculation(server, output_len: int, num_draft_tokens: int, stop_words=(), bad_words=()) -> str:
     """The stock client's loop, as its tensors go: draft num_draft_tokens with the draft model, verify them with
@@ -255,16 +320,33 @@ def client_side_speculation(server, output_len: int, num_draft_tokens: int, stop
     input_ids = p["INPUT_ID"].squeeze(0).astype(np.int32)
     bad, stop = p["BAD_WORDS_IDS"].astype(np.int32), p["STOP_WORDS_IDS"].astype(np.int32)
     assert bad.shape[:2] == stop.shape[:2] == (1, 2)
-    common = {"bad_words_list": bad, "stop_words_list": stop, "beam_width": i32(1), "temperature": f32(1.0),
-              "end_id": p["OUT_END_ID"].astype(np.int32), "pad_id": p["OUT_PAD_ID"].astype(np.int32)}
+    common = {
+        "bad_words_list": bad,
+        "stop_words_list": stop,
+        "beam_width": i32(1),
+        "temperature": f32(1.0),
+        "end_id": p["OUT_END_ID"].astype(np.int32),
+        "pad_id": p["OUT_PAD_ID"].astype(np.int32),
+    }
     prompt_len, last = len(input_ids), None
     while True:
-        draft = unary(server, "tensorrt_llm_draft", {"input_ids": input_ids[None], "input_lengths": i32(len(input_ids)),
-                                                     "request_output_len": i32(num_draft_tokens)} | common)
+        draft = unary(
+            server,
+            "tensorrt_llm_draft",
+            {
+                "input_ids": input_ids[None],
+                "input_lengths": i32(len(input_ids)),
+                "request_output_len": i32(num_draft_tokens),
+            }
+            | common,
+        )
         draft_ids = draft["output_ids"].squeeze(axis=(0, 1))
-        draft_tokens = draft_ids[len(input_ids): int(draft["sequence_length"][0][0])]
-        target_in = {"input_ids": input_ids[None], "input_lengths": i32(len(input_ids)),
-                     "request_output_len": i32(len(draft_tokens) + 1)} | common
+        draft_tokens = draft_ids[len(input_ids) : int(draft["sequence_length"][0][0])]
+        target_in = {
+            "input_ids": input_ids[None],
+            "input_lengths": i32(len(input_ids)),
+            "request_output_len": i32(len(draft_tokens) + 1),
+        } | common
         if len(draft_tokens):
             target_in["draft_input_ids"] = draft_tokens[None].astype(np.int32)
         target = unary(server, "tensorrt_llm", target_in)
@@ -272,10 +354,13 @@ def client_side_speculation(server, output_len: int, num_draft_tokens: int, stop
         last, input_ids = input_ids, target["output_ids"].squeeze(axis=(0, 1))
         if len(input_ids) >= prompt_len + output_len or np.array_equal(last, input_ids):
             break
-        if any(len(w) and np.array_equal(input_ids[-len(w):], w) for w in _words(stop)):
+        if any(len(w) and np.array_equal(input_ids[-len(w) :], w) for w in _words(stop)):
             break
-    post = unary(server, "postprocessing", {"TOKENS_BATCH": input_ids[None, None].astype(np.int32),
-                                           "SEQUENCE_LENGTH": i32(len(input_ids))})
+    post = unary(
+        server,
+        "postprocessing",
+        {"TOKENS_BATCH": input_ids[None, None].astype(np.int32), "SEQUENCE_LENGTH": i32(len(input_ids))},
+    )
     assert post["OUTPUT"].shape == (1,)
     return post["OUTPUT"][0].decode()
 
@@ -299,6 +384,8 @@ def test_client_side_speculation_equals_the_ensemble(unary_models, k):
 
 
 def test_client_side_speculation_with_word_lists(unary_models):
-    control = streamed(unary_models, "ensemble", e2e_inputs(output_len=16, bad_words=text(["the"]), stop_words=text(["."])))
+    control = streamed(
+        unary_models, "ensemble", e2e_inputs(output_len=16, bad_words=text(["the"]), stop_words=text(["."]))
+    )
     got = client_side_speculation(unary_models, 16, 3, stop_words=["."], bad_words=["the"])
     assert got[: len(control[0]["text_output"][0].decode())] == control[0]["text_output"][0].decode()

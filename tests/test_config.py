@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-
 from tiny import make_checkpoint
+
 from trtspec.config import LoadedConfig, load_config
 from trtspec.errors import ConfigError
 
@@ -28,7 +28,8 @@ def write(path: Path, config: dict | str) -> Path:
 
 def base(pair, **top) -> dict:
     config = {
-        "name": "tiny", "backend": "torch",
+        "name": "tiny",
+        "backend": "torch",
         "target": {"checkpoint": str(pair.target), "dtype": "float32"},
         "draft": {"checkpoint": str(pair.draft), "dtype": "float32"},
     }
@@ -58,16 +59,22 @@ def test_valid_config_loads(tiny_pair, tmp_path):
 
 def test_every_schema_error_is_reported_with_its_field_at_once(tiny_pair, tmp_path):
     config = base(
-        tiny_pair, name="bad name!", backend="tensorrt",
+        tiny_pair,
+        name="bad name!",
+        backend="tensorrt",
         speculation={"max_draft_len": 4, "num_draft_tokens": 5},
         engine={"max_input_len": 128, "max_seq_len": 128},
     )
-    config["target"]["dtyp"] = "float32"            # unknown key (misspelt)
-    config["draft"]["quantization"] = "int4"        # bad literal inside the optional section
+    config["target"]["dtyp"] = "float32"  # unknown key (misspelt)
+    config["draft"]["quantization"] = "int4"  # bad literal inside the optional section
     found = problems_of(write(tmp_path / "bad.yaml", config))
     assert set(found) == {
-        "target.dtyp", "draft.quantization", "name", "backend",
-        "speculation.num_draft_tokens", "engine.max_seq_len",
+        "target.dtyp",
+        "draft.quantization",
+        "name",
+        "backend",
+        "speculation.num_draft_tokens",
+        "engine.max_seq_len",
     }
     assert found["target.dtyp"].value == "float32"
     assert "remove it or correct its spelling" in found["target.dtyp"].fix
@@ -88,8 +95,9 @@ def test_missing_target_is_reported_with_the_other_problems(tmp_path):
 
 def test_draft_limits_use_schema_defaults(tiny_pair, tmp_path):
     # num_draft_tokens alone above the default max_draft_len (8); max_input_len alone above the default max_seq_len
-    found = problems_of(write(tmp_path / "c.yaml", base(
-        tiny_pair, speculation={"num_draft_tokens": 9}, engine={"max_input_len": 4096})))
+    found = problems_of(
+        write(tmp_path / "c.yaml", base(tiny_pair, speculation={"num_draft_tokens": 9}, engine={"max_input_len": 4096}))
+    )
     assert set(found) == {"speculation.num_draft_tokens", "engine.max_seq_len"}
 
 
@@ -115,7 +123,10 @@ def test_context_logits_are_refused_on_the_trtllm_backend(tiny_pair, tmp_path):
     config = base(tiny_pair, engine={"gather_context_logits": True, "gather_generation_logits": True})
     assert load_config(write(tmp_path / "torch.yaml", config)).config.gathers_context_logits("target")
     found = problems_of(write(tmp_path / "trt.yaml", config | {"backend": "trtllm"}))
-    assert set(found) == {"engine.gather_context_logits"} and "max_draft_len" in found["engine.gather_context_logits"].message
+    assert (
+        set(found) == {"engine.gather_context_logits"}
+        and "max_draft_len" in found["engine.gather_context_logits"].message
+    )
 
 
 def test_missing_checkpoint_is_reported(tiny_pair, tmp_path):
@@ -184,7 +195,9 @@ def test_same_tokens_with_padded_vocab_size_needs_token_matching(tiny_pair, tmp_
 def test_unsupported_architecture_is_refused(tiny_pair, tmp_path):
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
-    (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 320}))
+    (gpt2 / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": 320})
+    )
     save_file({"wte.weight": torch.zeros(320, 8)}, str(gpt2 / "model.safetensors"))
     config = base(tiny_pair)
     config["target"]["checkpoint"] = str(gpt2)

@@ -16,8 +16,12 @@ from trtspec.control import ControlError, ControlServer, Watcher, read
 
 def call(url: str, body=None, token: str | None = None) -> tuple[int, dict]:
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {}))
+    request = urllib.request.Request(
+        url,
+        data=data,
+        method="GET" if body is None else "POST",
+        headers={"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {}),
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -40,8 +44,14 @@ def alert(name: str, status: str, mode: str | None) -> dict:
 
 
 def payload(*alerts) -> dict:  # Alertmanager's webhook body (version 4), the fields trtspec reads
-    return {"version": "4", "status": "firing" if any(a["status"] == "firing" for a in alerts) else "resolved",
-            "receiver": "trtspec-governor", "groupLabels": {}, "commonLabels": {}, "alerts": list(alerts)}
+    return {
+        "version": "4",
+        "status": "firing" if any(a["status"] == "firing" for a in alerts) else "resolved",
+        "receiver": "trtspec-governor",
+        "groupLabels": {},
+        "commonLabels": {},
+        "alerts": list(alerts),
+    }
 
 
 def test_an_operator_forces_a_mode_for_a_time_and_releases_it(control):
@@ -57,14 +67,17 @@ def test_an_operator_forces_a_mode_for_a_time_and_releases_it(control):
     assert control.lines[0].startswith("speculation forced to plain for") and "released" in control.lines[1]
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"mode": "off"}, "mode"),
-    ({"mode": "plain", "for_seconds": 0}, "for_seconds"),
-    ({"mode": "plain", "for_seconds": "10"}, "for_seconds"),
-    ({"mode": "plain", "reason": ""}, "reason"),
-    ([1, 2], "JSON object"),
-    (b"{not json", "Expecting"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"mode": "off"}, "mode"),
+        ({"mode": "plain", "for_seconds": 0}, "for_seconds"),
+        ({"mode": "plain", "for_seconds": "10"}, "for_seconds"),
+        ({"mode": "plain", "reason": ""}, "reason"),
+        ([1, 2], "JSON object"),
+        (b"{not json", "Expecting"),
+    ],
+)
 def test_bad_requests_name_the_field_and_change_nothing(control, body, field):
     status, answer = call(f"http://127.0.0.1:{control.port}/control", body)
     assert status == 400 and field in answer["error"]
@@ -73,13 +86,23 @@ def test_bad_requests_name_the_field_and_change_nothing(control, body, field):
 
 def test_alertmanager_forces_the_most_conservative_mode_and_releases_when_resolved(control):
     url = f"http://127.0.0.1:{control.port}/alertmanager"
-    status, body = call(url, payload(alert("TrtspecAcceptanceBelowBreakEven", "firing", "reduced"),
-                                     alert("TrtspecErrorRatioCritical", "firing", "plain"),
-                                     alert("SomethingElse", "firing", None)))
+    status, body = call(
+        url,
+        payload(
+            alert("TrtspecAcceptanceBelowBreakEven", "firing", "reduced"),
+            alert("TrtspecErrorRatioCritical", "firing", "plain"),
+            alert("SomethingElse", "firing", None),
+        ),
+    )
     assert status == 200 and body["mode"] == "plain" and body["source"] == "alertmanager"
     assert body["reason"] == "alert TrtspecAcceptanceBelowBreakEven, TrtspecErrorRatioCritical"
-    call(url, payload(alert("TrtspecErrorRatioCritical", "resolved", "plain"),
-                      alert("TrtspecAcceptanceBelowBreakEven", "firing", "reduced")))
+    call(
+        url,
+        payload(
+            alert("TrtspecErrorRatioCritical", "resolved", "plain"),
+            alert("TrtspecAcceptanceBelowBreakEven", "firing", "reduced"),
+        ),
+    )
     assert read(control.path).mode == "reduced"
     call(url, payload(alert("TrtspecAcceptanceBelowBreakEven", "resolved", "reduced")))
     assert read(control.path) is None
@@ -87,10 +110,15 @@ def test_alertmanager_forces_the_most_conservative_mode_and_releases_when_resolv
 
 def test_alerts_never_override_an_operator(control):
     call(f"http://127.0.0.1:{control.port}/control", {"mode": "speculating", "for_seconds": 300, "reason": "load test"})
-    call(f"http://127.0.0.1:{control.port}/alertmanager", payload(alert("TrtspecLatencyP99Critical", "firing", "plain")))
+    call(
+        f"http://127.0.0.1:{control.port}/alertmanager", payload(alert("TrtspecLatencyP99Critical", "firing", "plain"))
+    )
     assert read(control.path).mode == "speculating"
-    call(f"http://127.0.0.1:{control.port}/alertmanager", payload(alert("TrtspecLatencyP99Critical", "resolved", "plain")))
-    assert read(control.path).mode == "speculating"   # resolved alerts release only what Alertmanager set
+    call(
+        f"http://127.0.0.1:{control.port}/alertmanager",
+        payload(alert("TrtspecLatencyP99Critical", "resolved", "plain")),
+    )
+    assert read(control.path).mode == "speculating"  # resolved alerts release only what Alertmanager set
 
 
 def test_a_bad_alert_label_is_refused(control):
@@ -127,6 +155,6 @@ def test_the_watcher_sees_each_change_once(tmp_path):
     finally:
         server.stop()
     path.write_text(json.dumps({"mode": "plain", "until": time.time() - 1, "reason": "x", "source": "operator"}))
-    assert watcher.poll() == (False, None)           # an ended force is no force
+    assert watcher.poll() == (False, None)  # an ended force is no force
     path.write_text("garbage")
     assert watcher.poll() == (False, None)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_engine_batching import ARCHITECTURES, _hf_model, _ids
+
 from trtspec.engine import fp8, kernels
 from trtspec.engine.model import CompactModel, Segment
 
-pytestmark = pytest.mark.skipif(not kernels.packed_available(torch.device("cpu")),
-                                reason="trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)")
+pytestmark = pytest.mark.skipif(
+    not kernels.packed_available(torch.device("cpu")),
+    reason="trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)",
+)
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -44,7 +46,7 @@ def test_fp8_products_on_every_path(storage, isa, per_channel, threads):
     gen = torch.Generator().manual_seed(7)
     for n, k, bias in [(960, 576, False), (50, 24, True), (64, 1536, True)]:
         w = torch.randn(n, k, generator=gen) / k**0.5
-        w[0, :8] = torch.tensor([1e-6, -3e-7, 0.0, 5e-8, 1e-3, -1e-3, 2.0, -2.0])   # subnormal and zero codes
+        w[0, :8] = torch.tensor([1e-6, -3e-7, 0.0, 5e-8, 1e-3, -1e-3, 2.0, -2.0])  # subnormal and zero codes
         q, scale = fp8.quantize(w, per_channel=per_channel)
         b = torch.randn(n, generator=gen) if bias else None
         linear = kernels.PackedLinear(q, b, scale=scale, storage=storage, isa=isa)
@@ -110,7 +112,7 @@ def test_the_kv_cache_holds_rounded_keys_and_values_and_attention_reads_them_exa
     cache = torch.zeros(2, hkv, kernels.attention_length(start + n), d, dtype=kv_dtype)
     cache[:, :, :start] = torch.randn(2, hkv, start, d, generator=gen).to(kv_dtype)
     out = torch.empty(n, hq * d)
-    kernels.attend_rows(q, k, v, cos, sin, cache, start, window=None, scale=d ** -0.5, out=out)
+    kernels.attend_rows(q, k, v, cos, sin, cache, start, window=None, scale=d**-0.5, out=out)
 
     def rope(x):  # the kernel's expression in float32, operation by operation
         a, b = x[..., : d // 2], x[..., d // 2 :]
@@ -123,7 +125,7 @@ def test_the_kv_cache_holds_rounded_keys_and_values_and_attention_reads_them_exa
     qr = rope(q).double()
     for r in range(n):
         for h in range(hq):
-            scores = (keys[h // (hq // hkv), : start + r + 1] @ qr[r, h]) * d ** -0.5
+            scores = (keys[h // (hq // hkv), : start + r + 1] @ qr[r, h]) * d**-0.5
             want = torch.softmax(scores, 0) @ values[h // (hq // hkv), : start + r + 1]
             torch.testing.assert_close(out[r, h * d : (h + 1) * d].double(), want, atol=2e-6, rtol=1e-5)
 
@@ -160,7 +162,10 @@ def test_an_fp8_model_equals_hugging_face_on_its_dequantized_weights(kind, per_c
     state = fp8.quantize_state_dict(hf.state_dict(), per_channel=per_channel)
     hf.load_state_dict(fp8.dequantize_state_dict(state, torch.float32))
     model = CompactModel(hf.config, state, dtype=torch.float32, device=torch.device("cpu"))
-    assert {lin.format for lin in model.layers[0].values() if isinstance(lin, kernels.PackedLinear)} <= {"e4m3", "bfloat16"}
+    assert {lin.format for lin in model.layers[0].values() if isinstance(lin, kernels.PackedLinear)} <= {
+        "e4m3",
+        "bfloat16",
+    }
     ids = _ids(80, 3)
     with torch.inference_mode():
         got = model.forward([Segment(ids, 0, model.new_kv(80), 80)])[0]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from test_engine_batching import ARCHITECTURES, _hf_model, _ids
+
 from trtspec.contract import GenerationRequest, SamplingParams
 from trtspec.engine import fp8, kernels
 from trtspec.engine.model import CompactModel, Segment
@@ -25,7 +25,10 @@ from trtspec.orchestrator.loop import SpecRequest, speculate
 from trtspec.validate import MISMATCH, classify
 
 CUDA = torch.cuda.is_available()
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False)"),
+]
 FP8_PRODUCT = CUDA and torch.cuda.get_device_capability() >= (8, 9)
 
 
@@ -46,8 +49,9 @@ def test_compact_forward_equals_hugging_face_on_cuda(kind, dtype, tolerance):
     ids = _ids(100, 1)  # crosses a key block (64) and, for mistral, the 40-token window
     with torch.inference_mode():
         reference = reference_model(torch.tensor([ids])).logits[0]
-    model = CompactModel(hf.config, {k: v.float() for k, v in hf.state_dict().items()}, dtype=dtype,
-                         device=torch.device("cuda"))
+    model = CompactModel(
+        hf.config, {k: v.float() for k, v in hf.state_dict().items()}, dtype=dtype, device=torch.device("cuda")
+    )
     with torch.inference_mode():
         kv = model.new_kv(100)
         first = model.forward([Segment(ids[:70], 0, kv, 70)])[0]
@@ -114,7 +118,10 @@ def test_greedy_speculative_equals_target_only_on_cuda(built_fp8, dtype):
     difference must be a near-tie in the target's own logits at the first differing position; in float32 there
     may be at most one."""
     target = Engine.load(built_fp8.target, device="cuda", dtype=dtype)
-    drafts = [Engine.load(built_fp8.draft, device="cuda", dtype=dtype), Engine.load(built_fp8.target, device="cuda", dtype=dtype)]
+    drafts = [
+        Engine.load(built_fp8.draft, device="cuda", dtype=dtype),
+        Engine.load(built_fp8.target, device="cuda", dtype=dtype),
+    ]
     verdicts = []
     for seed in range(6):
         prompt = _ids(8 + 3 * seed, 100 + seed)
@@ -126,8 +133,11 @@ def test_greedy_speculative_equals_target_only_on_cuda(built_fp8, dtype):
             if at is None:
                 assert len(spec) == len(base)
                 continue
-            logits = target.generate(GenerationRequest(input_ids=prompt + base[:at], request_output_len=1, end_id=-1,
-                                                       return_generation_logits=True)).generation_logits
+            logits = target.generate(
+                GenerationRequest(
+                    input_ids=prompt + base[:at], request_output_len=1, end_id=-1, return_generation_logits=True
+                )
+            ).generation_logits
             verdicts.append(classify(np.asarray(logits)[0], base[at], spec[at]))
     assert target.stats.num_accepted_tokens > target.stats.num_draft_tokens / 8  # the copy of the target was accepted
     mismatches = [v for v in verdicts if v.kind == MISMATCH]
@@ -142,7 +152,7 @@ def test_kv_budget_holds_on_cuda(built_fp8):
     still all finish."""
     engine = Engine.load(built_fp8.target, device="cuda", check_invariance=False)
     pool = engine.cache
-    pool.budget_bytes = pool.bytes_for(100)        # room for one 96-token call at a time
+    pool.budget_bytes = pool.bytes_for(100)  # room for one 96-token call at a time
     pool.reuse_bytes = pool.bytes_for(64)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
 from tiny import make_checkpoint, write_config
+
 from trtspec.checkpoint import SHARED_FILE, inspect_checkpoint, load_model
 from trtspec.distill import DistillOptions, run_distill
 from trtspec.distill.data import DistillError
@@ -18,8 +18,17 @@ from trtspec.distill.train import acceptance
 from trtspec.engine.subset_head import SubsetHead
 
 # Small enough to train in seconds: 24 prompts x 2 answers of <= 24 tokens; a head of 160 of the 320 tokens.
-FAST = dict(prompts=24, samples=2, max_new_tokens=24, eval_prompts=8, eval_tokens=24, head_tokens=160,
-            batch_tokens=512, lr=3e-3, threads=1)
+FAST = dict(
+    prompts=24,
+    samples=2,
+    max_new_tokens=24,
+    eval_prompts=8,
+    eval_tokens=24,
+    head_tokens=160,
+    batch_tokens=512,
+    lr=3e-3,
+    threads=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +87,9 @@ def test_resume_continues_from_the_checkpoint(target, distilled, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in shards} == stamps  # the target's answers were not generated again
 
     with pytest.raises(DistillError, match="other settings"):
-        run_distill(DistillOptions(target=str(target), output=out, tokens=4000, resume=True, **(FAST | {"head_tokens": 100})))
+        run_distill(
+            DistillOptions(target=str(target), output=out, tokens=4000, resume=True, **(FAST | {"head_tokens": 100}))
+        )
     with pytest.raises(DistillError, match="--resume"):
         run_distill(DistillOptions(target=str(target), output=out, tokens=4000, **FAST))
 
@@ -90,8 +101,13 @@ def test_the_draft_builds_and_speculates_exactly(target, distilled, tmp_path):
     from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
     from trtspec.orchestrator.loop import SpecRequest, speculate
 
-    config = write_config(tmp_path / "build.yaml", target, distilled, speculation={"max_draft_len": 4, "num_draft_tokens": 3},
-                          engine={"max_input_len": 64, "max_seq_len": 128, "max_batch_size": 2})
+    config = write_config(
+        tmp_path / "build.yaml",
+        target,
+        distilled,
+        speculation={"max_draft_len": 4, "num_draft_tokens": 3},
+        engine={"max_input_len": 64, "max_seq_len": 128, "max_batch_size": 2},
+    )
     engines = run_build(config, tmp_path / "engines")
     target_engine, draft_engine = Engine.load(engines / "target"), Engine.load(engines / "draft")
     prompt = [5, 17, 42, 9]
@@ -101,8 +117,13 @@ def test_the_draft_builds_and_speculates_exactly(target, distilled, tmp_path):
     assert len(drafted) == 6 and set(drafted) <= kept
     plain = target_engine.generate(GenerationRequest(input_ids=prompt, request_output_len=20, end_id=-1)).new_tokens
     drafter = DraftModelDrafter(InProcessClient(draft_engine), sampling=SamplingParams(), end_id=None, pad_id=None)
-    spec = [t for chunk in speculate(SpecRequest(prompt=prompt, max_tokens=20, num_draft_tokens=3),
-                                     InProcessClient(target_engine), drafter) for t in chunk]
+    spec = [
+        t
+        for chunk in speculate(
+            SpecRequest(prompt=prompt, max_tokens=20, num_draft_tokens=3), InProcessClient(target_engine), drafter
+        )
+        for t in chunk
+    ]
     assert spec == plain
     assert target_engine.stats.num_draft_tokens > 0
 
@@ -110,11 +131,22 @@ def test_the_draft_builds_and_speculates_exactly(target, distilled, tmp_path):
 def test_a_random_draft_with_the_whole_head(target, tmp_path):
     # --init random --head-tokens 0: the draft's head is the target's whole (tied) head, so it stores no head at all.
     out = tmp_path / "draft"
-    run_distill(DistillOptions(target=str(target), output=out, tokens=600, eval_every=600, init="random",
-                               **(FAST | {"head_tokens": 0, "prompts": 8})))
+    run_distill(
+        DistillOptions(
+            target=str(target),
+            output=out,
+            tokens=600,
+            eval_every=600,
+            init="random",
+            **(FAST | {"head_tokens": 0, "prompts": 8}),
+        )
+    )
     own = load_file(str(out / "model.safetensors"))
     assert not any(name.startswith(("lm_head", "model.embed_tokens")) for name in own)
-    model, target_model = load_model(inspect_checkpoint(out), torch.float32), load_model(inspect_checkpoint(target), torch.float32)
+    model, target_model = (
+        load_model(inspect_checkpoint(out), torch.float32),
+        load_model(inspect_checkpoint(target), torch.float32),
+    )
     assert torch.equal(model.lm_head.weight, target_model.lm_head.weight)
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, target_model.model.layers[0].mlp.up_proj.weight)
 
@@ -131,10 +163,13 @@ def test_acceptance_replays_greedy_speculation():
 
 # ---- bad input: clear errors, nothing written ---------------------------------------------------------------------
 
+
 def test_an_architecture_that_cannot_be_distilled(tmp_path):
     ckpt = tmp_path / "gpt2"
     ckpt.mkdir()
-    (ckpt / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "vocab_size": 320, "n_layer": 2}))
+    (ckpt / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "vocab_size": 320, "n_layer": 2})
+    )
     (ckpt / "model.safetensors").write_bytes(b"")
     with pytest.raises(DistillError, match="GPT2LMHeadModel cannot be distilled"):
         run_distill(DistillOptions(target=str(ckpt), output=tmp_path / "out", **FAST))
@@ -152,13 +187,16 @@ def test_an_output_dir_that_holds_something_else(target, tmp_path):
         run_distill(DistillOptions(target=str(target), output=tmp_path / "new", resume=True, **FAST))
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("binary.txt", b"\x00\x01\x02\xff\xfe", "not UTF-8"),
-    ("nul.txt", b"text\x00more", "NUL bytes"),
-    ("empty.txt", b"  \n", "is empty"),
-    ("bad.jsonl", b'{"prompt": "fine"}\n{"prompt": \n', "line 2: not valid JSON"),
-    ("keys.jsonl", b'{"question": "what?"}\n', 'line 1: expected an object'),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("binary.txt", b"\x00\x01\x02\xff\xfe", "not UTF-8"),
+        ("nul.txt", b"text\x00more", "NUL bytes"),
+        ("empty.txt", b"  \n", "is empty"),
+        ("bad.jsonl", b'{"prompt": "fine"}\n{"prompt": \n', "line 2: not valid JSON"),
+        ("keys.jsonl", b'{"question": "what?"}\n', "line 1: expected an object"),
+    ],
+)
 def test_data_that_does_not_tokenize(target, tmp_path, name, content, message):
     data = tmp_path / name
     data.write_bytes(content)
@@ -188,7 +226,9 @@ def test_the_draft_config_names_the_model_class():
 
     from trtspec.distill.draft import draft_config
 
-    target = LlamaConfig(num_hidden_layers=6, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=320)
+    target = LlamaConfig(
+        num_hidden_layers=6, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=320
+    )
     target.architectures = None
     config = draft_config(target, "LlamaForCausalLM", [0, 5], torch.arange(100))
     assert config.architectures == ["LlamaForCausalLM"] and config.num_hidden_layers == 2
@@ -206,20 +246,47 @@ def test_answers_are_the_targets_own_whatever_the_batch(target):
     compact = compact_forward(model, info.architecture, torch.device("cpu"))
     prompts = [[5, 17, 33], [9], [101, 7, 250, 3, 3, 8], [42, 42]]
     eos = 2
-    one = decode_answers(compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=1, top_k=8, seed=0, eos_id=eos)
-    three = decode_answers(compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=3, top_k=8, seed=0, eos_id=eos)
+    one = decode_answers(
+        compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=1, top_k=8, seed=0, eos_id=eos
+    )
+    three = decode_answers(
+        compact, prompts, [0, 1, 2, 3], temperature=0.0, max_new_tokens=12, batch_size=3, top_k=8, seed=0, eos_id=eos
+    )
     for ids, a, b in zip(prompts, one, three):
-        assert torch.equal(a.ids, b.ids) and torch.equal(a.topk_ids, b.topk_ids) and torch.equal(a.topk_logits, b.topk_logits)
+        assert (
+            torch.equal(a.ids, b.ids)
+            and torch.equal(a.topk_ids, b.topk_ids)
+            and torch.equal(a.topk_logits, b.topk_logits)
+        )
         with torch.inference_mode():
-            hf = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0,
-                                output_logits=True, return_dict_in_generate=True)
-        answer = hf.sequences[0, len(ids):].tolist()
-        assert a.ids[a.first:].tolist() == answer
+            hf = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=12,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        answer = hf.sequences[0, len(ids) :].tolist()
+        assert a.ids[a.first :].tolist() == answer
         top = torch.stack(hf.logits, dim=1)[0].topk(8, dim=-1)
         assert torch.equal(a.topk_ids[:, 0], top.indices[:, 0].to(torch.int32))
         torch.testing.assert_close(a.topk_logits.float(), top.values, atol=2e-2, rtol=1e-2)
-    sampled = [decode_answers(compact, prompts, [0, 1, 2, 3], temperature=1.0, max_new_tokens=12, batch_size=bs, top_k=8,
-                         seed=3, eos_id=eos) for bs in (1, 4)]
+    sampled = [
+        decode_answers(
+            compact,
+            prompts,
+            [0, 1, 2, 3],
+            temperature=1.0,
+            max_new_tokens=12,
+            batch_size=bs,
+            top_k=8,
+            seed=3,
+            eos_id=eos,
+        )
+        for bs in (1, 4)
+    ]
     assert [s.ids.tolist() for s in sampled[0]] == [s.ids.tolist() for s in sampled[1]]
     assert [s.ids.tolist() for s in sampled[0]] != [s.ids.tolist() for s in one]  # sampling, not greedy
 
@@ -236,16 +303,23 @@ def test_padded_batches_answer_as_the_engine(target):
     prompts = [[5, 17, 33], [9], [101, 7, 250, 3, 3, 8], [42, 42], [7] * 11]
     numbers = list(range(len(prompts)))
     eos = 2
-    engine = decode_answers(compact, prompts, numbers, temperature=0.0, max_new_tokens=12, batch_size=2, top_k=8, seed=0, eos_id=eos)
-    padded = decode_answers_padded(model, prompts, numbers, temperature=0.0, max_new_tokens=12, batch_size=3, top_k=8,
-                                   seed=0, eos_id=eos)
+    engine = decode_answers(
+        compact, prompts, numbers, temperature=0.0, max_new_tokens=12, batch_size=2, top_k=8, seed=0, eos_id=eos
+    )
+    padded = decode_answers_padded(
+        model, prompts, numbers, temperature=0.0, max_new_tokens=12, batch_size=3, top_k=8, seed=0, eos_id=eos
+    )
     for a, b in zip(engine, padded):
         assert a.first == b.first and torch.equal(a.ids, b.ids)
         assert torch.equal(a.topk_ids[:, 0], b.topk_ids[:, 0])
         torch.testing.assert_close(a.topk_logits.float(), b.topk_logits.float(), atol=2e-2, rtol=1e-2)
     ends = [s for s in padded if s.ids[-1] == eos]
-    assert all(s.supervised <= 12 for s in padded) and all(eos not in s.ids[s.first:-1].tolist() for s in ends)
-    sampled = [decode_answers_padded(model, prompts, numbers, temperature=1.0, max_new_tokens=12, batch_size=5, top_k=8,
-                                     seed=3, eos_id=eos) for _ in range(2)]
+    assert all(s.supervised <= 12 for s in padded) and all(eos not in s.ids[s.first : -1].tolist() for s in ends)
+    sampled = [
+        decode_answers_padded(
+            model, prompts, numbers, temperature=1.0, max_new_tokens=12, batch_size=5, top_k=8, seed=3, eos_id=eos
+        )
+        for _ in range(2)
+    ]
     assert [s.ids.tolist() for s in sampled[0]] == [s.ids.tolist() for s in sampled[1]]
     assert [s.ids.tolist() for s in sampled[0]] != [s.ids.tolist() for s in padded]

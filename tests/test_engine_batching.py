@@ -10,9 +10,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
 from conftest import MAX_DRAFT_LEN
 from tiny import write_config
+
 from trtspec.contract import GenerationRequest, SamplingParams, request_to_tensors
 from trtspec.engine import kernels
 from trtspec.engine.model import CompactModel, HFModel, Segment
@@ -32,8 +32,16 @@ def _hf_model(kind: str, seed: int = 0):
 
     cfg_name, extra = ARCHITECTURES[kind]
     config = getattr(transformers, cfg_name)(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=(kind != "qwen3"), **extra)
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=(kind != "qwen3"),
+        **extra,
+    )
     config.architectures = [cfg_name.replace("Config", "ForCausalLM")]
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -83,7 +91,7 @@ def test_logits_are_bitwise_batch_invariant(kind, cpu_linears):
     assert model.linear_kind == cpu_linears
     ids = _ids(75, 2)
     with torch.inference_mode():
-        whole = model.forward([Segment(ids, 0, model.new_kv(75), 12)])[0]          # one pass: positions 63..74
+        whole = model.forward([Segment(ids, 0, model.new_kv(75), 12)])[0]  # one pass: positions 63..74
         # one position at a time, as plain decoding computes them
         kv = model.new_kv(75)
         model.forward([Segment(ids[:63], 0, kv, 1)])
@@ -95,11 +103,13 @@ def test_logits_are_bitwise_batch_invariant(kind, cpu_linears):
         # batched behind and before sequences of other lengths, including a decode step of another sequence
         other_kv = model.new_kv(31)
         model.forward([Segment(_ids(30, 5), 0, other_kv, 1)])
-        batched = model.forward([
-            Segment(_ids(7, 6), 0, model.new_kv(7), 3),
-            Segment(ids, 0, model.new_kv(75), 12),
-            Segment([17], 30, other_kv, 1),
-        ])[1]
+        batched = model.forward(
+            [
+                Segment(_ids(7, 6), 0, model.new_kv(7), 3),
+                Segment(ids, 0, model.new_kv(75), 12),
+                Segment([17], 30, other_kv, 1),
+            ]
+        )[1]
     assert torch.equal(whole, single)
     assert torch.equal(whole, verified)
     assert torch.equal(whole, batched)
@@ -138,7 +148,7 @@ def test_packed_linear_rows_are_independent_of_the_batch(threads):
                 for row in {0, m // 2, m - 1}:
                     assert torch.equal(linear(x[row : row + m][:1]), full[row : row + 1]), (n, k, m, row)
                     assert torch.equal(linear(x[:m])[row], full[row]), (n, k, m, row)
-            torch.set_num_threads(3 - threads)                 # the other thread count: the same bits
+            torch.set_num_threads(3 - threads)  # the other thread count: the same bits
             assert torch.equal(linear(x), full)
             torch.set_num_threads(threads)
             wb = w.bfloat16()
@@ -152,9 +162,11 @@ def test_packed_linear_rows_are_independent_of_the_batch(threads):
 
 def _torch_attention_reference(q, k, v, cos, sin, cache, start, window, scale):
     """Rotary embedding, cache write and causal attention as transformers computes them, in float64."""
+
     def rope(x):
         half = x.shape[-1] // 2
         return x * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], -1) * sin[:, None]
+
     n, hq, d = q.shape
     hkv = k.shape[1]
     keys, values = cache[0].double().clone(), cache[1].double().clone()
@@ -192,10 +204,20 @@ def test_cpu_attention_kernel(d, window):
     torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
     torch.testing.assert_close(cache[0, :, : start + n].double(), keys[:, : start + n], atol=1e-6, rtol=1e-6)
     assert torch.equal(cache[1, :, start : start + n], v.transpose(0, 1))
-    for r in (0, 3, n - 1):                       # the same row alone, on the cache the pass left: the same bits
+    for r in (0, 3, n - 1):  # the same row alone, on the cache the pass left: the same bits
         alone = torch.zeros(1, hq * d)
-        kernels.attend_rows(q[r : r + 1], k[r : r + 1], v[r : r + 1], cos[r : r + 1], sin[r : r + 1], cache,
-                            start + r, window=window, scale=d**-0.5, out=alone)
+        kernels.attend_rows(
+            q[r : r + 1],
+            k[r : r + 1],
+            v[r : r + 1],
+            cos[r : r + 1],
+            sin[r : r + 1],
+            cache,
+            start + r,
+            window=window,
+            scale=d**-0.5,
+            out=alone,
+        )
         assert torch.equal(alone[0], out[r]), r
     with pytest.raises(ValueError, match="float32"):
         kernels.attend_rows(q.double(), k, v, cos, sin, cache, start, window=window, scale=1.0, out=out)
@@ -206,26 +228,34 @@ def test_the_cpu_kernels_were_built_where_they_can_be():
     import platform
     import sysconfig
 
-    if platform.machine() not in ("x86_64", "AMD64") or not shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc"):
+    if platform.machine() not in ("x86_64", "AMD64") or not shutil.which(
+        sysconfig.get_config_var("CC").split()[0] or "cc"
+    ):
         pytest.skip("no x86-64 C compiler: the engine runs on oneDNN's products here")
     with open("/proc/cpuinfo") as f:
         flags = f.read()
     if " avx2" not in flags or " fma" not in flags:
         pytest.skip("this CPU lacks AVX2/FMA: the engine runs on oneDNN's products here")
-    assert kernels.packed_available(torch.device("cpu")), "trtspec.engine._cpu_kernels did not build: see the pip install log"
+    assert kernels.packed_available(torch.device("cpu")), (
+        "trtspec.engine._cpu_kernels did not build: see the pip install log"
+    )
 
 
 def test_cpu_rms_norm_kernel():
     if not kernels.packed_available(torch.device("cpu")):
         pytest.skip("trtspec's CPU kernel is not built here (no C compiler at install, or no AVX2)")
     gen = torch.Generator().manual_seed(1)
-    x, residual, w = torch.randn(5, 576, generator=gen), torch.randn(5, 576, generator=gen), torch.randn(576, generator=gen)
+    x, residual, w = (
+        torch.randn(5, 576, generator=gen),
+        torch.randn(5, 576, generator=gen),
+        torch.randn(576, generator=gen),
+    )
     summed = x + residual
     expected = w * (summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-5))
     y = kernels.rms_norm_rows(x, w, 1e-5, residual)
-    assert torch.equal(x, summed)                                       # the residual is added in place
+    assert torch.equal(x, summed)  # the residual is added in place
     torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
-    assert torch.equal(kernels.rms_norm_rows(x[2:3].clone(), w, 1e-5), y[2:3])   # a row alone: the same bits
+    assert torch.equal(kernels.rms_norm_rows(x[2:3].clone(), w, 1e-5), y[2:3])  # a row alone: the same bits
     with pytest.raises(ValueError, match="residual"):
         kernels.rms_norm_rows(x, w, 1e-5, residual[:2])
 
@@ -259,6 +289,7 @@ def test_kernel_facts_the_invariance_rests_on(threads):
 
 # ---- the engine: batched calls, KV budget, FP8 --------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def engine(built_fp8):
     return Engine.load(built_fp8.target)
@@ -275,14 +306,27 @@ def _mixed_requests(engine) -> list[GenerationRequest]:
     return [
         GenerationRequest(input_ids=base[:9], request_output_len=12, end_id=-1),
         GenerationRequest(input_ids=base, request_output_len=5, end_id=-1, return_generation_logits=True),
-        GenerationRequest(input_ids=base[:20], request_output_len=4, draft_input_ids=[3, 4, 5], end_id=-1,
-                          return_generation_logits=True),
-        GenerationRequest(input_ids=base[5:17], request_output_len=8, end_id=-1,
-                          sampling=SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=7)),
-        GenerationRequest(input_ids=base[:3], request_output_len=MAX_DRAFT_LEN + 1,
-                          draft_input_ids=base[3 : 3 + MAX_DRAFT_LEN], end_id=-1,
-                          draft_logits=np.random.default_rng(0).normal(size=(MAX_DRAFT_LEN, 320)).astype(np.float32),
-                          sampling=SamplingParams(temperature=1.0, top_p=1.0, seed=3)),
+        GenerationRequest(
+            input_ids=base[:20],
+            request_output_len=4,
+            draft_input_ids=[3, 4, 5],
+            end_id=-1,
+            return_generation_logits=True,
+        ),
+        GenerationRequest(
+            input_ids=base[5:17],
+            request_output_len=8,
+            end_id=-1,
+            sampling=SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=7),
+        ),
+        GenerationRequest(
+            input_ids=base[:3],
+            request_output_len=MAX_DRAFT_LEN + 1,
+            draft_input_ids=base[3 : 3 + MAX_DRAFT_LEN],
+            end_id=-1,
+            draft_logits=np.random.default_rng(0).normal(size=(MAX_DRAFT_LEN, 320)).astype(np.float32),
+            sampling=SamplingParams(temperature=1.0, top_p=1.0, seed=3),
+        ),
     ]
 
 
@@ -304,11 +348,21 @@ def test_batched_calls_equal_the_same_calls_alone(built_fp8):
 def test_greedy_verification_reproduces_plain_decoding_bitwise(built_fp8):
     engine = Engine.load(built_fp8.target)
     prompt = _ids(12, 21, engine.info.vocab_size)
-    plain = engine.generate(GenerationRequest(input_ids=prompt, request_output_len=MAX_DRAFT_LEN + 1, end_id=-1,
-                                              return_generation_logits=True))
+    plain = engine.generate(
+        GenerationRequest(
+            input_ids=prompt, request_output_len=MAX_DRAFT_LEN + 1, end_id=-1, return_generation_logits=True
+        )
+    )
     fresh = Engine.load(built_fp8.target)
-    verified = fresh.generate(GenerationRequest(input_ids=prompt, request_output_len=MAX_DRAFT_LEN + 1, end_id=-1,
-                                                draft_input_ids=plain.new_tokens[:MAX_DRAFT_LEN], return_generation_logits=True))
+    verified = fresh.generate(
+        GenerationRequest(
+            input_ids=prompt,
+            request_output_len=MAX_DRAFT_LEN + 1,
+            end_id=-1,
+            draft_input_ids=plain.new_tokens[:MAX_DRAFT_LEN],
+            return_generation_logits=True,
+        )
+    )
     assert verified.num_accepted_tokens == MAX_DRAFT_LEN
     assert verified.new_tokens == plain.new_tokens
     assert np.array_equal(verified.generation_logits, plain.generation_logits)
@@ -322,7 +376,10 @@ def test_a_call_beyond_the_kv_budget_is_refused_while_others_finish(built_fp8):
     with pytest.raises(RequestError, match=r"request_output_len: .*engine.kv_cache_mb"):
         engine.generate(too_big)
     # each of these fits alone (50 tokens: one block), not two together: they queue and all finish
-    fits = [GenerationRequest(input_ids=_ids(20, s, engine.info.vocab_size), request_output_len=30, end_id=-1) for s in range(3)]
+    fits = [
+        GenerationRequest(input_ids=_ids(20, s, engine.info.vocab_size), request_output_len=30, end_id=-1)
+        for s in range(3)
+    ]
     outcomes = engine.generate_many(fits)
     assert all(len(o.new_tokens) == 30 for o in outcomes)
     assert engine.cache.stats.peak_bytes <= engine.cache.budget_bytes
@@ -337,10 +394,10 @@ def test_kept_caches_of_the_same_tokens_are_evicted_without_harm(built_fp8):
     per_token, vocab = engine.model.kv_bytes_per_token, engine.info.vocab_size
     engine.cache.budget_bytes = engine.cache.reuse_bytes = 160 * per_token  # two 64-token key blocks and a half
     same = GenerationRequest(input_ids=_ids(20, 1, vocab), request_output_len=30, end_id=-1)
-    first = engine.generate_many([same, same])       # at once: two kept caches that hold the same tokens
+    first = engine.generate_many([same, same])  # at once: two kept caches that hold the same tokens
     assert len(engine.cache.entries) == 2 and first[0].output_ids == first[1].output_ids
     others = [GenerationRequest(input_ids=_ids(20, s, vocab), request_output_len=30, end_id=-1) for s in (2, 3)]
-    outcomes = engine.generate_many(others)          # their room comes from evicting those
+    outcomes = engine.generate_many(others)  # their room comes from evicting those
     assert engine.cache.stats.evictions >= 1 and all(len(o.new_tokens) == 30 for o in outcomes)
     assert engine.generate(same).output_ids == first[0].output_ids
 
@@ -357,9 +414,9 @@ def test_a_fault_outside_the_forward_pass_fails_the_calls_in_flight_not_the_engi
         raise RuntimeError("bookkeeping fault")
 
     engine.cache.acquire = broken
-    engine.scheduler.start()   # the worker thread, as in the server
+    engine.scheduler.start()  # the worker thread, as in the server
     try:
-        with cf.ThreadPoolExecutor(1) as pool:   # (a worker killed by the fault would leave the call waiting)
+        with cf.ThreadPoolExecutor(1) as pool:  # (a worker killed by the fault would leave the call waiting)
             with pytest.raises(EngineError, match="bookkeeping fault"):
                 pool.submit(engine.generate, request).result(timeout=60)
             assert pool.submit(engine.generate, request).result(timeout=60).output_ids == expected
@@ -370,8 +427,12 @@ def test_a_fault_outside_the_forward_pass_fails_the_calls_in_flight_not_the_engi
 def test_kv_budget_comes_from_the_build_config(tiny_pair, tmp_path):
     from trtspec.compile import run_build
 
-    config = write_config(tmp_path / "build.yaml", tiny_pair.target, None,
-                          engine={"max_input_len": 64, "max_seq_len": 96, "kv_cache_mb": 3, "kv_cache_reuse_mb": 1})
+    config = write_config(
+        tmp_path / "build.yaml",
+        tiny_pair.target,
+        None,
+        engine={"max_input_len": 64, "max_seq_len": 96, "kv_cache_mb": 3, "kv_cache_reuse_mb": 1},
+    )
     engines = run_build(config, tmp_path / "engines")
     engine = Engine.load(engines / "target")
     assert engine.cache.budget_bytes == 3 * 2**20 and engine.cache.reuse_bytes == 2**20
@@ -420,6 +481,7 @@ def test_the_forward_choice(built_fp8):
 
 # ---- through the real server --------------------------------------------------------------------------------
 
+
 def test_concurrent_calls_through_triton_equal_the_same_calls_one_at_a_time(triton_server, built_fp8):
     from trtspec.client import SpecClient
 
@@ -428,7 +490,10 @@ def test_concurrent_calls_through_triton_equal_the_same_calls_one_at_a_time(trit
     def infer(request: GenerationRequest) -> dict[str, np.ndarray]:
         with SpecClient(triton_server.grpc_url, "grpc") as client:
             result = client.infer("tensorrt_llm", request_to_tensors(request))
-        return {n: result.get(n) for n in ("output_ids", "sequence_length", "generation_logits", "total_accepted_draft_tokens")}
+        return {
+            n: result.get(n)
+            for n in ("output_ids", "sequence_length", "generation_logits", "total_accepted_draft_tokens")
+        }
 
     one_by_one = [infer(r) for r in requests]
     with cf.ThreadPoolExecutor(len(requests) * 2) as pool:

@@ -22,7 +22,10 @@ COMPARED = ("output_ids", "sequence_length", "acceptance_rate", "total_accepted_
 @pytest.fixture(scope="module")
 def engines(built_fp8):
     """The same engine dirs, loaded in this process (their own prefix caches)."""
-    return {"tensorrt_llm": Engine.load(built_fp8.target, "cpu"), "tensorrt_llm_draft": Engine.load(built_fp8.draft, "cpu")}
+    return {
+        "tensorrt_llm": Engine.load(built_fp8.target, "cpu"),
+        "tensorrt_llm_draft": Engine.load(built_fp8.draft, "cpu"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,9 @@ def infer(client, model: str, tensors: dict[str, np.ndarray]) -> dict[str, np.nd
         inputs.append(tensor)
     result = client.infer(model, inputs)
     response = result.get_response()
-    names = [o["name"] for o in response["outputs"]] if isinstance(response, dict) else [o.name for o in response.outputs]
+    names = (
+        [o["name"] for o in response["outputs"]] if isinstance(response, dict) else [o.name for o in response.outputs]
+    )
     return {name: result.as_numpy(name) for name in names}
 
 
@@ -66,12 +71,15 @@ def test_engine_models_answer_as_the_in_process_engine(client, engines):
     local_draft = engines["tensorrt_llm_draft"].serve(request_to_tensors(draft_req))
     for name in COMPARED:
         np.testing.assert_array_equal(drafted[name], local_draft[name], err_msg=name)
-    draft_tokens = drafted["output_ids"][0, 0, len(prompt):].tolist()
+    draft_tokens = drafted["output_ids"][0, 0, len(prompt) :].tolist()
     assert len(draft_tokens) == 3
 
     # verify: prompt + draft through the target, accepted inside the engine
-    verify = request_to_tensors(GenerationRequest(input_ids=prompt, request_output_len=8, draft_input_ids=draft_tokens, end_id=-1,
-                                                  return_perf_metrics=True))
+    verify = request_to_tensors(
+        GenerationRequest(
+            input_ids=prompt, request_output_len=8, draft_input_ids=draft_tokens, end_id=-1, return_perf_metrics=True
+        )
+    )
     served, local = infer(client, "tensorrt_llm", verify), engines["tensorrt_llm"].serve(verify)
     for name in COMPARED:
         np.testing.assert_array_equal(served[name], local[name], err_msg=name)
@@ -80,7 +88,9 @@ def test_engine_models_answer_as_the_in_process_engine(client, engines):
     assert 1 <= served["sequence_length"].item() - len(prompt) <= 4
 
     # plain generation with a logits request
-    plain = request_to_tensors(GenerationRequest(input_ids=prompt, request_output_len=5, end_id=-1, return_generation_logits=True))
+    plain = request_to_tensors(
+        GenerationRequest(input_ids=prompt, request_output_len=5, end_id=-1, return_generation_logits=True)
+    )
     served, local = infer(client, "tensorrt_llm", plain), engines["tensorrt_llm"].serve(plain)
     np.testing.assert_array_equal(served["output_ids"], local["output_ids"])
     np.testing.assert_allclose(served["generation_logits"], local["generation_logits"], rtol=1e-4, atol=1e-4)
@@ -95,12 +105,20 @@ def test_ensemble_returns_the_detokenized_greedy_decode(client, engines, tokeniz
         result = engines["tensorrt_llm"].generate(GenerationRequest(input_ids=ids, request_output_len=n))
         expected.append(tokenizer.decode(result.output_ids, skip_special_tokens=True))
 
-    out = infer(client, "ensemble", {"text_input": text(prompts[0]), "max_tokens": np.array([[max_tokens[0]]], np.int32)})
+    out = infer(
+        client, "ensemble", {"text_input": text(prompts[0]), "max_tokens": np.array([[max_tokens[0]]], np.int32)}
+    )
     assert out["text_output"].reshape(-1)[0].decode() == expected[0]
     # a batch of two prompts needs decoupled engine models, as TensorRT-LLM's backend (tests/test_clients.py)
     with pytest.raises(InferenceServerException, match="a batch of 2 requests needs a decoupled model"):
-        infer(client, "ensemble", {"text_input": text(prompts), "max_tokens": np.array([[n] for n in max_tokens], np.int32)})
-    out = infer(client, "ensemble", {"text_input": text(prompts[1]), "max_tokens": np.array([[max_tokens[1]]], np.int32)})
+        infer(
+            client,
+            "ensemble",
+            {"text_input": text(prompts), "max_tokens": np.array([[n] for n in max_tokens], np.int32)},
+        )
+    out = infer(
+        client, "ensemble", {"text_input": text(prompts[1]), "max_tokens": np.array([[max_tokens[1]]], np.int32)}
+    )
     assert out["text_output"].reshape(-1)[0].decode() == expected[1]
 
 
@@ -109,8 +127,11 @@ def test_ensemble_options_and_the_generate_endpoint(triton_server, engines, toke
     ids = tokenizer.encode(prompt)
     new = engines["tensorrt_llm"].generate(GenerationRequest(input_ids=ids, request_output_len=5)).new_tokens
     body = {"text_input": prompt, "max_tokens": 5, "exclude_input_in_output": True, "temperature": 0.0}
-    request = urllib.request.Request(f"{triton_server.http_base_url}/v2/models/ensemble/generate",
-                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{triton_server.http_base_url}/v2/models/ensemble/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=30) as response:
         answer = json.loads(response.read())
@@ -119,16 +140,22 @@ def test_ensemble_options_and_the_generate_endpoint(triton_server, engines, toke
 
 def test_a_bad_request_gets_an_error_and_the_model_keeps_serving(client, engines):
     bad = request_to_tensors(GenerationRequest(input_ids=[5, 100000, 6], request_output_len=3))
-    with pytest.raises(InferenceServerException, match=r"tensorrt_llm: input_ids: token id 100000 is outside the vocabulary"):
+    with pytest.raises(
+        InferenceServerException, match=r"tensorrt_llm: input_ids: token id 100000 is outside the vocabulary"
+    ):
         infer(client, "tensorrt_llm", bad)
     too_many = request_to_tensors(GenerationRequest(input_ids=[5, 6], request_output_len=9, draft_input_ids=[1] * 9))
-    with pytest.raises(InferenceServerException, match=r"draft_input_ids: 9 draft tokens exceed the engine's max_draft_len 4"):
+    with pytest.raises(
+        InferenceServerException, match=r"draft_input_ids: 9 draft tokens exceed the engine's max_draft_len 4"
+    ):
         infer(client, "tensorrt_llm", too_many)
     with pytest.raises(InferenceServerException, match=r"request_output_len"):
         infer(client, "ensemble", {"text_input": text("hello"), "max_tokens": np.array([[0]], np.int32)})
 
     good = request_to_tensors(GenerationRequest(input_ids=[5, 6, 7], request_output_len=3, end_id=-1))
-    np.testing.assert_array_equal(infer(client, "tensorrt_llm", good)["output_ids"], engines["tensorrt_llm"].serve(good)["output_ids"])
+    np.testing.assert_array_equal(
+        infer(client, "tensorrt_llm", good)["output_ids"], engines["tensorrt_llm"].serve(good)["output_ids"]
+    )
 
 
 def test_bad_request_status_is_400_over_http(triton_server):

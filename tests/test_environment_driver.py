@@ -15,7 +15,12 @@ from click.testing import CliRunner
 from trtspec import environment
 from trtspec.cli import cli
 from trtspec.environment import (
-    CONTAINER_CUDA, CONTAINER_IMAGE, IMAGE_TEMPLATE, check_driver, detect_driver, forward_compat_libcuda,
+    CONTAINER_CUDA,
+    CONTAINER_IMAGE,
+    IMAGE_TEMPLATE,
+    check_driver,
+    detect_driver,
+    forward_compat_libcuda,
     parse_proc_driver_version,
 )
 
@@ -25,23 +30,27 @@ DOCKERFILE = ROOT / "docker" / "Dockerfile"
 
 # ---- the verdict, a pure function of version strings --------------------------------------------------------------
 
-@pytest.mark.parametrize("driver,ok", [
-    ("590.44.01", True),     # exactly CUDA 13.1 GA's driver
-    ("590.48.01", True),
-    ("595.58.03", True),
-    ("610.43.02", True),
-    ("620.10", True),
-    ("590.44.00", False),    # one build short
-    ("580.95.05", False),    # R580: CUDA 13.x by minor version compatibility only
-    ("580.65.06", False),
-    ("575.57.08", False),
-    ("550.54.15", False),
-    ("535.104.05", False),   # the H100 hosts still on R535
-    ("470.57.02", False),
-    (None, None),            # no driver: nothing to judge
-    ("N/A", None),
-    ("", None),
-])
+
+@pytest.mark.parametrize(
+    "driver,ok",
+    [
+        ("590.44.01", True),  # exactly CUDA 13.1 GA's driver
+        ("590.48.01", True),
+        ("595.58.03", True),
+        ("610.43.02", True),
+        ("620.10", True),
+        ("590.44.00", False),  # one build short
+        ("580.95.05", False),  # R580: CUDA 13.x by minor version compatibility only
+        ("580.65.06", False),
+        ("575.57.08", False),
+        ("550.54.15", False),
+        ("535.104.05", False),  # the H100 hosts still on R535
+        ("470.57.02", False),
+        (None, None),  # no driver: nothing to judge
+        ("N/A", None),
+        ("", None),
+    ],
+)
 def test_the_pinned_image_needs_the_cuda_13_1_driver(driver, ok):
     check = check_driver(driver)
     assert (check.image, check.cuda, check.required) == (CONTAINER_IMAGE, "13.1.0", "590.44.01")
@@ -58,13 +67,16 @@ def test_the_pinned_image_needs_the_cuda_13_1_driver(driver, ok):
         assert "no NVIDIA driver on this machine" in check.verdict and "embedded CPU backend works" in check.verdict
 
 
-@pytest.mark.parametrize("driver,tag", [
-    ("580.95.05", "26.02"),  # CUDA 13.0.2, TensorRT-LLM 1.1.0
-    ("580.65.06", "25.10"),  # 13.0 GA's driver is below 13.0 Update 2's: back to CUDA 12.9
-    ("575.57.08", "25.10"),  # CUDA 12.9.1, TensorRT-LLM 1.0.0
-    ("575.51.03", "25.08"),
-    ("535.104.05", None),    # below every supported image: forward compatibility or a new driver
-])
+@pytest.mark.parametrize(
+    "driver,tag",
+    [
+        ("580.95.05", "26.02"),  # CUDA 13.0.2, TensorRT-LLM 1.1.0
+        ("580.65.06", "25.10"),  # 13.0 GA's driver is below 13.0 Update 2's: back to CUDA 12.9
+        ("575.57.08", "25.10"),  # CUDA 12.9.1, TensorRT-LLM 1.0.0
+        ("575.51.03", "25.08"),
+        ("535.104.05", None),  # below every supported image: forward compatibility or a new driver
+    ],
+)
 def test_an_old_driver_is_told_the_newest_image_it_runs(driver, tag):
     advice = check_driver(driver).advice
     assert len(advice) == 3
@@ -87,7 +99,7 @@ def test_older_images_need_older_drivers():
 def test_forward_compatibility_in_use_makes_an_old_driver_ok():
     check = check_driver("535.104.05", compat="590.44.01")
     assert check.ok is True and "forward compatibility is on" in check.verdict
-    assert check_driver("535.104.05", compat="580.95.05").ok is False   # a compat package older than the image's CUDA
+    assert check_driver("535.104.05", compat="580.95.05").ok is False  # a compat package older than the image's CUDA
 
 
 def test_the_facts_are_one_table_that_covers_every_image_on_record():
@@ -97,19 +109,24 @@ def test_the_facts_are_one_table_that_covers_every_image_on_record():
     for tag, (cuda, driver) in CONTAINER_CUDA.items():
         assert re.fullmatch(r"\d\d\.\d\d", tag) and re.fullmatch(r"\d+\.\d+\.\d+", cuda)
         assert check_driver(driver, IMAGE_TEMPLATE.format(tag)).ok is True
-        assert by_cuda.setdefault(cuda, driver) == driver      # one CUDA release, one driver
+        assert by_cuda.setdefault(cuda, driver) == driver  # one CUDA release, one driver
     tags = sorted(CONTAINER_CUDA)
     drivers = [tuple(int(p) for p in CONTAINER_CUDA[t][1].split(".")) for t in tags]
-    assert drivers == sorted(drivers)                          # newer images never need less
+    assert drivers == sorted(drivers)  # newer images never need less
 
 
 # ---- reading the driver ---------------------------------------------------------------------------------------------
 
+
 def test_proc_driver_version_formats():
-    proprietary = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
-                   "GCC version:  gcc version 12.2.0 (Ubuntu 12.2.0-14ubuntu2)\n")
-    open_module = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  590.44.01  Release Build  "
-                   "(dvs-builder@U22-I3-AE18-23-3)  Mon Nov 24 12:00:00 UTC 2025\n")
+    proprietary = (
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+        "GCC version:  gcc version 12.2.0 (Ubuntu 12.2.0-14ubuntu2)\n"
+    )
+    open_module = (
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  590.44.01  Release Build  "
+        "(dvs-builder@U22-I3-AE18-23-3)  Mon Nov 24 12:00:00 UTC 2025\n"
+    )
     assert parse_proc_driver_version(proprietary) == "535.104.05"
     assert parse_proc_driver_version(open_module) == "590.44.01"
     assert parse_proc_driver_version("GCC version: gcc 12\n") is None
@@ -133,7 +150,7 @@ def test_detect_driver_asks_nvidia_smi_then_proc(tmp_path, monkeypatch):
     probe = detect_driver(proc)
     assert (probe.version, probe.source) == ("580.95.05", str(proc))
 
-    _fake_nvidia_smi(bin_dir, "590.48.01\\n590.48.01\\n")          # one line per GPU
+    _fake_nvidia_smi(bin_dir, "590.48.01\\n590.48.01\\n")  # one line per GPU
     probe = detect_driver(proc)
     assert (probe.version, probe.source) == ("590.48.01", "nvidia-smi")
 
@@ -145,13 +162,14 @@ def test_forward_compat_libcuda_is_found_on_ld_library_path(tmp_path):
     (compat / "libcuda.so.590.44.01").touch()
     plain = tmp_path / "lib64"
     plain.mkdir()
-    (plain / "libcuda.so.535.104.05").touch()                         # the host's own: not a compat package
+    (plain / "libcuda.so.535.104.05").touch()  # the host's own: not a compat package
     assert forward_compat_libcuda(f"{plain}:{compat}") == ("590.44.01", str(compat / "libcuda.so.590.44.01"))
     assert forward_compat_libcuda(f"{plain}:{tmp_path / 'missing-compat'}") is None
     assert forward_compat_libcuda("") is None
 
 
 # ---- trtspec doctor -------------------------------------------------------------------------------------------------
+
 
 def test_doctor_on_this_machine_says_there_is_no_driver():
     """This machine has no GPU: doctor says so plainly and exits 0, as it did before the driver check."""
@@ -178,7 +196,7 @@ def test_doctor_with_an_old_driver_says_not_ok_and_what_to_do(tmp_path, monkeypa
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     monkeypatch.delenv("NVIDIA_TRITON_SERVER_VERSION", raising=False)
     result = CliRunner().invoke(cli, ["doctor"], env={"COLUMNS": "400"})
-    assert result.exit_code == 0, result.output                      # a report, not a failure
+    assert result.exit_code == 0, result.output  # a report, not a failure
     assert "535.104.05  (nvidia-smi)" in result.output
     assert "driver 535.104.05: NOT OK" in result.output and "needs driver >= 590.44.01" in result.output
     assert "- upgrade the host driver to 590.44.01 or newer" in result.output
@@ -192,13 +210,14 @@ def test_doctor_with_an_old_driver_says_not_ok_and_what_to_do(tmp_path, monkeypa
 def test_doctor_inside_an_older_nvidia_image_compares_with_that_image(tmp_path, monkeypatch):
     _fake_nvidia_smi(tmp_path, "580.95.05\\n")
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setenv("NVIDIA_TRITON_SERVER_VERSION", "26.02")       # what NVIDIA's Triton images set
+    monkeypatch.setenv("NVIDIA_TRITON_SERVER_VERSION", "26.02")  # what NVIDIA's Triton images set
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     report = json.loads(CliRunner().invoke(cli, ["doctor", "--json"]).output)["driver"]
     assert (report["image"], report["cuda"], report["ok"]) == (IMAGE_TEMPLATE.format("26.02"), "13.0.2", True)
 
 
 # ---- the container build ----------------------------------------------------------------------------------------
+
 
 def _instructions(text: str) -> list[str]:
     """The Dockerfile's instructions, continuation lines joined and comments dropped."""
@@ -216,13 +235,16 @@ def test_dockerfile_pins_tritonclient_constrains_to_the_image_and_runs_pip_check
     # pinned to the base image's own Triton release (2.71.0 in 26.07), whatever BASE_IMAGE is
     assert '"tritonclient[grpc,http]==${TRITON_SERVER_VERSION:?' in installs
 
-    freeze = next(i for i, s in enumerate(steps) if re.search(r"pip (list --format=freeze|freeze)\b", s)
-                  and "> /tmp/image-constraints.txt" in s)
+    freeze = next(
+        i
+        for i, s in enumerate(steps)
+        if re.search(r"pip (list --format=freeze|freeze)\b", s) and "> /tmp/image-constraints.txt" in s
+    )
     install = next(i for i, s in enumerate(steps) if "pip install" in s and "tritonclient" in s)
     assert freeze < install and "-c /tmp/image-constraints.txt" in steps[install]
     checks = [i for i, s in enumerate(steps) if re.search(r"\bpip check\b(?!:)", s)]
-    assert checks and max(checks) > install                    # after the installs, and the build fails on it
-    assert any("exit 1" in s for s in steps[max(checks):])
+    assert checks and max(checks) > install  # after the installs, and the build fails on it
+    assert any("exit 1" in s for s in steps[max(checks) :])
 
 
 def test_dockerfile_starts_through_nvidia_entrypoint_for_forward_compatibility():

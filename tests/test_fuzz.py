@@ -13,9 +13,8 @@ import urllib.request
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-
 from fuzzing import OUTPUT_NEUTRAL, PROMPTS, Outcome, bls_requests, send, wrong_json_type  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from test_serving import grpc_generate, ids_of  # noqa: E402
 
 
@@ -57,8 +56,11 @@ def test_every_request_gets_an_answer_or_an_error_naming_a_field(server, case):
 
 def test_the_classifier_is_not_kind(server):
     """An error that names no field is not accepted as one."""
-    req = urllib.request.Request(f"{server.http_base_url}/v2/models/tensorrt_llm_bls/generate", data=b"{not json",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{server.http_base_url}/v2/models/tensorrt_llm_bls/generate",
+        data=b"{not json",
+        headers={"Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(req, timeout=30)
     assert Outcome.classify_error(json.loads(caught.value.read().decode()).get("error", ""), {}) == Outcome.OTHER_ERROR

@@ -16,37 +16,48 @@ class Clock:
 
 def make(**kw):
     clock, changes = Clock(), []
-    gov = Governor(8, clock=clock, hold_seconds=10.0, on_change=lambda old, new, why: changes.append((old, new, why)),
-                   **kw)
+    gov = Governor(
+        8, clock=clock, hold_seconds=10.0, on_change=lambda old, new, why: changes.append((old, new, why)), **kw
+    )
     return gov, clock, changes
 
 
-def run(gov, clock, n, *, speculative=True, tpot=0.01, plain_tpot=0.02, drafted=8, accepted=6, failed=False,
-        break_even=0.4):
+def run(
+    gov, clock, n, *, speculative=True, tpot=0.01, plain_tpot=0.02, drafted=8, accepted=6, failed=False, break_even=0.4
+):
     """n requests admitted and finished one after the other, a second apart; those the governor admits without
     drafting (cap 0) decode plainly at `plain_tpot`."""
     for _ in range(n):
         cap, probe, at = gov.admit()
         clock.now += 1.0
         spec = speculative and cap > 0
-        gov.observe(Outcome(spec, tpot if spec else plain_tpot, num_draft_tokens=drafted if spec else 0,
-                            num_accepted_tokens=accepted if spec else 0, failed=failed, probe=probe, admitted_at=at),
-                    break_even)
+        gov.observe(
+            Outcome(
+                spec,
+                tpot if spec else plain_tpot,
+                num_draft_tokens=drafted if spec else 0,
+                num_accepted_tokens=accepted if spec else 0,
+                failed=failed,
+                probe=probe,
+                admitted_at=at,
+            ),
+            break_even,
+        )
 
 
 def test_it_speculates_at_full_length_while_speculation_pays():
     gov, clock, changes = make()
-    run(gov, clock, 5, speculative=False, tpot=0.02)   # the plain baseline
+    run(gov, clock, 5, speculative=False, tpot=0.02)  # the plain baseline
     run(gov, clock, 60, tpot=0.01)
     assert gov.state == "speculating" and gov.cap() == 8 and changes == []
 
 
 def test_server_errors_roll_back_to_plain_at_once_and_once():
     gov, clock, changes = make()
-    run(gov, clock, 1, failed=True)                    # one failure is an incident, not a rate
+    run(gov, clock, 1, failed=True)  # one failure is an incident, not a rate
     run(gov, clock, 30, tpot=0.01)
     assert changes == []
-    run(gov, clock, 1, failed=True)                    # 2 of 32: above 5 %, past the warning straight to plain
+    run(gov, clock, 1, failed=True)  # 2 of 32: above 5 %, past the warning straight to plain
     assert gov.state == "plain" and gov.cap() == 0
     assert changes == [("speculating", "plain", "errors")]
 
@@ -55,16 +66,16 @@ def test_a_few_errors_reduce_the_draft_length():
     gov, clock, changes = make(window=100)
     run(gov, clock, 1, failed=True)
     run(gov, clock, 60, tpot=0.01)
-    run(gov, clock, 1, failed=True)                    # 2 of 62: between 2 % and 5 %
+    run(gov, clock, 1, failed=True)  # 2 of 62: between 2 % and 5 %
     assert changes == [("speculating", "reduced", "errors")] and gov.cap() == 4
 
 
 def test_low_acceptance_steps_down_twice_then_probes_bring_it_back():
     gov, clock, changes = make()
     run(gov, clock, 5, speculative=False, tpot=0.02)
-    run(gov, clock, 10, accepted=1)                    # acceptance 1/8 < break-even 0.4
+    run(gov, clock, 10, accepted=1)  # acceptance 1/8 < break-even 0.4
     assert changes[-1] == ("speculating", "reduced", "low_acceptance") and gov.cap() == 4
-    run(gov, clock, 5, accepted=1)                     # inside the hold: nothing judged
+    run(gov, clock, 5, accepted=1)  # inside the hold: nothing judged
     assert gov.state == "reduced"
     run(gov, clock, 5, accepted=1)
     assert changes[-1] == ("reduced", "plain", "low_acceptance") and gov.state == "plain"
@@ -80,18 +91,18 @@ def test_low_acceptance_steps_down_twice_then_probes_bring_it_back():
 def test_speculation_no_faster_than_plain_steps_down():
     gov, clock, changes = make()
     run(gov, clock, 5, speculative=False, tpot=0.02)
-    run(gov, clock, 10, tpot=0.02, accepted=7)         # accepted, but no faster than plain
+    run(gov, clock, 10, tpot=0.02, accepted=7)  # accepted, but no faster than plain
     assert changes == [("speculating", "reduced", "slower_than_plain")]
 
 
 def test_requests_admitted_before_a_change_do_not_judge_the_new_level():
     gov, clock, changes = make()
-    early = [gov.admit() for _ in range(12)]           # admitted at full length
+    early = [gov.admit() for _ in range(12)]  # admitted at full length
     run(gov, clock, 5, failed=True)
     run(gov, clock, 10, failed=True)
     assert gov.cap() == 0  # plain (probing, with its probes)
     clock.now += 100
-    for cap, probe, at in early:                       # they finish late, failing: not this level's doing
+    for _cap, probe, at in early:  # they finish late, failing: not this level's doing
         gov.observe(Outcome(True, 0.01, num_draft_tokens=8, failed=True, probe=probe, admitted_at=at), 0.4)
     assert changes == [("speculating", "plain", "errors")]
 
@@ -102,13 +113,13 @@ def test_an_operator_force_holds_then_expires_back_to_the_level_before():
     run(gov, clock, 20, tpot=0.01)
     gov.force("plain", 60.0, reason="operator")
     assert gov.state == "plain" and gov.cap() == 0 and gov.forced
-    for _ in range(40):                                 # no probes while forced, and nothing judged
+    for _ in range(40):  # no probes while forced, and nothing judged
         cap, probe, _at = gov.admit()
         assert (cap, probe) == (0, False)
-    run(gov, clock, 30, tpot=0.01, failed=True)         # failures under a force do not move it
+    run(gov, clock, 30, tpot=0.01, failed=True)  # failures under a force do not move it
     assert gov.state == "plain"
     clock.now += 60.0
-    gov.admit()                                         # the first request after the time is up ends it
+    gov.admit()  # the first request after the time is up ends it
     assert gov.state == "speculating" and not gov.forced
     assert changes == [("speculating", "plain", "operator"), ("plain", "speculating", "force_expired")]
 
@@ -116,12 +127,12 @@ def test_an_operator_force_holds_then_expires_back_to_the_level_before():
 def test_a_released_force_returns_and_a_new_one_replaces_the_old():
     gov, clock, changes = make()
     gov.force("reduced", 600.0, reason="alertmanager")
-    gov.force("plain", 600.0, reason="alertmanager")    # a harsher alert: replaced, the level before kept
+    gov.force("plain", 600.0, reason="alertmanager")  # a harsher alert: replaced, the level before kept
     assert gov.cap() == 0
     gov.force(None, reason="force")
     assert gov.state == "speculating" and gov.cap() == 8
     assert [c[2] for c in changes] == ["alertmanager", "alertmanager", "force_release"]
-    gov.force(None)                                     # nothing forced: nothing to report
+    gov.force(None)  # nothing forced: nothing to report
     assert len(changes) == 3
 
 
@@ -134,16 +145,19 @@ def test_kv_cache_pressure_puts_a_floor_under_the_level_until_it_eases():
     assert gov.state == "speculating" and changes == []
     gov.kv_cache(0.93)
     assert gov.state == "reduced" and gov.cap() == 4
-    gov.kv_cache(0.90)   # between release and warning: the floor holds
+    gov.kv_cache(0.90)  # between release and warning: the floor holds
     assert gov.cap() == 4
     gov.kv_cache(0.98)
     assert gov.state == "plain" and gov.cap() == 0
-    assert all(gov.admit()[:2] == (0, False) for _ in range(3 * gov.probe_every))   # no probes
+    assert all(gov.admit()[:2] == (0, False) for _ in range(3 * gov.probe_every))  # no probes
     gov.kv_cache(0.84)
     assert gov.state == "speculating" and gov.cap() == 8
-    assert changes == [("speculating", "reduced", "kv_cache"), ("reduced", "plain", "kv_cache"),
-                       ("plain", "speculating", "kv_cache_cleared")]
-    gov.kv_cache(None)   # unknown: no floor, no change
+    assert changes == [
+        ("speculating", "reduced", "kv_cache"),
+        ("reduced", "plain", "kv_cache"),
+        ("plain", "speculating", "kv_cache_cleared"),
+    ]
+    gov.kv_cache(None)  # unknown: no floor, no change
     assert len(changes) == 3
 
 
@@ -151,9 +165,9 @@ def test_a_draft_outage_reduces_the_draft_length_and_its_end_restores_it():
     """Requests keep drafting (prompt lookup under auto; the draft breaker's probes find the model back)."""
     gov, clock, changes = make()
     gov.draft_down(True)
-    gov.draft_down(True)   # reported once
+    gov.draft_down(True)  # reported once
     assert gov.state == "reduced" and gov.admit()[0] == 4 and changes == [("speculating", "reduced", "draft_down")]
-    gov.kv_cache(0.99)     # the higher floor wins, and lifting it leaves the other
+    gov.kv_cache(0.99)  # the higher floor wins, and lifting it leaves the other
     assert gov.state == "plain"
     gov.kv_cache(0.2)
     assert gov.state == "reduced"
@@ -167,9 +181,9 @@ def test_a_floor_does_not_hide_judging_and_a_force_overrides_floors():
     gov.kv_cache(0.99)
     clock.now += 20
     gov.force("speculating", 60, reason="operator")
-    assert gov.state == "speculating" and gov.cap() == 8   # the operator's word holds over the floor
+    assert gov.state == "speculating" and gov.cap() == 8  # the operator's word holds over the floor
     gov.force(None)
-    assert gov.state == "plain"                             # the floor again, the pressure still on
+    assert gov.state == "plain"  # the floor again, the pressure still on
     gov.kv_cache(0.1)
     assert gov.state == "speculating"
     assert [why for *_, why in changes] == ["kv_cache", "operator", "operator_release", "kv_cache_cleared"]

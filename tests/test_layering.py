@@ -27,7 +27,9 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 targets.add(base)
                 targets |= {f"{base}.{a.name}" for a in node.names}
         graph[name] = {t for t in targets if t in modules and t != name}
@@ -54,7 +56,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                found.append(stack[stack.index(nxt):] + [nxt])
+                found.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt)
         stack.pop()
@@ -95,7 +97,10 @@ def test_the_bench_arithmetic_needs_no_server_client_or_framework():
     import subprocess
     import sys
 
-    code = ("import sys, trtspec.bench.arithmetic, trtspec.bench.tuning; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'tritonclient', 'torch', 'numpy', 'transformers', 'rich'}))")
+    code = (
+        "import sys, trtspec.bench.arithmetic, trtspec.bench.tuning; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'tritonclient', 'torch', 'numpy', 'transformers', "
+        "'rich'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

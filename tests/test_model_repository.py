@@ -3,7 +3,8 @@ reader sees every model and its interface. Re-rendered here from the engine conf
 engines themselves are not built in tests), it must be what deploy writes today, and hold no machine's paths.
 
 Regenerate it after `trtspec demo` with:
-    trtspec deploy -c build_configs/demo.yaml --engines demo-output/engines --repo model_repository --device cpu --portable --force
+    trtspec deploy -c build_configs/demo.yaml --engines demo-output/engines --repo model_repository \\
+        --device cpu --portable --force
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 import yaml
 
 from trtspec.config import BuildConfig
@@ -21,8 +21,10 @@ from trtspec.repository import CONFIG_FILE, MARKER_FILE, TEMPLATES_DIR, VERSION_
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = ROOT / "model_repository"
-REGENERATE = ("regenerate it: trtspec deploy -c build_configs/demo.yaml --engines demo-output/engines "
-              "--repo model_repository --device cpu --portable --force (after trtspec demo)")
+REGENERATE = (
+    "regenerate it: trtspec deploy -c build_configs/demo.yaml --engines demo-output/engines "
+    "--repo model_repository --device cpu --portable --force (after trtspec demo)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +41,16 @@ def test_it_is_what_deploy_writes_for_the_demo_pair(marker):
     config = demo_config(marker)
     assert marker["config"] == config.name == "demo"
     infos = {role: engine_info(marker["engines"][role], raw) for role, raw in marker["engine_configs"].items()}
-    plans, rendered = render_models(config, infos["target"], infos.get("draft"), device=marker["device"],
-                                    overrides=marker["overrides"])
+    plans, rendered = render_models(
+        config, infos["target"], infos.get("draft"), device=marker["device"], overrides=marker["overrides"]
+    )
     assert sorted(p.name for p in REPO.iterdir() if p.is_dir()) == sorted(p.name for p in plans)
     for plan in plans:
         assert (REPO / plan.name / CONFIG_FILE).read_text() == rendered[plan.name], f"{plan.name} drifted; {REGENERATE}"
         for source in (TEMPLATES_DIR / plan.template / VERSION_DIR).glob("*"):
-            assert (REPO / plan.name / VERSION_DIR / source.name).read_text() == source.read_text(), \
+            assert (REPO / plan.name / VERSION_DIR / source.name).read_text() == source.read_text(), (
                 f"{plan.name}/{VERSION_DIR}/{source.name} drifted; {REGENERATE}"
+            )
         assert (REPO / plan.name / VERSION_DIR).is_dir()
 
 
@@ -55,7 +59,10 @@ def test_its_engines_are_the_demo_configs(marker):
     config = demo_config(marker)
     target = engine_info(marker["engines"]["target"], marker["engine_configs"]["target"])
     assert (target.max_batch_size, target.max_input_len, target.max_draft_len) == (
-        config.engine.max_batch_size, config.engine.max_input_len, config.speculation.max_draft_len)
+        config.engine.max_batch_size,
+        config.engine.max_input_len,
+        config.speculation.max_draft_len,
+    )
     assert target.quant_algo == "FP8"
 
 

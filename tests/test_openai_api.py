@@ -1,4 +1,5 @@
-"""The OpenAI-compatible front (trtspec.openai_api) on a real tritonserver, called with the official `openai` package."""
+"""The OpenAI-compatible front (trtspec.openai_api) on a real tritonserver, called with the official `openai`
+package."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ from trtspec.openai_api.protocol import CHAT, COMPLETION, APIError, StopText, pa
 MODEL = "tiny-target"
 PROMPTS = ["The quick brown fox", "def add(a, b):"]
 # A tiny chat template: the tiny tokenizer has none.
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What does Triton serve?"}]
 
 
 # ---- without a server ----------------------------------------------------------------------------------------
+
 
 def test_stop_text_cuts_before_the_first_stop_string_across_chunks():
     stop = StopText(["END", "xyz"])
@@ -37,43 +41,49 @@ def test_stop_text_cuts_before_the_first_stop_string_across_chunks():
     assert StopText([]).push("x") == "x"
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": "x"}, "model"),
-    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
-    ({"model": "m", "prompt": [1, 2]}, "prompt"),
-    ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
-    ({"model": "m", "prompt": "x", "temperature": -0.5}, "temperature"),
-    ({"model": "m", "prompt": "x", "top_p": 2}, "top_p"),
-    ({"model": "m", "prompt": "x", "n": 3}, "n"),
-    ({"model": "m", "prompt": "x", "best_of": 2}, "best_of"),
-    ({"model": "m", "prompt": "x", "echo": True}, "echo"),
-    ({"model": "m", "prompt": "x", "logprobs": 2}, "logprobs"),
-    ({"model": "m", "prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
-    ({"model": "m", "prompt": "x", "stop": ["a", 3]}, "stop"),
-    ({"model": "m", "prompt": "x", "messages": []}, "messages"),
-    ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"model": "m", "prompt": "x", "speculation": "medusa"}, "speculation"),
-    ({"model": "m", "prompt": "x", "num_draft_tokens": -1}, "num_draft_tokens"),
-    ({"model": "m", "prompt": "x", "frobnicate": 1}, "frobnicate"),
-    ({"model": "m", "prompt": "x", "ignore_eos": "yes"}, "ignore_eos"),
-    ({"model": "m", "prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "x"}, "model"),
+        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": [1, 2]}, "prompt"),
+        ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "temperature": -0.5}, "temperature"),
+        ({"model": "m", "prompt": "x", "top_p": 2}, "top_p"),
+        ({"model": "m", "prompt": "x", "n": 3}, "n"),
+        ({"model": "m", "prompt": "x", "best_of": 2}, "best_of"),
+        ({"model": "m", "prompt": "x", "echo": True}, "echo"),
+        ({"model": "m", "prompt": "x", "logprobs": 2}, "logprobs"),
+        ({"model": "m", "prompt": "x", "logit_bias": {"5": 1}}, "logit_bias"),
+        ({"model": "m", "prompt": "x", "stop": ["a", 3]}, "stop"),
+        ({"model": "m", "prompt": "x", "messages": []}, "messages"),
+        ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"model": "m", "prompt": "x", "speculation": "medusa"}, "speculation"),
+        ({"model": "m", "prompt": "x", "num_draft_tokens": -1}, "num_draft_tokens"),
+        ({"model": "m", "prompt": "x", "frobnicate": 1}, "frobnicate"),
+        ({"model": "m", "prompt": "x", "ignore_eos": "yes"}, "ignore_eos"),
+        ({"model": "m", "prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ],
+)
 def test_bad_completion_fields_are_named(body, param):
     with pytest.raises(APIError) as err:
         parse_request(body, COMPLETION)
     assert err.value.status == 400 and err.value.param == param and param in err.value.message
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"model": "m", "messages": "hi"}, "messages"),
-    ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
-    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
-    ({"model": "m", "messages": MESSAGES, "tools": [{"type": "function"}]}, "tools"),
-    ({"model": "m", "messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
-    ({"model": "m", "messages": MESSAGES, "logprobs": True}, "logprobs"),
-    ({"model": "m", "messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": "m", "messages": "hi"}, "messages"),
+        ({"model": "m", "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+        ({"model": "m", "messages": MESSAGES, "tools": [{"type": "function"}]}, "tools"),
+        ({"model": "m", "messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"model": "m", "messages": MESSAGES, "logprobs": True}, "logprobs"),
+        ({"model": "m", "messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ],
+)
 def test_bad_chat_fields_are_named(body, param):
     with pytest.raises(APIError) as err:
         parse_request(body, CHAT)
@@ -81,14 +91,28 @@ def test_bad_chat_fields_are_named(body, param):
 
 
 def test_harmless_and_neutral_fields_are_accepted():
-    req = parse_request({"model": "m", "messages": MESSAGES, "user": "u", "logprobs": False, "tools": [],
-                         "response_format": {"type": "text"}, "presence_penalty": 0, "max_completion_tokens": 5,
-                         "max_tokens": 9, "stop": "x", "seed": None}, CHAT)
+    req = parse_request(
+        {
+            "model": "m",
+            "messages": MESSAGES,
+            "user": "u",
+            "logprobs": False,
+            "tools": [],
+            "response_format": {"type": "text"},
+            "presence_penalty": 0,
+            "max_completion_tokens": 5,
+            "max_tokens": 9,
+            "stop": "x",
+            "seed": None,
+        },
+        CHAT,
+    )
     assert req.max_tokens == 5 and req.max_tokens_param == "max_completion_tokens" and req.stop == ["x"]
     assert parse_request({"model": "m", "prompt": ["one"]}, COMPLETION).prompt == "one"
 
 
 # ---- on a real server ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
@@ -109,8 +133,13 @@ def triton(tmp_path_factory):
     tok.chat_template = TEMPLATE
     tok.save_pretrained(target)
     draft = make_perturbed_copy(target, root / "draft", noise=0.01)
-    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
-                          engine={"max_input_len": 96, "max_seq_len": 160})
+    config = write_config(
+        root / "build.yaml",
+        target,
+        draft,
+        speculation={"max_draft_len": 4},
+        engine={"max_input_len": 96, "max_seq_len": 160},
+    )
     engines = run_build(config, root / "engines")
     repo = write_repository(load_config(config), engines, root / "repo")
     server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
@@ -164,8 +193,16 @@ def test_greedy_completion_equals_the_bls(client, bls, prompt):
     assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(prompt_ids), len(reference.token_ids))
     assert out.usage.total_tokens == len(prompt_ids) + len(reference.token_ids)
 
-    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == reference.text
     finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finals) == 1 and finals[0].speculation["iterations"] >= 1
@@ -180,8 +217,9 @@ def test_chat_completion_equals_the_bls_on_the_templated_prompt(client, bls):
     assert out.usage.prompt_tokens == len(bls.tokenize(text)[0])
     assert out.usage.completion_tokens == len(reference.token_ids)
 
-    stream = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0,
-                                                 stream=True))
+    stream = list(
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, stream=True)
+    )
     assert stream[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in stream) == reference.text
     assert stream[-1].choices[0].finish_reason in ("stop", "length") and stream[-1].object == "chat.completion.chunk"
@@ -196,27 +234,33 @@ def test_chat_without_max_tokens_fills_the_context(client, bls):
 
 def test_stop_string_ends_the_text_before_it(client):
     full = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0).choices[0].text
-    word = full[len(full) // 2:len(full) // 2 + 3]
+    word = full[len(full) // 2 : len(full) // 2 + 3]
     assert word, full
-    expected = full[:full.find(word)]
+    expected = full[: full.find(word)]
     out = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=[word])
     assert out.choices[0].text == expected and out.choices[0].finish_reason == "stop"
-    streamed = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=word,
-                                         stream=True)
+    streamed = client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=word, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed) == expected
 
 
 def test_speculation_fields_reach_the_bls(client, bls):
     reference = bls.generate(PROMPTS[1], max_tokens=12, temperature=0.0).text
-    out = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0,
-                                    extra_body={"num_draft_tokens": 3, "speculation": "draft_model",
-                                                "adaptive_draft_length": False})
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPTS[1],
+        max_tokens=12,
+        temperature=0,
+        extra_body={"num_draft_tokens": 3, "speculation": "draft_model", "adaptive_draft_length": False},
+    )
     spec = out.speculation
     assert out.choices[0].text == reference  # greedy speculation changes nothing in the text
     assert spec["draft_tokens"] > 0 and 0 <= spec["acceptance_rate"] <= 1
     assert spec["accepted_draft_tokens"] <= spec["draft_tokens"] and spec["tokens_per_iteration"] > 1
-    plain = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0,
-                                      extra_body={"num_draft_tokens": 0})
+    plain = client.completions.create(
+        model=MODEL, prompt=PROMPTS[1], max_tokens=12, temperature=0, extra_body={"num_draft_tokens": 0}
+    )
     assert plain.speculation["draft_tokens"] == 0 and plain.choices[0].text == reference
 
 
@@ -227,42 +271,58 @@ def test_ignore_eos_generates_max_tokens_and_min_tokens_holds_the_end(client, bl
     ended = []
     for prompt in prompts:
         default = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0)
-        out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
-                                        extra_body={"ignore_eos": True})
+        out = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=40, temperature=0, extra_body={"ignore_eos": True}
+        )
         assert out.usage.completion_tokens == 40 and out.choices[0].finish_reason == "length"
         if default.choices[0].finish_reason == "stop":
             ended.append(prompt)
             n = default.usage.completion_tokens
-            held = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0,
-                                             extra_body={"min_tokens": n + 2})
+            held = client.completions.create(
+                model=MODEL, prompt=prompt, max_tokens=40, temperature=0, extra_body={"min_tokens": n + 2}
+            )
             assert held.usage.completion_tokens >= n + 2
             assert held.choices[0].text.startswith(default.choices[0].text)
     assert ended, "no prompt ended on the end token: choose prompts that do"
-    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=30, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=30,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[-1].usage.completion_tokens == 30
 
 
 def test_seeded_sampling_repeats(client):
     def one(seed):
-        return client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=1.0,
-                                         seed=seed).choices[0].text
+        return (
+            client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=1.0, seed=seed)
+            .choices[0]
+            .text
+        )
 
     assert one(7) == one(7)
 
 
-@pytest.mark.parametrize("kwargs, error, param", [
-    ({"n": 2}, "BadRequestError", "n"),
-    ({"max_tokens": 0}, "BadRequestError", "max_tokens"),
-    ({"max_tokens": 100000}, "BadRequestError", "max_tokens"),           # refused by the BLS, named by the front
-    ({"extra_body": {"num_draft_tokens": 99}}, "BadRequestError", "num_draft_tokens"),  # ditto
-    ({"prompt": "hello " * 200}, "BadRequestError", "prompt"),            # longer than max_input_len
-    ({"model": "gpt-4o"}, "NotFoundError", "model"),
-    ({"temperature": -1}, "BadRequestError", "temperature"),
-    ({"logprobs": 2}, "BadRequestError", "logprobs"),
-    ({"extra_body": {"frobnicate": True}}, "BadRequestError", "frobnicate"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, param",
+    [
+        ({"n": 2}, "BadRequestError", "n"),
+        ({"max_tokens": 0}, "BadRequestError", "max_tokens"),
+        ({"max_tokens": 100000}, "BadRequestError", "max_tokens"),  # refused by the BLS, named by the front
+        ({"extra_body": {"num_draft_tokens": 99}}, "BadRequestError", "num_draft_tokens"),  # ditto
+        ({"prompt": "hello " * 200}, "BadRequestError", "prompt"),  # longer than max_input_len
+        ({"model": "gpt-4o"}, "NotFoundError", "model"),
+        ({"temperature": -1}, "BadRequestError", "temperature"),
+        ({"logprobs": 2}, "BadRequestError", "logprobs"),
+        ({"extra_body": {"frobnicate": True}}, "BadRequestError", "frobnicate"),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_errors_have_openais_shape_and_the_front_keeps_serving(client, kwargs, error, param, stream):
     request = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0, "stream": stream} | kwargs
@@ -271,13 +331,20 @@ def test_errors_have_openais_shape_and_the_front_keeps_serving(client, kwargs, e
         list(out) if stream else None
     assert err.value.param == param and err.value.type == "invalid_request_error", err.value.body
     assert param in err.value.message
-    assert client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=2, temperature=0).usage.completion_tokens == 2
+    assert (
+        client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=2, temperature=0).usage.completion_tokens
+        == 2
+    )
 
 
 def test_chat_errors(client):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}])
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            max_tokens=4,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}],
+        )
     assert err.value.param == "tools"
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, n=2)
@@ -340,17 +407,35 @@ def test_chat_without_a_template_is_refused_naming_messages(triton):
             with pytest.raises(openai.BadRequestError) as err:
                 c.chat.completions.create(model="plain-tokenizer", messages=MESSAGES, max_tokens=4)
             assert err.value.param == "messages" and "chat template" in err.value.message
-            assert c.completions.create(model="plain-tokenizer", prompt="hi", max_tokens=2,
-                                        temperature=0).usage.completion_tokens == 2  # greedy: no early end
+            assert (
+                c.completions.create(
+                    model="plain-tokenizer", prompt="hi", max_tokens=2, temperature=0
+                ).usage.completion_tokens
+                == 2
+            )  # greedy: no early end
 
 
 def test_trtspec_openai_command_serves_and_stops_on_ctrl_c(triton):
     from trtspec.server import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", "openai", "--triton-url", triton.http_url,
-                             "--port", str(port), "--served-model-name", "cli"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"COLUMNS": "200"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trtspec.cli",
+            "openai",
+            "--triton-url",
+            triton.http_url,
+            "--port",
+            str(port),
+            "--served-model-name",
+            "cli",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=os.environ | {"COLUMNS": "200"},
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -364,7 +449,9 @@ def test_trtspec_openai_command_serves_and_stops_on_ctrl_c(triton):
             assert time.monotonic() < deadline, "the front did not answer /health within 60 s"
             time.sleep(0.2)
         with openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0) as c:
-            assert c.completions.create(model="cli", prompt="hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
+            assert (
+                c.completions.create(model="cli", prompt="hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
+            )
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
     finally:

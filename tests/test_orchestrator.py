@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from tiny import make_checkpoint, make_perturbed_copy, write_config
+
 from trtspec.contract import SamplingParams
 from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.loop import Cancelled, SpecRequest, speculate
@@ -26,8 +26,13 @@ def engines(tmp_path_factory):
     root = tmp_path_factory.mktemp("orch")
     target = make_checkpoint(root / "target", layers=3, seed=0)
     draft = make_perturbed_copy(target, root / "draft", noise=0.01)
-    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 8},
-                          engine={"max_input_len": 64, "max_seq_len": 128})
+    config = write_config(
+        root / "build.yaml",
+        target,
+        draft,
+        speculation={"max_draft_len": 8},
+        engine={"max_input_len": 64, "max_seq_len": 128},
+    )
     out = run_build(config, root / "engines")
     return InProcessClient(Engine.load(out / "target")), InProcessClient(Engine.load(out / "draft"))
 
@@ -38,8 +43,15 @@ def run(request, target, drafter=None, **kw):
     return tokens, stats
 
 
-def drafter_for(client, sampling=SamplingParams(), end_id=None, use_logits=False):
-    return make_drafter("draft_model", client=client, sampling=sampling, end_id=end_id, pad_id=None, use_logits=use_logits)
+def drafter_for(client, sampling=None, end_id=None, use_logits=False):
+    return make_drafter(
+        "draft_model",
+        client=client,
+        sampling=sampling or SamplingParams(),
+        end_id=end_id,
+        pad_id=None,
+        use_logits=use_logits,
+    )
 
 
 @pytest.mark.parametrize("k", range(1, 9))
@@ -105,12 +117,16 @@ def test_stops_on_end_id_and_stop_words(engines):
     target, draft = engines
     reference, end_id, first = _reference_and_an_end(target)
     for k in (0, 3):
-        tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=k, end_id=end_id), target, drafter_for(draft, end_id=end_id))
+        tokens, stats = run(
+            SpecRequest(PROMPTS[0], 30, num_draft_tokens=k, end_id=end_id), target, drafter_for(draft, end_id=end_id)
+        )
         # the end token ends the output and is not in it, as TensorRT-LLM returns it
         assert tokens == reference[:first] and stats.finish_reason == "end_id"
     stop = reference[8:10]
-    at = next(i for i in range(len(reference) - 1) if reference[i:i + 2] == stop)
-    tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, stop_words=[stop], end_id=-1), target, drafter_for(draft))
+    at = next(i for i in range(len(reference) - 1) if reference[i : i + 2] == stop)
+    tokens, stats = run(
+        SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, stop_words=[stop], end_id=-1), target, drafter_for(draft)
+    )
     assert tokens == reference[: at + 2] and stats.finish_reason == "stop_words"
 
 
@@ -124,9 +140,12 @@ def test_stops_on_every_end_id_the_model_declares(engines):
             assert tokens == reference[:first] and stats.finish_reason == "end_id"
     # not before min_tokens: the engine masks only its one end_id, so the loop holds the others back too
     later = [i for i, t in enumerate(reference) if t == other and i > first]
-    tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, end_id=None, other_end_ids=[other],
-                                    min_tokens=first + 1), target, drafter_for(draft))
-    assert tokens == reference[:later[0]] if later else tokens == reference
+    tokens, stats = run(
+        SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, end_id=None, other_end_ids=[other], min_tokens=first + 1),
+        target,
+        drafter_for(draft),
+    )
+    assert tokens == reference[: later[0]] if later else tokens == reference
     assert stats.finish_reason == ("end_id" if later else "length")
 
 
@@ -150,7 +169,9 @@ def test_sampling_is_reproducible_with_a_seed(engines, use_logits):
     make = lambda: drafter_for(draft, sampling=sampling, use_logits=use_logits)  # noqa: E731
     first, _ = run(SpecRequest(PROMPTS[2], 25, num_draft_tokens=3, sampling=sampling), target, make())
     second, _ = run(SpecRequest(PROMPTS[2], 25, num_draft_tokens=3, sampling=sampling), target, make())
-    other, _ = run(SpecRequest(PROMPTS[2], 25, num_draft_tokens=3, sampling=SamplingParams(0.8, 50, 0.0, 99)), target, make())
+    other, _ = run(
+        SpecRequest(PROMPTS[2], 25, num_draft_tokens=3, sampling=SamplingParams(0.8, 50, 0.0, 99)), target, make()
+    )
     assert first == second
     assert first != other
 
@@ -180,6 +201,7 @@ def test_orchestrator_imports_neither_triton_nor_the_engine():
 
 def test_incremental_detokenizer_streams_valid_utf8(tmp_path):
     from tiny import make_tokenizer
+
     from trtspec.orchestrator.detok import IncrementalDetokenizer
 
     tokenizer = make_tokenizer(tmp_path, 320)
@@ -187,7 +209,7 @@ def test_incremental_detokenizer_streams_valid_utf8(tmp_path):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     for step in (1, 2, 3):
         detok = IncrementalDetokenizer(tokenizer)
-        pieces = [detok.push(ids[i:i + step]) for i in range(0, len(ids), step)]
+        pieces = [detok.push(ids[i : i + step]) for i in range(0, len(ids), step)]
         pieces.append(detok.flush())
         assert "".join(pieces) == tokenizer.decode(ids)
         assert all("\ufffd" not in p for p in pieces)
@@ -202,12 +224,17 @@ def test_acceptance_is_read_off_the_tokens_not_the_optional_perf_outputs():
 
     class Agreeable:  # output_ids and sequence_length only: the draft accepted whole, then token 7
         def generate(self, request):
-            new = list(request.draft_input_ids or []) + [7] if request.draft_input_ids else [7] * request.request_output_len
+            new = (
+                list(request.draft_input_ids or []) + [7]
+                if request.draft_input_ids
+                else [7] * request.request_output_len
+            )
             return GenerationResult(request.input_ids + new, new)
 
     class Repeating:  # drafts 7s: always right
         def propose(self, context, k):
             from trtspec.orchestrator.drafters import Draft
+
             return Draft([7] * k)
 
         def observe(self, *, num_draft_tokens, num_accepted_tokens):
@@ -217,7 +244,11 @@ def test_acceptance_is_read_off_the_tokens_not_the_optional_perf_outputs():
     tokens, stats = run(SpecRequest([1, 2, 3], 200, num_draft_tokens=4), Agreeable(), Repeating(), policy=policy)
     assert len(tokens) == 200 and stats.num_accepted_tokens == stats.num_draft_tokens > 150
     assert not policy.fallbacks
-    assert accepted_prefix([4, 5, 6], [4, 5, 9, 1]) == 2 and accepted_prefix([4], [5]) == 0 and accepted_prefix([], [5]) == 0
+    assert (
+        accepted_prefix([4, 5, 6], [4, 5, 9, 1]) == 2
+        and accepted_prefix([4], [5]) == 0
+        and accepted_prefix([], [5]) == 0
+    )
 
 
 def test_a_failing_drafter_ends_speculation_not_the_request(engines):
@@ -244,9 +275,11 @@ def test_a_failing_drafter_ends_speculation_not_the_request(engines):
     for after in (0, 2):
         reference, _ = run(SpecRequest(PROMPTS[0], 30, end_id=-1), target)
         drafter = Failing(drafter_for(draft), after)
-        tokens, stats = run(SpecRequest(PROMPTS[0], 30, num_draft_tokens=4, end_id=-1), target, drafter, on_draft_failed=heard.append)
+        tokens, stats = run(
+            SpecRequest(PROMPTS[0], 30, num_draft_tokens=4, end_id=-1), target, drafter, on_draft_failed=heard.append
+        )
         assert tokens == reference and stats.generated_tokens == 30
-        assert stats.fallbacks == {"draft_error": 1} and drafter.calls == after + 1   # tried once, then never again
+        assert stats.fallbacks == {"draft_error": 1} and drafter.calls == after + 1  # tried once, then never again
         assert (stats.num_draft_tokens > 0) == (after > 0)
     assert len(heard) == 2
 
@@ -257,8 +290,13 @@ def test_the_draft_breaker_skips_a_failing_model_and_probes_it_again():
 
     now = [0.0]
     events = []
-    breaker = DraftBreaker(cooldown=2.0, max_cooldown=5.0, clock=lambda: now[0],
-                           on_down=lambda cause: events.append(("down", str(cause))), on_up=lambda: events.append(("up",)))
+    breaker = DraftBreaker(
+        cooldown=2.0,
+        max_cooldown=5.0,
+        clock=lambda: now[0],
+        on_down=lambda cause: events.append(("down", str(cause))),
+        on_up=lambda: events.append(("up",)),
+    )
 
     class Model:
         healthy, calls = True, 0
@@ -278,8 +316,8 @@ def test_the_draft_breaker_skips_a_failing_model_and_probes_it_again():
     for _ in range(2):
         with pytest.raises(DraftFailed):
             guarded.propose([0], 2)
-    assert Model.calls == 2                       # the second request did not call the broken model
-    now[0] = 2.5                                  # the cool-down is over: one probe, which fails; the next waits 4 s
+    assert Model.calls == 2  # the second request did not call the broken model
+    now[0] = 2.5  # the cool-down is over: one probe, which fails; the next waits 4 s
     with pytest.raises(DraftFailed):
         guarded.propose([0], 2)
     assert Model.calls == 3
@@ -290,7 +328,7 @@ def test_the_draft_breaker_skips_a_failing_model_and_probes_it_again():
     now[0] = 7.0
     Model.healthy = True
     assert guarded.propose([0], 2).tokens == [1, 1] and not breaker.down
-    assert events == [("down", "stub died"), ("up",)]     # once per outage, not once per request
+    assert events == [("down", "stub died"), ("up",)]  # once per outage, not once per request
 
 
 def test_calls_from_before_an_outage_do_not_stretch_its_cool_down():
@@ -301,20 +339,20 @@ def test_calls_from_before_an_outage_do_not_stretch_its_cool_down():
     now = [0.0]
     failures = []
     breaker = DraftBreaker(cooldown=2.0, max_cooldown=60.0, clock=lambda: now[0], on_failure=failures.append)
-    admitted = [breaker.admit() for _ in range(8)]          # eight requests drafting at once
+    admitted = [breaker.admit() for _ in range(8)]  # eight requests drafting at once
     assert admitted == [CALL] * 8
     for a in admitted:
         breaker.failed(RuntimeError("not healthy"), a)
     assert breaker.failures == 1 and len(failures) == 1
     now[0] = 2.1
     probe = breaker.admit()
-    assert probe == PROBE and breaker.admit() is None        # one probe at a time
-    breaker.succeeded(CALL)                                  # a late answer from before the outage
+    assert probe == PROBE and breaker.admit() is None  # one probe at a time
+    breaker.succeeded(CALL)  # a late answer from before the outage
     assert breaker.down
     breaker.failed(RuntimeError("still loading"), probe)
     assert breaker.failures == 2 and len(failures) == 2
     now[0] = 2.1 + 3.9
-    assert breaker.admit() is None                           # the second cool-down is 4 s, not 2 ** 8
+    assert breaker.admit() is None  # the second cool-down is 4 s, not 2 ** 8
     now[0] = 6.2
     probe = breaker.admit()
     breaker.succeeded(probe)
@@ -323,10 +361,12 @@ def test_calls_from_before_an_outage_do_not_stretch_its_cool_down():
 
 # ---- speculation: auto ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def copier(tmp_path_factory):
     """A target that copies (a bigram model: see tiny.make_bigram_copy) and a draft of its vocabulary."""
     from tiny import make_bigram_copy
+
     from trtspec.compile import run_build
     from trtspec.engine.runtime import Engine, InProcessClient
 
@@ -334,8 +374,13 @@ def copier(tmp_path_factory):
     base = make_checkpoint(root / "base", layers=1, seed=3)
     target = make_bigram_copy(base, root / "target")
     draft = make_perturbed_copy(base, root / "draft", noise=0.01)
-    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 8},
-                          engine={"max_input_len": 96, "max_seq_len": 160})
+    config = write_config(
+        root / "build.yaml",
+        target,
+        draft,
+        speculation={"max_draft_len": 8},
+        engine={"max_input_len": 96, "max_seq_len": 160},
+    )
     out = run_build(config, root / "engines")
     return InProcessClient(Engine.load(out / "target")), InProcessClient(Engine.load(out / "draft"))
 
@@ -357,8 +402,9 @@ def test_auto_copies_a_passage_with_prompt_lookup(copier):
     reference, _ = run(SpecRequest(prompt, 24, end_id=-1), target)
     assert reference == passage  # the copier copies
     auto, model = auto_drafter(draft)
-    tokens, stats = run(SpecRequest(prompt, 24, num_draft_tokens=4, end_id=-1), target, auto,
-                        policy=AdaptiveDraftLength(4))
+    tokens, stats = run(
+        SpecRequest(prompt, 24, num_draft_tokens=4, end_id=-1), target, auto, policy=AdaptiveDraftLength(4)
+    )
     assert tokens == reference
     assert stats.sources.get("prompt_lookup", 0) >= 4 and model.asked == []
     assert stats.acceptance_rate == 1.0
@@ -372,8 +418,12 @@ def test_auto_drafts_free_text_with_the_model(engines):
     for prompt in PROMPTS:
         reference, _ = run(SpecRequest(prompt, 30, end_id=-1), target)
         auto, model = auto_drafter(draft)
-        tokens, stats = run(SpecRequest(prompt, 30, num_draft_tokens=4, end_id=-1), target, auto,
-                            policy=AdaptiveDraftLength(4, margin=-1.0))  # never falls back: every iteration drafts
+        tokens, stats = run(
+            SpecRequest(prompt, 30, num_draft_tokens=4, end_id=-1),
+            target,
+            auto,
+            policy=AdaptiveDraftLength(4, margin=-1.0),
+        )  # never falls back: every iteration drafts
         assert tokens == reference
         assert len(model.asked) == stats.sources["draft_model"] > stats.sources.get("prompt_lookup", 0)
 
@@ -406,8 +456,9 @@ def test_auto_keeps_prompt_lookup_when_the_draft_model_fails(engines):
     reference, _ = run(SpecRequest(prompt, 40, end_id=-1), target)
     auto = make_drafter("auto", model=Failing(), lookup=make_drafter("prompt_lookup"))
     failures = []
-    tokens, stats = run(SpecRequest(prompt, 40, num_draft_tokens=4, end_id=-1), target, auto,
-                        on_draft_failed=failures.append)
+    tokens, stats = run(
+        SpecRequest(prompt, 40, num_draft_tokens=4, end_id=-1), target, auto, on_draft_failed=failures.append
+    )
     assert tokens == reference
     assert Failing.calls == len(failures) == stats.fallbacks["draft_error"] == 1
     assert stats.sources.get("prompt_lookup", 0) > 0 and "draft_model" not in stats.sources

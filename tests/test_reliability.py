@@ -15,12 +15,16 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from test_serving import grpc_generate, ids_of
 
 PROMPT = "The quick brown fox"
-SPECULATIVE = {"text_input": PROMPT, "max_tokens": 24, "num_draft_tokens": 4, "adaptive_draft_length": False,
-               "return_perf_metrics": True}
+SPECULATIVE = {
+    "text_input": PROMPT,
+    "max_tokens": 24,
+    "num_draft_tokens": 4,
+    "adaptive_draft_length": False,
+    "return_perf_metrics": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +32,10 @@ def server(tmp_path_factory):
     from tiny import served_pair
 
     # two requests served at once and one more allowed to wait: the queue test below fills both
-    server = served_pair(tmp_path_factory.mktemp("reliability"),
-                         overrides={"max_concurrent_requests": 2, "max_queued_requests": 1, "draft_timeout_ms": 3000})
+    server = served_pair(
+        tmp_path_factory.mktemp("reliability"),
+        overrides={"max_concurrent_requests": 2, "max_queued_requests": 1, "draft_timeout_ms": 3000},
+    )
     # As a repository served before: its model.py files compiled, so loading writes nothing into it and Triton
     # sees its files unchanged, which is when loading a model again does nothing and only a reload brings it back.
     compileall.compile_dir(server.repo, quiet=1)
@@ -43,8 +49,10 @@ def server(tmp_path_factory):
 # "terminate called after throwing an instance of 'boost::interprocess::lock_exception'" in the log. Holding every
 # call back while a reload runs (tried) did not stop it; a supervisor (Kubernetes' liveness probe) restarts such a
 # server. The test reports it as an expected failure naming it; any other failure fails.
-TRITON_ABORT = ("tritonserver aborted (boost::interprocess::lock_exception) while freeing the killed stub's model: "
-                "Triton 2.51's Python backend, not trtspec")
+TRITON_ABORT = (
+    "tritonserver aborted (boost::interprocess::lock_exception) while freeing the killed stub's model: "
+    "Triton 2.51's Python backend, not trtspec"
+)
 
 
 def _aborted_freeing_a_killed_stub(server) -> bool:
@@ -53,6 +61,7 @@ def _aborted_freeing_a_killed_stub(server) -> bool:
 
 def kills_a_stub(test):
     """A test that SIGKILLs a stub: Triton's abort (TRITON_ABORT) makes it an expected failure naming it."""
+
     @functools.wraps(test)
     def run(server, *args, **kwargs):
         try:
@@ -61,6 +70,7 @@ def kills_a_stub(test):
             if _aborted_freeing_a_killed_stub(server):
                 pytest.xfail(TRITON_ABORT)
             raise
+
     return run
 
 
@@ -99,11 +109,11 @@ def test_a_killed_draft_model_costs_speed_not_answers(server):
         os.kill(pid, signal.SIGKILL)
     time.sleep(1.0)
 
-    after = grpc_generate(server.grpc_url, SPECULATIVE)        # the draft call fails: the target alone answers
+    after = grpc_generate(server.grpc_url, SPECULATIVE)  # the draft call fails: the target alone answers
     assert ids_of(after) == reference
     assert "draft_error:1" in _fallbacks(after)
     assert _metric(server, "draft_error") > metric_before
-    again = grpc_generate(server.grpc_url, SPECULATIVE)        # later requests skip the broken draft, same answer
+    again = grpc_generate(server.grpc_url, SPECULATIVE)  # later requests skip the broken draft, same answer
     assert ids_of(again) == reference
 
     # the BLS reloads the model whose process died (explicit model control), and speculation comes back
@@ -139,13 +149,14 @@ def test_a_draft_model_killed_while_requests_draft(server):
                 streaming.wait(timeout=60)
 
         with SpecClient(server.grpc_url, "grpc", timeout=120) as client:
-            results[i] = client.generate(PROMPT, max_tokens=240, num_draft_tokens=4, adaptive_draft_length=False,
-                                         stream=True, on_chunk=on_chunk)
+            results[i] = client.generate(
+                PROMPT, max_tokens=240, num_draft_tokens=4, adaptive_draft_length=False, stream=True, on_chunk=on_chunk
+            )
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
-    streaming.wait(timeout=60)                                  # both are past their first token
+    streaming.wait(timeout=60)  # both are past their first token
     for pid in server.stub_pids("tensorrt_llm_draft"):
         os.kill(pid, signal.SIGKILL)
     for t in threads:
@@ -161,7 +172,7 @@ def test_a_draft_model_killed_while_requests_draft(server):
         assert time.monotonic() < deadline, "speculation did not come back after the draft model was killed mid-request"
         time.sleep(1.0)
     log = server.log_path.read_text(errors="replace")
-    assert log.count("requests decode without it") == 2             # once for this outage, once for the first test's
+    assert log.count("requests decode without it") == 2  # once for this outage, once for the first test's
     assert log.count("answers again; speculation with it resumes") == 2
 
 
@@ -183,7 +194,7 @@ def test_requests_beyond_the_queue_are_refused_at_once_and_the_rest_are_served(s
     refused = [o for o in outcomes if isinstance(o, str)]
     assert refused and all("max_queued_requests" in o for o in refused), outcomes
     assert [o for o in outcomes if not isinstance(o, str)] == [reference] * (6 - len(refused))
-    assert len(refused) <= 3                                        # 2 served + 1 waiting always get through
+    assert len(refused) <= 3  # 2 served + 1 waiting always get through
     assert ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8})) == reference[:8]
 
 
@@ -195,7 +206,10 @@ def test_a_request_past_its_deadline_ends_with_an_error_naming_the_field(server)
     with pytest.raises(InferenceServerException, match="timeout_ms"):
         grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 4, "timeout_ms": -1})
     reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8}))
-    assert ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8, "timeout_ms": 60000})) == reference
+    assert (
+        ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 8, "timeout_ms": 60000}))
+        == reference
+    )
 
 
 @kills_a_stub
@@ -206,8 +220,10 @@ def test_a_killed_target_costs_time_not_requests(server):
     backend sends them nothing more) and are given up."""
     reference = ids_of(grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 120}))
     # as many at once as the fixture serves and queues
-    bodies = [{"text_input": PROMPT, "max_tokens": 120, "stream": stream, **extra}
-              for stream, extra in ((True, {"num_draft_tokens": 0}), (False, {}), (True, {"speculation": "draft_model"}))]
+    bodies = [
+        {"text_input": PROMPT, "max_tokens": 120, "stream": stream, **extra}
+        for stream, extra in ((True, {"num_draft_tokens": 0}), (False, {}), (True, {"speculation": "draft_model"}))
+    ]
 
     def kill():
         for pid in server.stub_pids("tensorrt_llm"):
@@ -220,7 +236,7 @@ def test_a_killed_target_costs_time_not_requests(server):
         results: list = [None] * len(bodies)
         streaming = threading.Event()
 
-        def run(i):
+        def run(i, results=results, streaming=streaming):  # this round's, bound now
             try:
                 results[i] = ids_of(grpc_generate(server.grpc_url, bodies[i], first=streaming if i == 0 else None))
             except Exception as exc:  # reported below with the others

@@ -7,16 +7,21 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
 import torch
+from conftest import MAX_DRAFT_LEN, MAX_SEQ_LEN
 from safetensors.torch import load_file
 
-from conftest import MAX_DRAFT_LEN, MAX_SEQ_LEN
 from trtspec.contract import (
-    ENGINE_OUTPUTS, KV_TOKENS_PER_BLOCK, GenerationRequest, SamplingParams, request_to_tensors, tensors_to_request,
+    ENGINE_OUTPUTS,
+    KV_TOKENS_PER_BLOCK,
+    GenerationRequest,
+    SamplingParams,
+    request_to_tensors,
+    tensors_to_request,
 )
 from trtspec.engine import fp8
 from trtspec.engine.runtime import Engine, InProcessClient
@@ -33,6 +38,7 @@ N = 32  # tokens per reference continuation
 
 
 # ---- references ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def hf_models(tiny_pair, built_fp8):
@@ -53,14 +59,20 @@ def hf_models(tiny_pair, built_fp8):
 def reference(hf_models):
     """greedy(kind, prompt, n): Hugging Face `generate` with do_sample=False (stops at eos, as the engine)."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def greedy(kind: str, prompt: tuple[int, ...], n: int = N) -> tuple[list[int], np.ndarray]:
         ids = torch.tensor([prompt])
         out = hf_models[kind].generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-            eos_token_id=EOS, pad_token_id=1, return_dict_in_generate=True, output_logits=True,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=EOS,
+            pad_token_id=1,
+            return_dict_in_generate=True,
+            output_logits=True,
         )
-        tokens = out.sequences[0, len(prompt):].tolist()
+        tokens = out.sequences[0, len(prompt) :].tolist()
         return tokens, torch.cat(out.logits).float().numpy()
 
     return greedy
@@ -83,6 +95,7 @@ def corrupt(tokens: list[int], at: int) -> list[int]:
 
 
 # ---- greedy generation ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["none", "fp8"])
 def test_greedy_equals_hugging_face(engines, reference, kind):
@@ -130,6 +143,7 @@ def test_exclude_input_and_end_id(engines, reference):
 
 # ---- verification of drafts -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["none", "fp8"])
 @pytest.mark.parametrize("m", range(MAX_DRAFT_LEN + 1))
 def test_verify_accepts_the_matching_prefix(engines, reference, kind, m):
@@ -161,7 +175,7 @@ def test_speculative_loop_equals_greedy(engines, reference, kind):
         seq, new, accepted = list(prompt), [], 0
         while len(new) < len(expected) and (not new or new[-1] != EOS):
             k = rng.randint(1, MAX_DRAFT_LEN)
-            draft = expected[len(new): len(new) + k] or [7]
+            draft = expected[len(new) : len(new) + k] or [7]
             draft += [7] * (k - len(draft))  # past the end of the reference: anything
             if rng.random() < 0.5:
                 draft = corrupt(draft, rng.randrange(k))
@@ -191,7 +205,7 @@ def test_end_id_inside_the_draft_stops_the_output(engines, reference):
     result = engines["fp8"].generate(req(prompt, draft_input_ids=corrupt(draft, j), end_id=draft[j]))
     assert result.new_tokens == expected[:j] and result.num_accepted_tokens == j
     # the kept KV cache is consistent: the next request continues correctly
-    result = engines["fp8"].generate(req(list(prompt) + expected[:j + 1], n=4))
+    result = engines["fp8"].generate(req(list(prompt) + expected[: j + 1], n=4))
     assert result.new_tokens == reference("fp8", tuple(prompt) + tuple(expected[: j + 1]), 4)[0]
 
 
@@ -219,6 +233,7 @@ def test_verify_at_the_edge_of_max_seq_len(engines):
 
 # ---- prefix cache ---------------------------------------------------------------------------------------------
 
+
 def _bls_session(engine: Engine, reference) -> list:
     """Two conversations, interleaved, re-sending the growing sequence each step as the BLS does; the
     second shares the first's first tokens (a common system prompt). Returns every result."""
@@ -226,7 +241,7 @@ def _bls_session(engine: Engine, reference) -> list:
     conversations = [list(PROMPTS[2]), list(PROMPTS[2][:24]) + [300, 301, 302]]
     results = []
     for step in range(12):
-        for c, seq in enumerate(conversations):
+        for seq in conversations:
             if step % 4 == 3:  # a plain generate step now and then
                 result = engine.generate(req(seq, n=2, end_id=-1, return_generation_logits=True))
             else:
@@ -234,8 +249,9 @@ def _bls_session(engine: Engine, reference) -> list:
                 draft = (expected + [3] * MAX_DRAFT_LEN)[:MAX_DRAFT_LEN]
                 if rng.random() < 0.5:
                     draft = corrupt(draft, rng.randrange(MAX_DRAFT_LEN))
-                result = engine.generate(req(seq, n=MAX_DRAFT_LEN + 1, end_id=-1, draft_input_ids=draft,
-                                             return_generation_logits=True))
+                result = engine.generate(
+                    req(seq, n=MAX_DRAFT_LEN + 1, end_id=-1, draft_input_ids=draft, return_generation_logits=True)
+                )
             seq += result.new_tokens
             results.append(result)
     return results
@@ -283,8 +299,15 @@ def test_sampling_is_seeded_and_cache_independent(built_fp8):
     assert a.generate(req(PROMPTS[0], n=16, sampling=other, end_id=-1)).new_tokens != first.new_tokens
     # verification with draft logits under sampling runs and respects the limits
     draft_logits = np.random.default_rng(0).normal(size=(MAX_DRAFT_LEN, VOCAB)).astype(np.float32)
-    result = a.generate(req(PROMPTS[0], n=8, sampling=sampling, draft_input_ids=first.new_tokens[:MAX_DRAFT_LEN],
-                            draft_logits=draft_logits))
+    result = a.generate(
+        req(
+            PROMPTS[0],
+            n=8,
+            sampling=sampling,
+            draft_input_ids=first.new_tokens[:MAX_DRAFT_LEN],
+            draft_logits=draft_logits,
+        )
+    )
     assert 1 <= len(result.new_tokens) <= MAX_DRAFT_LEN + 1 and result.num_draft_tokens == MAX_DRAFT_LEN
 
 
@@ -301,9 +324,21 @@ BAD_REQUESTS = {
     "draft on the draft engine": ("draft", req([5], n=4, draft_input_ids=[1, 2]), "draft_input_ids"),
     "too many draft tokens": ("target", req([5], n=8, draft_input_ids=[1] * (MAX_DRAFT_LEN + 1)), "draft_input_ids"),
     "draft id outside vocab": ("target", req([5], n=4, draft_input_ids=[1, VOCAB]), "draft_input_ids"),
-    "draft_logits rows": ("target", req([5], n=4, draft_input_ids=[1, 2], draft_logits=np.zeros((3, VOCAB), np.float32)), "draft_logits"),
-    "draft_logits vocab": ("target", req([5], n=4, draft_input_ids=[1, 2], draft_logits=np.zeros((2, VOCAB - 1), np.float32)), "draft_logits"),
-    "draft_logits 1-d": ("target", req([5], n=4, draft_input_ids=[1], draft_logits=np.zeros(VOCAB, np.float32)), "draft_logits"),
+    "draft_logits rows": (
+        "target",
+        req([5], n=4, draft_input_ids=[1, 2], draft_logits=np.zeros((3, VOCAB), np.float32)),
+        "draft_logits",
+    ),
+    "draft_logits vocab": (
+        "target",
+        req([5], n=4, draft_input_ids=[1, 2], draft_logits=np.zeros((2, VOCAB - 1), np.float32)),
+        "draft_logits",
+    ),
+    "draft_logits 1-d": (
+        "target",
+        req([5], n=4, draft_input_ids=[1], draft_logits=np.zeros(VOCAB, np.float32)),
+        "draft_logits",
+    ),
     "draft_logits alone": ("target", req([5], n=4, draft_logits=np.zeros((1, VOCAB), np.float32)), "draft_logits"),
 }
 
@@ -332,18 +367,45 @@ def test_limits_are_inclusive(built_fp8):
     assert engine.generate(req([5], n=4, draft_input_ids=[1, 2], draft_logits=wide)).num_draft_tokens == 2
 
 
-@pytest.mark.parametrize("tensors, field", [
-    ({"input_ids": np.array([[1, 2]], np.int32), "request_output_len": np.array([[4]], np.int32)}, "input_lengths"),
-    ({"input_ids": np.array([[1, 2]], np.int32), "input_lengths": np.array([[2]], np.int32)}, "request_output_len"),
-    ({"input_ids": np.array([[1.0, 2.0]], np.float32), "input_lengths": np.array([[2]], np.int32),
-      "request_output_len": np.array([[4]], np.int32)}, "input_ids"),
-    ({"input_ids": np.array([[1, 2], [3, 4]], np.int32), "input_lengths": np.array([[2]], np.int32),
-      "request_output_len": np.array([[4]], np.int32)}, "input_ids"),
-    ({"input_ids": np.array([[1, 2]], np.int32), "input_lengths": np.array([[3]], np.int32),
-      "request_output_len": np.array([[4]], np.int32)}, "input_lengths"),
-    ({"input_ids": np.array([[1, 2]], np.int32), "input_lengths": np.array([[2]], np.int32),
-      "request_output_len": np.array([[4, 5]], np.int32)}, "request_output_len"),
-])
+@pytest.mark.parametrize(
+    "tensors, field",
+    [
+        ({"input_ids": np.array([[1, 2]], np.int32), "request_output_len": np.array([[4]], np.int32)}, "input_lengths"),
+        ({"input_ids": np.array([[1, 2]], np.int32), "input_lengths": np.array([[2]], np.int32)}, "request_output_len"),
+        (
+            {
+                "input_ids": np.array([[1.0, 2.0]], np.float32),
+                "input_lengths": np.array([[2]], np.int32),
+                "request_output_len": np.array([[4]], np.int32),
+            },
+            "input_ids",
+        ),
+        (
+            {
+                "input_ids": np.array([[1, 2], [3, 4]], np.int32),
+                "input_lengths": np.array([[2]], np.int32),
+                "request_output_len": np.array([[4]], np.int32),
+            },
+            "input_ids",
+        ),
+        (
+            {
+                "input_ids": np.array([[1, 2]], np.int32),
+                "input_lengths": np.array([[3]], np.int32),
+                "request_output_len": np.array([[4]], np.int32),
+            },
+            "input_lengths",
+        ),
+        (
+            {
+                "input_ids": np.array([[1, 2]], np.int32),
+                "input_lengths": np.array([[2]], np.int32),
+                "request_output_len": np.array([[4, 5]], np.int32),
+            },
+            "request_output_len",
+        ),
+    ],
+)
 def test_bad_tensors_name_the_tensor(built_fp8, tensors, field):
     engine = Engine.load(built_fp8.target)
     with pytest.raises(RequestError) as info:
@@ -352,6 +414,7 @@ def test_bad_tensors_name_the_tensor(built_fp8, tensors, field):
 
 
 # ---- loading --------------------------------------------------------------------------------------------------
+
 
 def test_load_errors(built_fp8, tmp_path):
     with pytest.raises(EngineError, match="config.json is missing"):
@@ -402,6 +465,7 @@ def test_load_errors(built_fp8, tmp_path):
 
 # ---- the tensor contract --------------------------------------------------------------------------------------
 
+
 def test_in_process_client_round_trip(built_fp8, reference):
     direct, client_engine = Engine.load(built_fp8.target), Engine.load(built_fp8.target)
     client = InProcessClient(client_engine)
@@ -410,15 +474,25 @@ def test_in_process_client_round_trip(built_fp8, reference):
     requests = [
         req(prompt, n=6),
         req(prompt, n=6, exclude_input_in_output=True, return_generation_logits=True),
-        req(list(prompt) + expected[:6], n=MAX_DRAFT_LEN + 1, draft_input_ids=expected[6:6 + MAX_DRAFT_LEN]),
-        req(list(prompt) + expected[:11], n=MAX_DRAFT_LEN + 1, draft_input_ids=corrupt(expected[11:11 + MAX_DRAFT_LEN], 2),
-            draft_logits=np.zeros((MAX_DRAFT_LEN, VOCAB), np.float32), return_generation_logits=True),
-        req(list(prompt) + expected[:14], n=MAX_DRAFT_LEN + 1, draft_input_ids=expected[14:14 + MAX_DRAFT_LEN],
-            sampling=SamplingParams(temperature=0.8, top_k=20, seed=5), draft_logits=np.zeros((MAX_DRAFT_LEN, VOCAB), np.float32)),
+        req(list(prompt) + expected[:6], n=MAX_DRAFT_LEN + 1, draft_input_ids=expected[6 : 6 + MAX_DRAFT_LEN]),
+        req(
+            list(prompt) + expected[:11],
+            n=MAX_DRAFT_LEN + 1,
+            draft_input_ids=corrupt(expected[11 : 11 + MAX_DRAFT_LEN], 2),
+            draft_logits=np.zeros((MAX_DRAFT_LEN, VOCAB), np.float32),
+            return_generation_logits=True,
+        ),
+        req(
+            list(prompt) + expected[:14],
+            n=MAX_DRAFT_LEN + 1,
+            draft_input_ids=expected[14 : 14 + MAX_DRAFT_LEN],
+            sampling=SamplingParams(temperature=0.8, top_k=20, seed=5),
+            draft_logits=np.zeros((MAX_DRAFT_LEN, VOCAB), np.float32),
+        ),
     ]
     results = []
     for request in requests:
-        request.return_perf_metrics = True   # the counts come back through the perf outputs, as from TensorRT-LLM
+        request.return_perf_metrics = True  # the counts come back through the perf outputs, as from TensorRT-LLM
         a, b = direct.generate(request), client.generate(request)
         assert b.output_ids == a.output_ids and b.new_tokens == a.new_tokens
         assert (b.num_draft_tokens, b.num_accepted_tokens) == (a.num_draft_tokens, a.num_accepted_tokens)
@@ -439,17 +513,30 @@ def test_in_process_client_round_trip(built_fp8, reference):
 def test_serve_outputs_follow_the_name_table(built_fp8):
     engine = Engine.load(built_fp8.target)
     plain = engine.serve(request_to_tensors(req(PROMPTS[0], n=5, draft_input_ids=[1, 2, 3])))
-    assert set(plain) == {"output_ids", "sequence_length"}   # perf outputs only when asked, as TensorRT-LLM
-    tensors = request_to_tensors(req(PROMPTS[0], n=5, draft_input_ids=[1, 2, 3], return_generation_logits=True,
-                                     return_perf_metrics=True, return_log_probs=True, return_context_logits=True,
-                                     return_num_input_tokens=True, return_num_output_tokens=True))
+    assert set(plain) == {"output_ids", "sequence_length"}  # perf outputs only when asked, as TensorRT-LLM
+    tensors = request_to_tensors(
+        req(
+            PROMPTS[0],
+            n=5,
+            draft_input_ids=[1, 2, 3],
+            return_generation_logits=True,
+            return_perf_metrics=True,
+            return_log_probs=True,
+            return_context_logits=True,
+            return_num_input_tokens=True,
+            return_num_output_tokens=True,
+        )
+    )
     assert tensors_to_request(tensors).draft_input_ids == [1, 2, 3]
     out = engine.serve(tensors)
     specs = {s.name: s for s in ENGINE_OUTPUTS}
     # then all of them, but those of features the embedded engine has not (disaggregated serving, several
     # sequences per request)
     assert set(out) == set(specs) - {"batch_index", "sequence_index", "context_phase_params"}
-    times = [int(out[n][0, 0]) for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")]
+    times = [
+        int(out[n][0, 0])
+        for n in ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+    ]
     assert times == sorted(times) and times[0] > 0
     for name, value in out.items():
         assert value.dtype == specs[name].np_dtype, name

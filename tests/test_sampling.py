@@ -15,9 +15,9 @@ N = 20_000
 # chi-square critical values at p = 0.001 by degrees of freedom (checked against the regularized gamma function)
 CHI2_CRITICAL_0_001 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 35: 66.619}
 
-SAMPLE = SamplingParams(temperature=1.0, top_p=1.0)   # top_k 0 and top_p 0 would be greedy, as in TensorRT-LLM
-P_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, 1.5])   # the target's logits at position 0
-Q_LOGITS = torch.tensor([0.0, 1.5, 1.0, 2.0, -1.0, 0.0])   # the draft's: a quite different distribution
+SAMPLE = SamplingParams(temperature=1.0, top_p=1.0)  # top_k 0 and top_p 0 would be greedy, as in TensorRT-LLM
+P_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, 1.5])  # the target's logits at position 0
+Q_LOGITS = torch.tensor([0.0, 1.5, 1.0, 2.0, -1.0, 0.0])  # the draft's: a quite different distribution
 BONUS_LOGITS = torch.tensor([0.0, 0.3, -0.2, 0.9, 0.1, -0.4])
 
 
@@ -35,7 +35,9 @@ def chi_square(counts: torch.Tensor, expected_probs: torch.Tensor) -> tuple[floa
 
 def assert_distributed_as(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
     stat, df = chi_square(counts, expected_probs)
-    assert stat < CHI2_CRITICAL_0_001[df], f"chi-square {stat:.1f} >= {CHI2_CRITICAL_0_001[df]} (df {df}): {counts.tolist()}"
+    assert stat < CHI2_CRITICAL_0_001[df], (
+        f"chi-square {stat:.1f} >= {CHI2_CRITICAL_0_001[df]} (df {df}): {counts.tolist()}"
+    )
     return stat
 
 
@@ -46,6 +48,7 @@ def assert_rate(hits: int, n: int, p: float) -> None:
 
 # ---- modified rejection sampling (draft logits given) ---------------------------------------------------------
 
+
 def test_first_token_follows_the_target_with_draft_logits():
     p, q = probabilities(P_LOGITS, SAMPLE), probabilities(Q_LOGITS, SAMPLE)
     target_logits = torch.stack([P_LOGITS, BONUS_LOGITS])
@@ -54,7 +57,9 @@ def test_first_token_follows_the_target_with_draft_logits():
     first, bonus = torch.zeros(V), torch.zeros(V)
     accepted = 0
     for d in drafts:
-        n_acc, emitted = accept_draft(target_logits, [d], params=SAMPLE, draft_logits=Q_LOGITS[None], generator=accept_gen)
+        n_acc, emitted = accept_draft(
+            target_logits, [d], params=SAMPLE, draft_logits=Q_LOGITS[None], generator=accept_gen
+        )
         assert n_acc in (0, 1) and len(emitted) == n_acc + 1
         assert emitted[:n_acc] == [d][:n_acc]
         first[emitted[0]] += 1
@@ -74,22 +79,24 @@ def test_two_positions_follow_the_targets_joint_distribution():
     The first two tokens of the sequence (completed by the target when the verify step stops after one)
     must be distributed as p0(x) * p1(y | x): 36 cells, 35 degrees of freedom."""
     gen = torch.Generator().manual_seed(3)
-    p1_logits = torch.randn(V, V, generator=gen) * 1.5   # target's logits at position 1 given token x at 0
-    q1_logits = torch.randn(V, V, generator=gen) * 1.5   # draft's
+    p1_logits = torch.randn(V, V, generator=gen) * 1.5  # target's logits at position 1 given token x at 0
+    q1_logits = torch.randn(V, V, generator=gen) * 1.5  # draft's
     p0, q0 = probabilities(P_LOGITS, SAMPLE), probabilities(Q_LOGITS, SAMPLE)
     p1, q1 = probabilities(p1_logits, SAMPLE), probabilities(q1_logits, SAMPLE)
     draft_gen, accept_gen = torch.Generator().manual_seed(4), torch.Generator().manual_seed(5)
     d0s = torch.multinomial(q0, N, replacement=True, generator=draft_gen)
-    d1s = torch.multinomial(q1[d0s], 1, generator=draft_gen)[:, 0]                  # d1 ~ q1(. | d0)
+    d1s = torch.multinomial(q1[d0s], 1, generator=draft_gen)[:, 0]  # d1 ~ q1(. | d0)
     target_logits = [torch.stack([P_LOGITS, p1_logits[x], BONUS_LOGITS]) for x in range(V)]
     draft_logits = [torch.stack([Q_LOGITS, q1_logits[x]]) for x in range(V)]
-    next_step = torch.multinomial(p1, N, replacement=True, generator=draft_gen)      # [V, N]: p1(. | x) draws
+    next_step = torch.multinomial(p1, N, replacement=True, generator=draft_gen)  # [V, N]: p1(. | x) draws
     joint = torch.zeros(V, V)
     second_given_accept = torch.zeros(V)
     expected_given_accept = torch.zeros(V)
     emitted_lengths = torch.zeros(4)
     for i, (d0, d1) in enumerate(zip(d0s.tolist(), d1s.tolist())):
-        n_acc, emitted = accept_draft(target_logits[d0], [d0, d1], params=SAMPLE, draft_logits=draft_logits[d0], generator=accept_gen)
+        n_acc, emitted = accept_draft(
+            target_logits[d0], [d0, d1], params=SAMPLE, draft_logits=draft_logits[d0], generator=accept_gen
+        )
         assert emitted[:n_acc] == [d0, d1][:n_acc] and len(emitted) == n_acc + 1
         emitted_lengths[len(emitted)] += 1
         if len(emitted) >= 2:  # position 0 accepted: position 1 came from this verify step
@@ -105,6 +112,7 @@ def test_two_positions_follow_the_targets_joint_distribution():
 
 
 # ---- token matching under sampling (no draft logits) ---------------------------------------------------------
+
 
 def test_token_matching_under_sampling_follows_the_target():
     p, q = probabilities(P_LOGITS, SAMPLE), probabilities(Q_LOGITS, SAMPLE)
@@ -124,6 +132,7 @@ def test_token_matching_under_sampling_follows_the_target():
 
 
 # ---- filtered distributions (top-k, top-p) --------------------------------------------------------------------
+
 
 def test_rejection_sampling_with_top_k_top_p_follows_the_filtered_target():
     params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9)
@@ -151,7 +160,9 @@ def test_draft_token_the_target_cannot_produce_is_never_accepted():
     gen = torch.Generator().manual_seed(10)
     counts = torch.zeros(V)
     for _ in range(500):
-        n_acc, emitted = accept_draft(target_logits, [outside], params=params, draft_logits=Q_LOGITS[None], generator=gen)
+        n_acc, emitted = accept_draft(
+            target_logits, [outside], params=params, draft_logits=Q_LOGITS[None], generator=gen
+        )
         assert n_acc == 0 and emitted[0] != outside
         counts[emitted[0]] += 1
     assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.nonzero(p).flatten().tolist())
@@ -196,8 +207,12 @@ def test_select_samples_from_the_filtered_distribution():
 
 # ---- greedy ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_k=1), SamplingParams(temperature=0.7)],
-                         ids=["t0", "topk1", "topk0-topp0"])
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(), SamplingParams(temperature=0.7, top_k=1), SamplingParams(temperature=0.7)],
+    ids=["t0", "topk1", "topk0-topp0"],
+)
 def test_greedy_accepts_iff_the_argmax_matches(params):
     assert params.greedy
     gen = torch.Generator().manual_seed(12)

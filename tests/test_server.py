@@ -59,8 +59,15 @@ def write_model(repo: Path, name: str, source: str) -> None:
 
 
 def make_server(repo: Path, tmp_path: Path, **kwargs) -> TritonServer:
-    return TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                        log_file=tmp_path / "server.log", backend_cache_dir=tmp_path / "backends", **kwargs)
+    return TritonServer(
+        repo,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        log_file=tmp_path / "server.log",
+        backend_cache_dir=tmp_path / "backends",
+        **kwargs,
+    )
 
 
 def group_alive(pgid: int) -> bool:
@@ -153,7 +160,10 @@ def test_backend_dir_is_prepared_once_even_concurrently(tmp_path: Path) -> None:
     assert len(dirs) == 1
     backend = dirs.pop()
     assert sorted(p.name for p in (backend / "python").iterdir()) == [
-        "libtriton_python.so", "triton_python_backend_stub", "triton_python_backend_utils.py"]
+        "libtriton_python.so",
+        "triton_python_backend_stub",
+        "triton_python_backend_utils.py",
+    ]
     assert os.access(backend / "python" / "triton_python_backend_stub", os.X_OK)
     assert [p.name for p in tmp_path.iterdir()] == [backend.name]  # no half-built leftovers
     assert prepare_backend_dir(root, tmp_path) == backend
@@ -164,8 +174,9 @@ def test_explicit_binary_that_does_not_exist(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "tritonserver"
     with pytest.raises(ServerError, match=str(missing)):
         find_tritonserver(str(missing))
-    server = TritonServer(tmp_path, binary=str(missing), http_port=free_port(), grpc_port=free_port(),
-                          metrics_port=free_port())
+    server = TritonServer(
+        tmp_path, binary=str(missing), http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
+    )
     with pytest.raises(ServerError, match="--tritonserver"):
         server.start()
 
@@ -194,7 +205,7 @@ def _listening_sockets(pid: int) -> set[tuple[str, int]]:
             addr_hex, port_hex = local.split(":")
             raw = bytes.fromhex(addr_hex)
             # /proc prints each 32-bit word in host (little-endian) order.
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             addr = socket.inet_ntop(family, raw)
             found.add((addr.removeprefix("::ffff:"), int(port_hex, 16)))
     return found

@@ -23,6 +23,7 @@ BLS = "tensorrt_llm_bls"
 
 # ---- raw clients (stock tritonclient and the generate extension, as a user would call them) ----------------
 
+
 def grpc_generate(url: str, fields: dict, timeout: float = 120.0, first=None) -> list[dict]:
     """Send one request to the decoupled BLS over gRPC; return every response's outputs. `first`: a
     threading.Event set when the first response with outputs arrives."""
@@ -61,8 +62,9 @@ def grpc_generate(url: str, fields: dict, timeout: float = 120.0, first=None) ->
 
 def http_generate(base: str, fields: dict, stream: bool = False) -> list[dict]:
     path = "generate_stream" if stream else "generate"
-    req = urllib.request.Request(f"{base}/v2/models/{BLS}/{path}", data=json.dumps(fields).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{base}/v2/models/{BLS}/{path}", data=json.dumps(fields).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         body = resp.read().decode()
     if not stream:
@@ -89,6 +91,7 @@ def text_of(responses) -> str:
 
 # ---- tests ---------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", params=["embedded", "tensorrtllm-standin"])
 def spec_server(tmp_path_factory, request):
     """A 3-layer target, a perturbed copy as its draft (about half the draft tokens accepted), max_draft_len 8,
@@ -96,6 +99,7 @@ def spec_server(tmp_path_factory, request):
     the strict stand-in of TensorRT-LLM's tensorrtllm backend with the TensorRT deployment's engine configs."""
     from standin_repo import write_standin_repository
     from tiny import make_checkpoint, make_perturbed_copy, write_config
+
     from trtspec.compile import run_build
     from trtspec.config import load_config
     from trtspec.repository import write_repository
@@ -104,15 +108,25 @@ def spec_server(tmp_path_factory, request):
     root = tmp_path_factory.mktemp("serving")
     target = make_checkpoint(root / "target", layers=3, seed=0)
     draft = make_perturbed_copy(target, root / "draft", noise=0.01)
-    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 8},
-                          engine={"max_input_len": 256, "max_seq_len": 512})
+    config = write_config(
+        root / "build.yaml",
+        target,
+        draft,
+        speculation={"max_draft_len": 8},
+        engine={"max_input_len": 256, "max_seq_len": 512},
+    )
     engines = run_build(config, root / "engines")
     # Above 4 requests in flight, new ones start without speculation (the concurrency test checks it).
     write = write_repository if request.param == "embedded" else write_standin_repository
-    repo = write(load_config(config) if request.param == "embedded" else config, engines, root / "repo",
-                 overrides={"max_speculative_concurrency": 4})
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          control_file=root / "force.json")
+    repo = write(
+        load_config(config) if request.param == "embedded" else config,
+        engines,
+        root / "repo",
+        overrides={"max_speculative_concurrency": 4},
+    )
+    server = TritonServer(
+        repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), control_file=root / "force.json"
+    )
     server.start(timeout=300)
     yield server
     server.stop()
@@ -121,8 +135,10 @@ def spec_server(tmp_path_factory, request):
 @pytest.fixture(scope="module")
 def references(spec_server):
     """Target-only outputs (num_draft_tokens 0: a request without it speculates)."""
-    return {p: ids_of(grpc_generate(spec_server.grpc_url, {"text_input": p, "max_tokens": 24, "num_draft_tokens": 0}))
-            for p in PROMPTS}
+    return {
+        p: ids_of(grpc_generate(spec_server.grpc_url, {"text_input": p, "max_tokens": 24, "num_draft_tokens": 0}))
+        for p in PROMPTS
+    }
 
 
 def test_references_are_full_length(references):
@@ -133,10 +149,17 @@ def test_references_are_full_length(references):
 def test_greedy_speculative_equals_target_only_grpc(spec_server, references, k):
     for prompt in PROMPTS:
         for stream in (False, True):
-            responses = grpc_generate(spec_server.grpc_url, {
-                "text_input": prompt, "max_tokens": 24, "num_draft_tokens": k, "stream": stream, "return_perf_metrics": True,
-                "adaptive_draft_length": False,  # draft K every iteration, whatever it costs
-            })
+            responses = grpc_generate(
+                spec_server.grpc_url,
+                {
+                    "text_input": prompt,
+                    "max_tokens": 24,
+                    "num_draft_tokens": k,
+                    "stream": stream,
+                    "return_perf_metrics": True,
+                    "adaptive_draft_length": False,  # draft K every iteration, whatever it costs
+                },
+            )
             assert ids_of(responses) == references[prompt], (prompt, k, stream)
             perf = responses[-1]
             assert int(perf["total_draft_tokens"].reshape(-1)[0]) > 0
@@ -148,8 +171,15 @@ def test_greedy_speculative_equals_target_only_grpc(spec_server, references, k):
 def test_final_perf_metrics_only_sends_them_once(spec_server, references):
     """final_perf_metrics_only (what the OpenAI front asks for): a streamed request's perf metrics come with its
     final response alone, the same figures as on every response without it, and the tokens are unchanged."""
-    fields = {"text_input": PROMPTS[0], "max_tokens": 24, "num_draft_tokens": 2, "speculation": "draft_model",
-              "adaptive_draft_length": False, "return_perf_metrics": True, "stream": True}
+    fields = {
+        "text_input": PROMPTS[0],
+        "max_tokens": 24,
+        "num_draft_tokens": 2,
+        "speculation": "draft_model",
+        "adaptive_draft_length": False,
+        "return_perf_metrics": True,
+        "stream": True,
+    }
     every = http_generate(spec_server.http_base_url, fields, stream=True)
     once = http_generate(spec_server.http_base_url, fields | {"final_perf_metrics_only": True}, stream=True)
     assert ids_of(once) == ids_of(every) == references[PROMPTS[0]]
@@ -162,10 +192,16 @@ def test_final_perf_metrics_only_sends_them_once(spec_server, references):
 @pytest.mark.parametrize("k", [2, 5])
 def test_greedy_speculative_equals_target_only_http(spec_server, references, k):
     for prompt in PROMPTS:
-        single = http_generate(spec_server.http_base_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": k})
+        single = http_generate(
+            spec_server.http_base_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": k}
+        )
         assert single[0]["output_ids"] == references[prompt]
         assert single[0]["text_output"].startswith(prompt)  # the prompt is repeated, as TRT-LLM does by default
-        events = http_generate(spec_server.http_base_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": k, "stream": True}, stream=True)
+        events = http_generate(
+            spec_server.http_base_url,
+            {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": k, "stream": True},
+            stream=True,
+        )
         assert [t for e in events for t in np.atleast_1d(e["output_ids"]).tolist()] == references[prompt]
         assert prompt + "".join(e["text_output"] for e in events) == single[0]["text_output"]
 
@@ -176,9 +212,16 @@ def test_eight_concurrent_streams(spec_server, references):
     def one(i):
         prompt = PROMPTS[i % 2]
         try:
-            responses = grpc_generate(spec_server.grpc_url, {
-                "text_input": prompt, "max_tokens": 24, "num_draft_tokens": 1 + i % 4, "stream": True,
-                "return_perf_metrics": True})
+            responses = grpc_generate(
+                spec_server.grpc_url,
+                {
+                    "text_input": prompt,
+                    "max_tokens": 24,
+                    "num_draft_tokens": 1 + i % 4,
+                    "stream": True,
+                    "return_perf_metrics": True,
+                },
+            )
             results[i] = ids_of(responses)
             reasons[i] = [v.decode() for v in np.asarray(responses[-1]["fallback_reasons"]).reshape(-1)]
         except Exception as exc:  # collected and reported below
@@ -197,12 +240,22 @@ def test_eight_concurrent_streams(spec_server, references):
 
 def test_prompt_lookup_and_auto_equal_target_only(spec_server):
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
-    reference = ids_of(grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": 0}))
+    reference = ids_of(
+        grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": 0})
+    )
     for method in ("prompt_lookup", "auto"):
         for adaptive in (False, True):
-            responses = grpc_generate(spec_server.grpc_url, {
-                "text_input": prompt, "max_tokens": 24, "speculation": method, "num_draft_tokens": 4,
-                "adaptive_draft_length": adaptive, "return_perf_metrics": True})
+            responses = grpc_generate(
+                spec_server.grpc_url,
+                {
+                    "text_input": prompt,
+                    "max_tokens": 24,
+                    "speculation": method,
+                    "num_draft_tokens": 4,
+                    "adaptive_draft_length": adaptive,
+                    "return_perf_metrics": True,
+                },
+            )
             assert ids_of(responses) == reference
             sources = {s.decode().split(":")[0] for s in responses[-1]["draft_sources"].reshape(-1)}
             assert sources <= ({"prompt_lookup"} if method == "prompt_lookup" else {"prompt_lookup", "draft_model"})
@@ -214,13 +267,19 @@ def test_a_request_without_speculation_fields_speculates(spec_server, references
     """The deployment's default (the build config's K, auto, adaptive) applies to clients that know nothing of
     trtspec; num_draft_tokens 0 turns it off."""
     for prompt in PROMPTS:
-        default = grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "return_perf_metrics": True})
+        default = grpc_generate(
+            spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "return_perf_metrics": True}
+        )
         assert ids_of(default) == references[prompt]
         # it drafted, or its adaptive policy judged drafting not to pay here (the costs this server learned)
         reasons = [r.decode() for r in default[-1]["fallback_reasons"].reshape(-1)]
-        assert int(default[-1]["total_draft_tokens"].reshape(-1)[0]) > 0 or any(r.startswith("low_acceptance") for r in reasons)
-        off = grpc_generate(spec_server.grpc_url, {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": 0,
-                                                   "return_perf_metrics": True})
+        assert int(default[-1]["total_draft_tokens"].reshape(-1)[0]) > 0 or any(
+            r.startswith("low_acceptance") for r in reasons
+        )
+        off = grpc_generate(
+            spec_server.grpc_url,
+            {"text_input": prompt, "max_tokens": 24, "num_draft_tokens": 0, "return_perf_metrics": True},
+        )
         assert int(off[-1]["total_draft_tokens"].reshape(-1)[0]) == 0 and off[-1]["draft_sources"].size == 0
         assert off[-1]["fallback_reasons"].size == 0
 
@@ -232,8 +291,15 @@ def test_unknown_speculation_method_is_refused(spec_server):
 
 
 def test_sampling_reproducible_with_seed(spec_server):
-    fields = {"text_input": PROMPTS[0], "max_tokens": 20, "num_draft_tokens": 3, "temperature": 0.9,
-              "top_k": 40, "use_draft_logits": True, "seed": 7}
+    fields = {
+        "text_input": PROMPTS[0],
+        "max_tokens": 20,
+        "num_draft_tokens": 3,
+        "temperature": 0.9,
+        "top_k": 40,
+        "use_draft_logits": True,
+        "seed": 7,
+    }
     first = ids_of(grpc_generate(spec_server.grpc_url, fields))
     second = ids_of(grpc_generate(spec_server.grpc_url, fields))
     other = ids_of(grpc_generate(spec_server.grpc_url, fields | {"seed": 8}))
@@ -241,23 +307,29 @@ def test_sampling_reproducible_with_seed(spec_server):
     assert first != other
 
 
-@pytest.mark.parametrize("fields, field_name", [
-    ({"max_tokens": 8}, "text_input"),
-    ({"text_input": "", "max_tokens": 8}, "text_input"),
-    ({"text_input": "hello", "max_tokens": 0}, "max_tokens"),
-    ({"text_input": "hello", "max_tokens": 100000}, "max_tokens"),
-    ({"text_input": "hello", "max_tokens": 8, "num_draft_tokens": 9}, "num_draft_tokens"),
-    ({"text_input": "hello " * 200, "max_tokens": 8}, "text_input"),
-    ({"text_input": "hello", "max_tokens": 8, "top_p": 1.5}, "top_p"),
-    # this deployment's target was built without them (engine.gather_*_logits), as TensorRT-LLM's executor refuses
-    ({"text_input": "hello", "max_tokens": 8, "return_context_logits": True}, "return_context_logits"),
-    ({"text_input": "hello", "max_tokens": 8, "return_generation_logits": True}, "return_generation_logits"),
-])
+@pytest.mark.parametrize(
+    "fields, field_name",
+    [
+        ({"max_tokens": 8}, "text_input"),
+        ({"text_input": "", "max_tokens": 8}, "text_input"),
+        ({"text_input": "hello", "max_tokens": 0}, "max_tokens"),
+        ({"text_input": "hello", "max_tokens": 100000}, "max_tokens"),
+        ({"text_input": "hello", "max_tokens": 8, "num_draft_tokens": 9}, "num_draft_tokens"),
+        ({"text_input": "hello " * 200, "max_tokens": 8}, "text_input"),
+        ({"text_input": "hello", "max_tokens": 8, "top_p": 1.5}, "top_p"),
+        # this deployment's target was built without them (engine.gather_*_logits), as TensorRT-LLM's executor refuses
+        ({"text_input": "hello", "max_tokens": 8, "return_context_logits": True}, "return_context_logits"),
+        ({"text_input": "hello", "max_tokens": 8, "return_generation_logits": True}, "return_generation_logits"),
+    ],
+)
 def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(spec_server, references, fields, field_name):
     with pytest.raises(InferenceServerException) as err:
         grpc_generate(spec_server.grpc_url, fields)
     assert field_name in str(err.value)
-    assert ids_of(grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 24, "num_draft_tokens": 2})) == references[PROMPTS[0]]
+    assert (
+        ids_of(grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 24, "num_draft_tokens": 2}))
+        == references[PROMPTS[0]]
+    )
 
 
 def test_wrong_type_is_refused_by_triton(spec_server):
@@ -291,8 +363,10 @@ def read_metrics(url: str) -> dict[str, float]:
 
 def test_metrics_move(spec_server):
     before = read_metrics(spec_server.metrics_url)
-    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 24, "num_draft_tokens": 4,
-                                         "adaptive_draft_length": False})
+    grpc_generate(
+        spec_server.grpc_url,
+        {"text_input": PROMPTS[1], "max_tokens": 24, "num_draft_tokens": 4, "adaptive_draft_length": False},
+    )
     after = read_metrics(spec_server.metrics_url)
 
     def total(values, prefix):
@@ -312,13 +386,19 @@ def test_latency_error_and_deployment_metrics(spec_server):
     from tritonclient.utils import InferenceServerException
 
     before = read_metrics(spec_server.metrics_url)
-    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 4,
-                                         "adaptive_draft_length": False})
+    grpc_generate(
+        spec_server.grpc_url,
+        {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 4, "adaptive_draft_length": False},
+    )
     grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 0})
     middle = read_metrics(spec_server.metrics_url)
-    grpc_generate(spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 0, "stream": True})
-    for bad in ({"text_input": PROMPTS[1], "max_tokens": 0}, {"text_input": PROMPTS[1], "max_tokens": 200,
-                                                               "timeout_ms": 1, "num_draft_tokens": 0}):
+    grpc_generate(
+        spec_server.grpc_url, {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 0, "stream": True}
+    )
+    for bad in (
+        {"text_input": PROMPTS[1], "max_tokens": 0},
+        {"text_input": PROMPTS[1], "max_tokens": 200, "timeout_ms": 1, "num_draft_tokens": 0},
+    ):
         with pytest.raises(InferenceServerException):
             grpc_generate(spec_server.grpc_url, bad)
     after = read_metrics(spec_server.metrics_url)
@@ -350,9 +430,13 @@ def test_latency_error_and_deployment_metrics(spec_server):
     assert moved("trtspec_request_errors_total", kind="timeout") == 1
     assert moved("trtspec_draft_seconds_total") > 0 and moved("trtspec_verify_seconds_total") > 0
     assert 0 < find(after, "trtspec_break_even_acceptance", load="1") <= 1
-    states = {st: find(after, "trtspec_speculation_state", state=st) for st in ("speculating", "reduced", "plain", "probing")}
+    states = {
+        st: find(after, "trtspec_speculation_state", state=st) for st in ("speculating", "reduced", "plain", "probing")
+    }
     assert sorted(states.values()) == [0, 0, 0, 1]  # one state at a time
-    assert find(after, "trtspec_draft_length_cap") == {"speculating": 4, "reduced": 2}.get(max(states, key=states.get), 0)
+    assert find(after, "trtspec_draft_length_cap") == {"speculating": 4, "reduced": 2}.get(
+        max(states, key=states.get), 0
+    )
     info = [k for k in after if k.startswith("trtspec_build_info{")]
     assert len(info) == 1 and 'max_draft_len="8"' in info[0] and 'quantization="fp8' in info[0] and after[info[0]] == 1
 
@@ -362,6 +446,7 @@ def test_a_forced_mode_reaches_the_bls_and_is_counted(spec_server):
     at most twice a second) drafts nothing, the state gauge says plain, the change is counted with its reason; the
     release returns the level from before, counted too."""
     from test_control import call
+
     from trtspec.control import ControlServer
 
     control = ControlServer(spec_server.control_file).start()
@@ -369,8 +454,11 @@ def test_a_forced_mode_reaches_the_bls_and_is_counted(spec_server):
     request = {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 4, "adaptive_draft_length": False}
 
     def state(values):
-        return next(k.split('state="')[1].split('"')[0] for k, v in values.items()
-                    if k.startswith("trtspec_speculation_state{") and v == 1)
+        return next(
+            k.split('state="')[1].split('"')[0]
+            for k, v in values.items()
+            if k.startswith("trtspec_speculation_state{") and v == 1
+        )
 
     def moved(before, after, prefix):
         return sum(after[k] - before.get(k, 0) for k in after if k.startswith(prefix))
@@ -391,13 +479,16 @@ def test_a_forced_mode_reaches_the_bls_and_is_counted(spec_server):
         grpc_generate(spec_server.grpc_url, request)
         released = read_metrics(spec_server.metrics_url)
         assert state(released) == state(before)
-        assert [k for k in released if 'reason="force_release"' in k and k.startswith("trtspec_speculation_changes_total")]
+        assert [
+            k for k in released if 'reason="force_release"' in k and k.startswith("trtspec_speculation_changes_total")
+        ]
     finally:
         call(url, {"mode": "auto"})
         control.stop()
 
 
 # ---- streamed plain decoding: one engine call per plain stretch ----------------------------------------------
+
 
 def engine_metric(server, name: str, model: str = "tensorrt_llm") -> float:
     return read_metrics(server.metrics_url).get(f'{name}{{model="{model}"}}', 0.0)
@@ -406,8 +497,10 @@ def engine_metric(server, name: str, model: str = "tensorrt_llm") -> float:
 def test_a_streamed_plain_request_is_one_engine_call(spec_server):
     fields = {"text_input": PROMPTS[0], "max_tokens": 40, "end_id": -1, "num_draft_tokens": 0}
     whole = grpc_generate(spec_server.grpc_url, fields)
-    for stream in (lambda f: grpc_generate(spec_server.grpc_url, f),
-                   lambda f: http_generate(spec_server.http_base_url, f, stream=True)):
+    for stream in (
+        lambda f: grpc_generate(spec_server.grpc_url, f),
+        lambda f: http_generate(spec_server.http_base_url, f, stream=True),
+    ):
         calls = engine_metric(spec_server, "trtspec_engine_calls_total")
         parts = stream(fields | {"stream": True})
         assert ids_of(parts) == ids_of(whole) and len(ids_of(whole)) == 40
@@ -419,8 +512,9 @@ def test_streamed_speculation_equals_target_only(spec_server):
     """Prompt lookup on text it mostly cannot predict: iterations that draft and iterations that do not, streamed."""
     fields = {"text_input": PROMPTS[1], "max_tokens": 120, "end_id": -1}
     reference = ids_of(grpc_generate(spec_server.grpc_url, fields | {"num_draft_tokens": 0}))
-    parts = grpc_generate(spec_server.grpc_url, fields | {"num_draft_tokens": 4, "speculation": "prompt_lookup",
-                                                         "stream": True})
+    parts = grpc_generate(
+        spec_server.grpc_url, fields | {"num_draft_tokens": 4, "speculation": "prompt_lookup", "stream": True}
+    )
     assert ids_of(parts) == reference
 
 
@@ -429,12 +523,15 @@ def test_a_stop_word_ends_a_streamed_stretch_at_the_word(spec_server, references
 
     tok = AutoTokenizer.from_pretrained(str(spec_server.repo.parent / "engines" / "target"))  # the BLS's tokenizer
     # a token of the answer that is a word of its own: its text tokenizes back to it alone
-    word = next(w for t in references[PROMPTS[0]][4:] if (w := tok.decode([t])).strip() and "\ufffd" not in w
-                and tok(w, add_special_tokens=False)["input_ids"] == [t])
+    word = next(
+        w
+        for t in references[PROMPTS[0]][4:]
+        if (w := tok.decode([t])).strip() and "\ufffd" not in w and tok(w, add_special_tokens=False)["input_ids"] == [t]
+    )
     fields = {"text_input": PROMPTS[0], "max_tokens": 24, "stop_words": [word], "num_draft_tokens": 0}
     whole = text_of(grpc_generate(spec_server.grpc_url, fields))
     streamed = text_of(grpc_generate(spec_server.grpc_url, fields | {"stream": True}))
-    assert streamed == whole[len(PROMPTS[0]):] and streamed.endswith(word)
+    assert streamed == whole[len(PROMPTS[0]) :] and streamed.endswith(word)
 
 
 def test_a_cancelled_stream_stops_its_engine_call(spec_server):
@@ -462,8 +559,12 @@ def test_a_stop_request_needs_the_request_id(spec_server):
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         inputs = []
-        for name, value in (("input_ids", np.zeros((1, 1), np.int32)), ("input_lengths", np.zeros((1, 1), np.int32)),
-                            ("request_output_len", np.zeros((1, 1), np.int32)), ("stop", np.ones((1, 1), bool))):
+        for name, value in (
+            ("input_ids", np.zeros((1, 1), np.int32)),
+            ("input_lengths", np.zeros((1, 1), np.int32)),
+            ("request_output_len", np.zeros((1, 1), np.int32)),
+            ("stop", np.ones((1, 1), bool)),
+        ):
             t = grpcclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == bool else "INT32")
             t.set_data_from_numpy(value)
             inputs.append(t)
@@ -484,6 +585,7 @@ def llama3_ends(tmp_path_factory):
     declares three: a token of the prompt's own greedy answer, so that the answer ends there."""
     from tiny import served_pair
     from transformers import AutoTokenizer
+
     from trtspec.config import load_config
     from trtspec.contract import GenerationRequest
     from trtspec.engine.runtime import Engine, InProcessClient
@@ -495,14 +597,22 @@ def llama3_ends(tmp_path_factory):
         target = engines / "target"
         tokenizer = AutoTokenizer.from_pretrained(str(target))
         prompt = tokenizer(PROMPTS[0])["input_ids"]
-        answer = InProcessClient(Engine.load(target)).generate(
-            GenerationRequest(input_ids=prompt, request_output_len=24, end_id=-1)).new_tokens
+        answer = (
+            InProcessClient(Engine.load(target))
+            .generate(GenerationRequest(input_ids=prompt, request_output_len=24, end_id=-1))
+            .new_tokens
+        )
         declared = json.loads((target / "generation_config.json").read_text())
         other = next(t for t in answer[6:] if t != declared["eos_token_id"])
         declared["eos_token_id"] = [declared["eos_token_id"], other]
         (target / "generation_config.json").write_text(json.dumps(declared))
-        found.update(prompt=prompt, answer=answer, other=other, eos=declared["eos_token_id"][0],
-                     decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        found.update(
+            prompt=prompt,
+            answer=answer,
+            other=other,
+            eos=declared["eos_token_id"][0],
+            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        )
         return write_repository(load_config(config), engines, repo, overrides=overrides)
 
     server = served_pair(tmp_path_factory.mktemp("ends"), write=write)
@@ -515,17 +625,26 @@ def test_every_end_token_the_model_declares_ends_the_answer(llama3_ends):
     server, found = llama3_ends
     answer, other = found["answer"], found["other"]
     until = answer[: answer.index(other)]
-    for fields in ({}, {"num_draft_tokens": 0}, {"stream": True}, {"speculation": "draft_model", "num_draft_tokens": 3}):
-        out = grpc_generate(server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 24, "return_perf_metrics": True,
-                                              **fields})
+    for fields in (
+        {},
+        {"num_draft_tokens": 0},
+        {"stream": True},
+        {"speculation": "draft_model", "num_draft_tokens": 3},
+    ):
+        out = grpc_generate(
+            server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 24, "return_perf_metrics": True, **fields}
+        )
         assert ids_of(out) == until, fields
         assert out[-1]["finish_reason"].reshape(-1)[0].decode() == "end_id"
     # the ensemble too: preprocessing sends the other end token as a stop word, which the engine returns
-    req = urllib.request.Request(f"{server.http_base_url}/v2/models/ensemble/generate", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({"text_input": PROMPTS[0], "max_tokens": 24}).encode())
+    req = urllib.request.Request(
+        f"{server.http_base_url}/v2/models/ensemble/generate",
+        headers={"Content-Type": "application/json"},
+        data=json.dumps({"text_input": PROMPTS[0], "max_tokens": 24}).encode(),
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         text = json.loads(resp.read())["text_output"]
-    assert text == found["decode"](found["prompt"] + answer[: len(until) + 1])   # the prompt's text, then the answer
+    assert text == found["decode"](found["prompt"] + answer[: len(until) + 1])  # the prompt's text, then the answer
     # a client's own end_id is the only one: the answer runs on past the model's other end token
     out = grpc_generate(server.grpc_url, {"text_input": PROMPTS[0], "max_tokens": 24, "end_id": found["eos"]})
     assert ids_of(out) == answer[: answer.index(found["eos"])] if found["eos"] in answer else ids_of(out) == answer

@@ -30,8 +30,9 @@ def template_parameters() -> dict[str, str]:
 
 
 def deployed_parameters(repo: Path) -> dict[str, str]:
-    config = text_format.Parse((repo / repository.BLS_MODEL / repository.CONFIG_FILE).read_text(),
-                               model_config_pb2.ModelConfig())
+    config = text_format.Parse(
+        (repo / repository.BLS_MODEL / repository.CONFIG_FILE).read_text(), model_config_pb2.ModelConfig()
+    )
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
@@ -75,26 +76,37 @@ def test_unset_parameters_read_as_the_defaults():
     unfilled = {key: "${" + field + "}" for key, field in template_parameters().items()}
     with pytest.raises(TrtspecError, match="model parameter 'tokenizer_dir' is not set"):
         ServingSettings.from_parameters(unfilled)
-    expected = ServingSettings(tokenizer_dir="/tokenizer", max_input_len=7, max_seq_len=9,
-                               speculation_num_draft_tokens=4, default_speculation="none")
+    expected = ServingSettings(
+        tokenizer_dir="/tokenizer",
+        max_input_len=7,
+        max_seq_len=9,
+        speculation_num_draft_tokens=4,
+        default_speculation="none",
+    )
     for params in (unfilled, {key: "" for key in unfilled}, {}):
         assert ServingSettings.from_parameters(params | REQUIRED_PARAMETERS) == expected
     # the defaults that follow from other settings
     settings = ServingSettings.from_parameters(
-        REQUIRED_PARAMETERS | {"default_num_draft_tokens": "3", "tensorrt_llm_draft_model_name": "d"})
+        REQUIRED_PARAMETERS | {"default_num_draft_tokens": "3", "tensorrt_llm_draft_model_name": "d"}
+    )
     assert (settings.speculation_num_draft_tokens, settings.default_speculation) == (3, "draft_model")
     # the adaptive draft length starts from the same costs as a CostModel of its own
     costs = CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed)
     assert costs == CostModel()
 
 
-@pytest.mark.parametrize("params, error", [
-    ({"draft_timeout_ms": "-1"}, "the parameter draft_timeout_ms must be >= 0 (0: no limit), got -1"),
-    ({"governor_hold_seconds": "-2.5"}, "the parameter governor_hold_seconds must be >= 0, got -2.5"),
-    ({"adaptive_draft_length": "maybe"},
-     "model parameter 'adaptive_draft_length' = 'maybe' is not a boolean (true or false)"),
-    ({"max_queued_requests": "many"}, "invalid literal for int() with base 10: 'many'"),
-])
+@pytest.mark.parametrize(
+    "params, error",
+    [
+        ({"draft_timeout_ms": "-1"}, "the parameter draft_timeout_ms must be >= 0 (0: no limit), got -1"),
+        ({"governor_hold_seconds": "-2.5"}, "the parameter governor_hold_seconds must be >= 0, got -2.5"),
+        (
+            {"adaptive_draft_length": "maybe"},
+            "model parameter 'adaptive_draft_length' = 'maybe' is not a boolean (true or false)",
+        ),
+        ({"max_queued_requests": "many"}, "invalid literal for int() with base 10: 'many'"),
+    ],
+)
 def test_bad_values_are_refused(params, error):
     with pytest.raises((TrtspecError, ValueError)) as raised:
         ServingSettings.from_parameters(REQUIRED_PARAMETERS | params)

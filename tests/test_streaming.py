@@ -5,8 +5,8 @@ the real tritonserver (both engine backends) is in tests/test_serving.py."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import MAX_SEQ_LEN
+
 from trtspec.contract import GenerationRequest, GenerationResult
 from trtspec.errors import EngineUnavailable
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel
@@ -48,7 +48,7 @@ class _Parts:
         parts, sent = [], [0]
 
         def part(result, final):
-            parts.append(GenerationResult(result.new_tokens[sent[0]:], result.new_tokens[sent[0]:]))
+            parts.append(GenerationResult(result.new_tokens[sent[0] :], result.new_tokens[sent[0] :]))
             sent[0] = len(result.new_tokens)
 
         outcome = []
@@ -105,7 +105,7 @@ def test_a_consumer_that_stops_reading_stops_the_engine_call(engine):
     client = StreamingClient(engine)
     whole, _, _ = tokens_of(SpecRequest(PROMPT, 30, end_id=-1), client)
     word = whole[9:11]
-    cut = next(i + 2 for i in range(len(whole) - 1) if whole[i:i + 2] == word)
+    cut = next(i + 2 for i in range(len(whole) - 1) if whole[i : i + 2] == word)
     generation = speculate(SpecRequest(PROMPT, 30, end_id=-1, stream=True), client, None)
     tokens = []
     for chunk in generation:
@@ -122,7 +122,7 @@ def test_stop_words_cut_a_streamed_stretch_at_the_word(engine):
     client = StreamingClient(engine)
     whole, _, _ = tokens_of(SpecRequest(PROMPT, 30, end_id=-1), client)
     word = whole[6:8]
-    cut = next(i + 2 for i in range(len(whole) - 1) if whole[i:i + 2] == word)
+    cut = next(i + 2 for i in range(len(whole) - 1) if whole[i : i + 2] == word)
     tokens, _, stats = tokens_of(SpecRequest(PROMPT, 30, end_id=-1, stream=True, stop_words=[word]), client)
     assert tokens == whole[:cut] and stats.finish_reason == "stop_words"
 
@@ -137,8 +137,9 @@ def test_plain_stretches_go_on_in_one_call_while_the_policy_keeps_choosing_plain
     drafter = draft_model(client)
     policy = AdaptiveDraftLength(3, costs=CostModel(draft_cost_ratio=2.0), plain_stretch=4)
     client.calls = 0
-    tokens, _, stats = tokens_of(SpecRequest(PROMPT, 60, num_draft_tokens=3, end_id=-1, stream=stream), client,
-                                 drafter, policy=policy)
+    tokens, _, stats = tokens_of(
+        SpecRequest(PROMPT, 60, num_draft_tokens=3, end_id=-1, stream=stream), client, drafter, policy=policy
+    )
     assert tokens == whole
     assert client.calls == 2 and client.stops == 0 and stats.iterations == 2
     assert policy.fallbacks["low_acceptance"] >= 4  # stretches of 4, 8, 16, 32: each ended in a decision
@@ -173,8 +174,9 @@ def test_drafting_coming_back_stops_the_stretch_s_call(engine, stream):
     drafter = draft_model(client)
     policy = Scripted(plain=3)
     client.calls = 0
-    tokens, _, stats = tokens_of(SpecRequest(PROMPT, 40, num_draft_tokens=2, end_id=-1, stream=stream), client,
-                                 drafter, policy=policy)
+    tokens, _, stats = tokens_of(
+        SpecRequest(PROMPT, 40, num_draft_tokens=2, end_id=-1, stream=stream), client, drafter, policy=policy
+    )
     assert tokens == whole
     assert client.stops == 1  # the stretch's call, stopped where drafting came back
     plain = [n for drafted, n in policy.observed if not drafted]
@@ -216,8 +218,11 @@ def test_an_empty_prompt_lookup_draft_is_one_token_not_a_stopped_stream(engine, 
     client = StreamingClient(engine)
     whole, _, _ = tokens_of(SpecRequest(PROMPT, 24, end_id=-1), client)
     client.calls = 0
-    tokens, _, stats = tokens_of(SpecRequest(PROMPT, 24, num_draft_tokens=4, end_id=-1, stream=stream), client,
-                                 make_drafter("prompt_lookup", max_matching_ngram_size=3))
+    tokens, _, stats = tokens_of(
+        SpecRequest(PROMPT, 24, num_draft_tokens=4, end_id=-1, stream=stream),
+        client,
+        make_drafter("prompt_lookup", max_matching_ngram_size=3),
+    )
     assert tokens == whole
     assert client.stops == 0 and client.calls == stats.iterations
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from test_serving import grpc_generate, ids_of
+
 from trtspec.client import ClientError, SpecClient
 from trtspec.contract import PERF_OUTPUTS, GenerationRequest, SamplingParams, request_to_tensors
 
@@ -46,8 +46,11 @@ def _infer(server, request: GenerationRequest, outputs=None, model="tensorrt_llm
 def test_the_engine_model_does_not_load_without_the_parameters_the_backend_requires(root):
     from trtspec.server import ServerError
 
-    broken = _serve(root, "no-tokenizer-dir", edit=lambda text: "\n".join(
-        line for line in text.splitlines() if '"tokenizer_dir"' not in line))
+    broken = _serve(
+        root,
+        "no-tokenizer-dir",
+        edit=lambda text: "\n".join(line for line in text.splitlines() if '"tokenizer_dir"' not in line),
+    )
     with pytest.raises(ServerError, match="Cannot find parameter with name: tokenizer_dir"):
         broken.start(timeout=300)
 
@@ -83,13 +86,23 @@ def test_the_bls_reads_sampling_fields_as_tensorrt_llm(server):
     sampled = [ids_of(grpc_generate(server.grpc_url, hot | {"top_p": 1.0, "seed": s})) for s in (1, 2, 3)]
     assert any(s != greedy for s in sampled)
     again = ids_of(grpc_generate(server.grpc_url, hot | {"top_p": 1.0, "seed": 1}))
-    assert again == sampled[0]                                      # a seed reproduces
+    assert again == sampled[0]  # a seed reproduces
 
 
 def test_acceptance_does_not_depend_on_optional_outputs(server):
-    out = grpc_generate(server.grpc_url, {"text_input": PROMPT, "max_tokens": 24, "num_draft_tokens": 3,
-                                          "adaptive_draft_length": False, "return_perf_metrics": True})
-    drafted, accepted = (int(np.asarray(out[-1][n]).reshape(-1)[0]) for n in ("total_draft_tokens", "total_accepted_draft_tokens"))
+    out = grpc_generate(
+        server.grpc_url,
+        {
+            "text_input": PROMPT,
+            "max_tokens": 24,
+            "num_draft_tokens": 3,
+            "adaptive_draft_length": False,
+            "return_perf_metrics": True,
+        },
+    )
+    drafted, accepted = (
+        int(np.asarray(out[-1][n]).reshape(-1)[0]) for n in ("total_draft_tokens", "total_accepted_draft_tokens")
+    )
     assert drafted > 0 and 0 < accepted <= drafted
 
 
@@ -120,8 +133,12 @@ def test_unary_engine_models_refuse_streaming_and_the_bls_still_streams(root):
     from standin_repo import write_standin_repository
     from tiny import served_pair
 
-    server = served_pair(root / "unary", write=lambda config, engines, repo, overrides: write_standin_repository(
-        config, engines, repo, overrides={"decoupled_mode": False}))
+    server = served_pair(
+        root / "unary",
+        write=lambda config, engines, repo, overrides: write_standin_repository(
+            config, engines, repo, overrides={"decoupled_mode": False}
+        ),
+    )
     server.start(timeout=300)
     try:
         request = GenerationRequest(input_ids=[5, 9, 23], request_output_len=4, end_id=-1)

@@ -14,16 +14,21 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from rich.console import Console
-
 from trtllm_layout import hf_config, write_checkpoint
+
 from trtspec import environment
+from trtspec.cli import cli
 from trtspec.compile import run_build, trtllm
 from trtspec.compile.common import StepFailed
 from trtspec.compile.memory import GIB, ModelShape, engine_memory
-from trtspec.cli import cli
 from trtspec.config import load_config
 from trtspec.environment import (
-    Gpu, Package, UnsupportedVersion, check_trtllm_version, named_gpus, parse_nvidia_smi,
+    Gpu,
+    Package,
+    UnsupportedVersion,
+    check_trtllm_version,
+    named_gpus,
+    parse_nvidia_smi,
 )
 from trtspec.errors import ConfigError
 
@@ -37,18 +42,70 @@ PY = sys.executable
 
 
 def quantize_cmd(model: str, tp: int, out: Path) -> list[str]:
-    return [PY, "-m", "trtspec.compile.trtllm_checkpoint", "quantize", "--model_dir", model, "--dtype", "bfloat16",
-            "--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_dataset", "cnn_dailymail", "--calib_size", "512",
-            "--calib_max_seq_length", "512", "--batch_size", "1", "--tp_size", str(tp), "--pp_size", "1",
-            "--output_dir", str(out)]
+    return [
+        PY,
+        "-m",
+        "trtspec.compile.trtllm_checkpoint",
+        "quantize",
+        "--model_dir",
+        model,
+        "--dtype",
+        "bfloat16",
+        "--qformat",
+        "fp8",
+        "--kv_cache_dtype",
+        "fp8",
+        "--calib_dataset",
+        "cnn_dailymail",
+        "--calib_size",
+        "512",
+        "--calib_max_seq_length",
+        "512",
+        "--batch_size",
+        "1",
+        "--tp_size",
+        str(tp),
+        "--pp_size",
+        "1",
+        "--output_dir",
+        str(out),
+    ]
 
 
 def build_cmd(ckpt: Path, out: Path, *, batch: int, seq: int, workers: int, draft_len: int | None) -> list[str]:
-    cmd = ["trtllm-build", "--checkpoint_dir", str(ckpt), "--output_dir", str(out), "--max_batch_size", str(batch),
-           "--max_input_len", "8191", "--max_seq_len", str(seq), "--max_num_tokens", "8192", "--max_beam_width", "1",
-           "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable", "--remove_input_padding", "enable",
-           "--context_fmha", "enable", "--gpt_attention_plugin", "bfloat16", "--gemm_plugin", "fp8",
-           "--use_fp8_context_fmha", "enable", "--use_fused_mlp", "enable"]
+    cmd = [
+        "trtllm-build",
+        "--checkpoint_dir",
+        str(ckpt),
+        "--output_dir",
+        str(out),
+        "--max_batch_size",
+        str(batch),
+        "--max_input_len",
+        "8191",
+        "--max_seq_len",
+        str(seq),
+        "--max_num_tokens",
+        "8192",
+        "--max_beam_width",
+        "1",
+        "--kv_cache_type",
+        "paged",
+        "--use_paged_context_fmha",
+        "enable",
+        "--remove_input_padding",
+        "enable",
+        "--context_fmha",
+        "enable",
+        "--gpt_attention_plugin",
+        "bfloat16",
+        "--gemm_plugin",
+        "fp8",
+        "--use_fp8_context_fmha",
+        "enable",
+        "--use_fused_mlp",
+        "enable",
+    ]
     if draft_len is not None:
         cmd += ["--speculative_decoding_mode", "draft_tokens_external", "--max_draft_len", str(draft_len)]
     return cmd + ["--workers", str(workers)]
@@ -57,19 +114,25 @@ def build_cmd(ckpt: Path, out: Path, *, batch: int, seq: int, workers: int, draf
 def golden(name: str, out: Path) -> list[list[str]]:
     c, t, d = out / "checkpoints", out / "target", out / "draft"
     if name == "70b":
-        return [quantize_cmd("/models/meta-llama/Llama-3.1-70B-Instruct", 4, c / "target"),
-                build_cmd(c / "target", t, batch=16, seq=8192, workers=4, draft_len=10),
-                quantize_cmd("/models/meta-llama/Llama-3.2-1B-Instruct", 1, c / "draft"),
-                build_cmd(c / "draft", d, batch=16, seq=8202, workers=1, draft_len=None)]
+        return [
+            quantize_cmd("/models/meta-llama/Llama-3.1-70B-Instruct", 4, c / "target"),
+            build_cmd(c / "target", t, batch=16, seq=8192, workers=4, draft_len=10),
+            quantize_cmd("/models/meta-llama/Llama-3.2-1B-Instruct", 1, c / "draft"),
+            build_cmd(c / "draft", d, batch=16, seq=8202, workers=1, draft_len=None),
+        ]
     if name == "405b":
-        return [quantize_cmd("/models/meta-llama/Llama-3.1-405B-Instruct", 8, c / "target"),
-                build_cmd(c / "target", t, batch=16, seq=8192, workers=8, draft_len=10),
-                quantize_cmd("/models/meta-llama/Llama-3.1-8B-Instruct", 1, c / "draft"),
-                build_cmd(c / "draft", d, batch=16, seq=8202, workers=1, draft_len=None)]
-    return [quantize_cmd("/models/Qwen/Qwen2.5-14B-Instruct", 1, c / "target"),
-            build_cmd(c / "target", t, batch=8, seq=8192, workers=1, draft_len=8),
-            quantize_cmd("/models/Qwen/Qwen2.5-0.5B-Instruct", 1, c / "draft"),
-            build_cmd(c / "draft", d, batch=8, seq=8200, workers=1, draft_len=None)]
+        return [
+            quantize_cmd("/models/meta-llama/Llama-3.1-405B-Instruct", 8, c / "target"),
+            build_cmd(c / "target", t, batch=16, seq=8192, workers=8, draft_len=10),
+            quantize_cmd("/models/meta-llama/Llama-3.1-8B-Instruct", 1, c / "draft"),
+            build_cmd(c / "draft", d, batch=16, seq=8202, workers=1, draft_len=None),
+        ]
+    return [
+        quantize_cmd("/models/Qwen/Qwen2.5-14B-Instruct", 1, c / "target"),
+        build_cmd(c / "target", t, batch=8, seq=8192, workers=1, draft_len=8),
+        quantize_cmd("/models/Qwen/Qwen2.5-0.5B-Instruct", 1, c / "draft"),
+        build_cmd(c / "draft", d, batch=8, seq=8200, workers=1, draft_len=None),
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -80,6 +143,7 @@ def no_gpus_no_trtllm(monkeypatch):
 
 
 # ---- golden command lines ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_configs_plan_the_documented_commands(name, tmp_path):
@@ -100,8 +164,9 @@ def test_example_configs_need_their_checkpoints_outside_plan_only():
 
 def test_dry_run_prints_exact_commands_without_tensorrt_llm(tmp_path):
     out = tmp_path / "engines"
-    result = CliRunner().invoke(cli, ["build", "-c", str(EXAMPLES["70b"]), "-o", str(out), "--dry-run"],
-                                env={"COLUMNS": "400"})
+    result = CliRunner().invoke(
+        cli, ["build", "-c", str(EXAMPLES["70b"]), "-o", str(out), "--dry-run"], env={"COLUMNS": "400"}
+    )
     assert result.exit_code == 0, result.output
     import shlex
 
@@ -131,8 +196,18 @@ def test_unquantized_models_are_converted_not_calibrated(tmp_path):
     plan = trtllm.plan(load_config(_write_example(tmp_path, config), plan_only=True), tmp_path / "out")
     ckpt = plan.steps[0].argv
     assert ckpt[:4] == [PY, "-m", "trtspec.compile.trtllm_checkpoint", "convert"]
-    assert ckpt[4:] == ["--model_dir", "/models/Qwen/Qwen2.5-14B-Instruct", "--output_dir", str(tmp_path / "out" / "checkpoints" / "target"),
-                        "--dtype", "bfloat16", "--tp_size", "1", "--pp_size", "1"]
+    assert ckpt[4:] == [
+        "--model_dir",
+        "/models/Qwen/Qwen2.5-14B-Instruct",
+        "--output_dir",
+        str(tmp_path / "out" / "checkpoints" / "target"),
+        "--dtype",
+        "bfloat16",
+        "--tp_size",
+        "1",
+        "--pp_size",
+        "1",
+    ]
     engine = plan.steps[1].argv
     assert engine[engine.index("--gemm_plugin") + 1] == "bfloat16" and "--use_fp8_context_fmha" not in engine
     assert plan.memory.calibrations == []
@@ -147,6 +222,7 @@ def _write_example(tmp_path: Path, config: dict) -> Path:
 
 
 # ---- config checks ------------------------------------------------------------------------------------------------
+
 
 def test_qwen_vocab_padding_is_refused_only_with_draft_logits(tmp_path):
     config = yaml.safe_load(EXAMPLES["qwen"].read_text())
@@ -166,7 +242,7 @@ def test_trtllm_config_checks(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_config(_write_example(tmp_path, config), plan_only=True)
     fields = [p.field for p in exc.value.problems]
-    assert "calibration.sizee" in fields                     # unknown keys stay errors
+    assert "calibration.sizee" in fields  # unknown keys stay errors
     config["calibration"].pop("sizee")
     with pytest.raises(ConfigError) as exc:
         load_config(_write_example(tmp_path, config), plan_only=True)
@@ -177,35 +253,68 @@ def test_trtllm_config_checks(tmp_path):
 
 # ---- the version guard ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version", ["0.20.0", "0.21.0", "1.0.0", "1.0.3.2510", "1.1.0", "1.2.0rc2", "1.2.1",
-                                     "1.3.0rc5", "1.3.0rc20", "1.3.0rc20.post1", "1.3.0.dev1"])
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        "0.20.0",
+        "0.21.0",
+        "1.0.0",
+        "1.0.3.2510",
+        "1.1.0",
+        "1.2.0rc2",
+        "1.2.1",
+        "1.3.0rc5",
+        "1.3.0rc20",
+        "1.3.0rc20.post1",
+        "1.3.0.dev1",
+    ],
+)
 def test_version_guard_accepts_releases_with_the_trt_backend(version):
     assert str(check_trtllm_version(version)).startswith(version.split(".post")[0][:3])
 
 
-@pytest.mark.parametrize("version,why", [("1.3.0rc21", "no TensorRT engine backend"), ("1.3.0", "no TensorRT engine backend"),
-                                         ("1.4.0rc1", "no TensorRT engine backend"), ("2.0.0", "no TensorRT engine backend"),
-                                         ("0.19.0", "older than 0.20.0"), ("0.14.0", "older than 0.20.0"),
-                                         ("banana", "not a version number"), (None, "not installed")])
+@pytest.mark.parametrize(
+    "version,why",
+    [
+        ("1.3.0rc21", "no TensorRT engine backend"),
+        ("1.3.0", "no TensorRT engine backend"),
+        ("1.4.0rc1", "no TensorRT engine backend"),
+        ("2.0.0", "no TensorRT engine backend"),
+        ("0.19.0", "older than 0.20.0"),
+        ("0.14.0", "older than 0.20.0"),
+        ("banana", "not a version number"),
+        (None, "not installed"),
+    ],
+)
 def test_version_guard_refuses_with_what_works(version, why):
     with pytest.raises(UnsupportedVersion) as exc:
         check_trtllm_version(version)
     text = str(exc.value)
     assert why in text
-    assert "0.20.0 to 1.3.0rc20" in text and "1.2.1" in text and "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in text
+    assert (
+        "0.20.0 to 1.3.0rc20" in text
+        and "1.2.1" in text
+        and "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in text
+    )
 
 
 def test_pyproject_pins_the_release_the_container_ships():
     text = (ROOT / "pyproject.toml").read_text()
     assert f'trtllm = ["tensorrt_llm=={environment.PINNED_TRTLLM}"]' in text
     check_trtllm_version(environment.PINNED_TRTLLM)
-    assert environment.CONTAINER_TRTLLM[environment.CONTAINER_IMAGE.split(":")[1].split("-")[0]] == environment.PINNED_TRTLLM
+    assert (
+        environment.CONTAINER_TRTLLM[environment.CONTAINER_IMAGE.split(":")[1].split("-")[0]]
+        == environment.PINNED_TRTLLM
+    )
 
 
 def test_nvidia_smi_parsing_and_doctor_without_gpus():
     gpus = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 81559, 9.0\n1, NVIDIA A100-SXM4-80GB, 81920, 8.0\n")
     assert [(g.name, round(g.memory_gib, 1), g.sm, g.fp8) for g in gpus] == [
-        ("NVIDIA H100 80GB HBM3", 79.6, 90, True), ("NVIDIA A100-SXM4-80GB", 80.0, 80, False)]
+        ("NVIDIA H100 80GB HBM3", 79.6, 90, True),
+        ("NVIDIA A100-SXM4-80GB", 80.0, 80, False),
+    ]
     result = CliRunner().invoke(cli, ["doctor"])
     assert result.exit_code == 0, result.output
     assert "none found" in result.output and "TensorRT-LLM is not installed" in result.output
@@ -216,10 +325,18 @@ def test_nvidia_smi_parsing_and_doctor_without_gpus():
 
 # ---- the memory plan -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,params", [
-    ("Llama-3.1-70B-Instruct", 70_553_706_496), ("Llama-3.2-1B-Instruct", 1_235_814_400),
-    ("Llama-3.1-405B-Instruct", 405_853_388_800), ("Llama-3.1-8B-Instruct", 8_030_261_248),
-    ("Qwen2.5-14B-Instruct", 14_770_033_664), ("Qwen2.5-0.5B-Instruct", 494_032_768)])
+
+@pytest.mark.parametrize(
+    "name,params",
+    [
+        ("Llama-3.1-70B-Instruct", 70_553_706_496),
+        ("Llama-3.2-1B-Instruct", 1_235_814_400),
+        ("Llama-3.1-405B-Instruct", 405_853_388_800),
+        ("Llama-3.1-8B-Instruct", 8_030_261_248),
+        ("Qwen2.5-14B-Instruct", 14_770_033_664),
+        ("Qwen2.5-0.5B-Instruct", 494_032_768),
+    ],
+)
 def test_parameter_counts_match_the_published_sizes(name, params):
     """The safetensors totals Hugging Face shows for these repositories."""
     assert ModelShape.from_hf_config(hf_config(name)).param_count == params
@@ -227,14 +344,26 @@ def test_parameter_counts_match_the_published_sizes(name, params):
 
 def test_engine_memory_of_the_70b_target_on_four_gpus():
     shape = ModelShape.from_hf_config(hf_config("Llama-3.1-70B-Instruct"))
-    m = engine_memory("target", shape, devices=[0, 1, 2, 3], tp_size=4, pp_size=1, dtype="bfloat16", quantization="fp8",
-                      kv_cache_dtype="fp8", max_batch_size=16, max_seq_len=8202, max_num_tokens=8192,
-                      gather_generation_logits=False, max_draft_len=10)
+    m = engine_memory(
+        "target",
+        shape,
+        devices=[0, 1, 2, 3],
+        tp_size=4,
+        pp_size=1,
+        dtype="bfloat16",
+        quantization="fp8",
+        kv_cache_dtype="fp8",
+        max_batch_size=16,
+        max_seq_len=8202,
+        max_num_tokens=8192,
+        gather_generation_logits=False,
+        max_draft_len=10,
+    )
     # FP8 matrices / 4 + BF16 norms + the BF16 embedding on every rank + a quarter of the BF16 lm_head
     linear = 80 * (8192 * (8192 + 2 * 1024) + 8192 * 8192 + 3 * 8192 * 28672)
     assert m.weights == linear // 4 + (80 * 2 * 8192 + 8192) * 2 + 128256 * 8192 * 2 + 128256 * 8192 * 2 // 4
-    assert m.kv_bytes_per_token == 2 * 80 * 2 * 128 * 1          # K and V, 80 layers, 8/4 KV heads, FP8
-    assert m.kv_tokens == 16 * 8224                                 # 8202 rounded up to 32-token blocks
+    assert m.kv_bytes_per_token == 2 * 80 * 2 * 128 * 1  # K and V, 80 layers, 8/4 KV heads, FP8
+    assert m.kv_tokens == 16 * 8224  # 8202 rounded up to 32-token blocks
     assert 18 * GIB < m.weights < 19 * GIB
 
 
@@ -269,7 +398,7 @@ def test_detected_gpus_take_precedence_over_named_ones(tmp_path, monkeypatch):
 
 # ---- running the steps -------------------------------------------------------------------------------------------
 
-FAKE_QUANTIZE = '''
+FAKE_QUANTIZE = """
 import argparse, json, os, sys
 from pathlib import Path
 p = argparse.ArgumentParser()
@@ -287,16 +416,17 @@ world = int(a.tp_size) * int(a.pp_size)
                                                "fp8_kv": a.kv_cache_dtype == "fp8"}))
 for r in range(world):
     (out / f"rank{r}.safetensors").write_bytes(b"w")
-'''
+"""
 
-FAKE_BUILD = '''
+FAKE_BUILD = """
 import argparse, json, os, sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from trtllm_layout import engine_config, write_engine
 p = argparse.ArgumentParser()
 p.add_argument("--checkpoint_dir"); p.add_argument("--output_dir")
-p.add_argument("--max_batch_size", type=int); p.add_argument("--max_input_len", type=int); p.add_argument("--max_seq_len", type=int)
+p.add_argument("--max_batch_size", type=int); p.add_argument("--max_input_len", type=int)
+p.add_argument("--max_seq_len", type=int)
 p.add_argument("--max_draft_len", type=int, default=0); p.add_argument("--speculative_decoding_mode")
 p.add_argument("--gather_generation_logits", action="store_true")
 a, _ = p.parse_known_args()
@@ -309,7 +439,7 @@ cfg = engine_config(role=role, hf=ck["hf"], tp_size=ck["tp_size"], max_draft_len
                     max_batch_size=a.max_batch_size, max_input_len=a.max_input_len, max_seq_len=a.max_seq_len,
                     fp8=ck["fp8"], fp8_kv=ck["fp8_kv"], gather_generation_logits=a.gather_generation_logits)
 write_engine(Path(a.output_dir), cfg)
-'''
+"""
 
 
 @pytest.fixture
@@ -329,8 +459,12 @@ def fake_tools(tmp_path, monkeypatch):
     tok = tmp_path / "tok.json"
     tok.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
     config = yaml.safe_load(EXAMPLES["70b"].read_text())
-    config["target"]["checkpoint"] = str(write_checkpoint(tmp_path / "hf" / "target", "Llama-3.1-70B-Instruct", weights=True, tokenizer=tok))
-    config["draft"]["checkpoint"] = str(write_checkpoint(tmp_path / "hf" / "draft", "Llama-3.2-1B-Instruct", weights=True, tokenizer=tok))
+    config["target"]["checkpoint"] = str(
+        write_checkpoint(tmp_path / "hf" / "target", "Llama-3.1-70B-Instruct", weights=True, tokenizer=tok)
+    )
+    config["draft"]["checkpoint"] = str(
+        write_checkpoint(tmp_path / "hf" / "draft", "Llama-3.2-1B-Instruct", weights=True, tokenizer=tok)
+    )
     config["trtllm"] = {"quantize_script": str(quantize)}
     path = tmp_path / "build.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -346,7 +480,7 @@ def _run(config: Path, out: Path) -> str:
 def test_steps_run_then_skip_when_unchanged_then_rerun_on_change(fake_tools, tmp_path):
     out = tmp_path / "engines"
     log = _run(fake_tools, out)
-    assert "Calibrating batch 1" in log and "[TensorRT-LLM] building" in log        # live logs
+    assert "Calibrating batch 1" in log and "[TensorRT-LLM] building" in log  # live logs
     for role in ("target", "draft"):
         manifest = json.loads((out / role / "manifest.json").read_text())
         assert manifest["backend"] == "trtllm" and manifest["command"][0] == "trtllm-build"
@@ -356,18 +490,23 @@ def test_steps_run_then_skip_when_unchanged_then_rerun_on_change(fake_tools, tmp
 
     loaded = load_config(fake_tools)
     assert all(s.up_to_date for s in trtllm.plan(loaded, out).steps)
-    log = _run(fake_tools, out)                                                         # nothing runs again
+    log = _run(fake_tools, out)  # nothing runs again
     assert "Calibrating" not in log and "building" not in log
 
-    (out / "draft" / "rank0.engine").write_bytes(b"changed plan")                       # an output changed
+    (out / "draft" / "rank0.engine").write_bytes(b"changed plan")  # an output changed
     steps = {s.name: s.up_to_date for s in trtllm.plan(loaded, out).steps}
     assert steps == {"target checkpoint": True, "target engine": True, "draft checkpoint": True, "draft engine": False}
 
-    config = yaml.safe_load(fake_tools.read_text())                                    # a setting changed
+    config = yaml.safe_load(fake_tools.read_text())  # a setting changed
     config["calibration"]["size"] = 256
     fake_tools.write_text(yaml.safe_dump(config))
     steps = {s.name: s.up_to_date for s in trtllm.plan(load_config(fake_tools), out).steps}
-    assert steps == {"target checkpoint": False, "target engine": False, "draft checkpoint": False, "draft engine": False}
+    assert steps == {
+        "target checkpoint": False,
+        "target engine": False,
+        "draft checkpoint": False,
+        "draft engine": False,
+    }
 
 
 @pytest.mark.parametrize("failing,step", [("quantize", "target checkpoint"), ("build", "target engine")])
@@ -381,7 +520,7 @@ def test_a_failing_step_names_itself_its_command_and_its_log(fake_tools, tmp_pat
     assert ("CUDA out of memory" if failing == "quantize" else "Engine building failed") in text
     assert exc.value.log_path.is_file()
     monkeypatch.delenv("FAKE_FAIL")
-    _run(fake_tools, out)                                                              # the half-made dir is replaced
+    _run(fake_tools, out)  # the half-made dir is replaced
     assert (out / "target" / "manifest.json").is_file()
 
 
@@ -407,7 +546,7 @@ def test_calibration_set_is_a_hub_name_or_a_local_directory(tmp_path):
     data = tmp_path / "calib"
     data.mkdir()
     (data / "train.jsonl").write_text('{"text": "calibration text"}\n')
-    config["calibration"] = {"dataset": "calib"}               # relative to the config file
+    config["calibration"] = {"dataset": "calib"}  # relative to the config file
     path = _write_example(tmp_path, config)
     plan = trtllm.plan(load_config(path, plan_only=True), tmp_path / "out")
     quantize = next(s for s in plan.steps if s.kind == "checkpoint")

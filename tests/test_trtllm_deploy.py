@@ -15,8 +15,8 @@ import yaml
 from click.testing import CliRunner
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
-
 from trtllm_layout import engine_config, hf_config, write_checkpoint, write_engine
+
 from trtspec import environment
 from trtspec.cli import cli
 from trtspec.config import load_config
@@ -63,6 +63,7 @@ def edit_config(path: Path, fn) -> None:
 
 # ---- engine checks -------------------------------------------------------------------------------------------
 
+
 def test_good_pair_passes(pair):
     assert check(pair) == []
     assert check(pair, runtime_version=None, num_draft_tokens=10) == []
@@ -71,30 +72,91 @@ def test_good_pair_passes(pair):
 BREAKS = {
     # name: (role, how to break it, the failing check's field, a phrase of its message)
     "no config.json": ("target", lambda p: (p / "config.json").unlink(), "target layout", "config.json is missing"),
-    "not the layout": ("draft", lambda p: edit_config(p, lambda c: c.pop("build_config")), "draft layout", "missing 'build_config"),
+    "not the layout": (
+        "draft",
+        lambda p: edit_config(p, lambda c: c.pop("build_config")),
+        "draft layout",
+        "missing 'build_config",
+    ),
     "missing rank": ("target", lambda p: (p / "rank3.engine").unlink(), "target rank files", "rank3.engine is missing"),
-    "extra rank": ("draft", lambda p: (p / "rank1.engine").write_bytes(b"x"), "draft rank files", "beyond mapping.world_size 1"),
-    "no spec mode": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(speculative_decoding_mode=1)),
-                     "target build_config.speculative_decoding_mode", "DRAFT_TOKENS_EXTERNAL"),
-    "short draft len": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(max_draft_len=3)),
-                        "target build_config.max_draft_len", "at least 4"),
-    "context logits": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(gather_context_logits=True)),
-                       "target build_config.gather_context_logits", "not supported with max_draft_len > 0"),
-    "draft drafts": ("draft", lambda p: edit_config(p, lambda c: c["build_config"].update(max_draft_len=4)),
-                     "draft max_draft_len", "must be 0"),
-    "no paged context fmha": ("draft", lambda p: edit_config(p, lambda c: c["build_config"]["plugin_config"].update(use_paged_context_fmha=False)),
-                              "draft plugin_config.use_paged_context_fmha", "paged context FMHA"),
-    "contiguous kv": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(kv_cache_type="CONTINUOUS")),
-                      "target build_config.kv_cache_type", "must be PAGED"),
-    "not fp8": ("target", lambda p: edit_config(p, lambda c: c["pretrained_config"]["quantization"].update(quant_algo=None)),
-                "target pretrained_config.quantization.quant_algo", "asks for FP8"),
-    "not fp8 kv": ("draft", lambda p: edit_config(p, lambda c: c["pretrained_config"]["quantization"].update(kv_cache_quant_algo=None)),
-                   "draft pretrained_config.quantization.kv_cache_quant_algo", "asks for FP8"),
-    "weakly typed": ("target", lambda p: edit_config(p, lambda c: c["build_config"].update(strongly_typed=False)),
-                     "target build_config.strongly_typed", "strongly typed"),
-    "other release": ("draft", lambda p: edit_config(p, lambda c: c.update(version="1.2.0")), "draft version", "differs from the installed TensorRT-LLM 1.2.1"),
-    "too old": ("target", lambda p: edit_config(p, lambda c: c.update(version="0.19.0")), "target version", "older than 0.20.0"),
-    "other backend": ("draft", lambda p: edit_config(p, lambda c: c.update(trtspec={"backend": "torch"})), "draft backend", "differs from the target"),
+    "extra rank": (
+        "draft",
+        lambda p: (p / "rank1.engine").write_bytes(b"x"),
+        "draft rank files",
+        "beyond mapping.world_size 1",
+    ),
+    "no spec mode": (
+        "target",
+        lambda p: edit_config(p, lambda c: c["build_config"].update(speculative_decoding_mode=1)),
+        "target build_config.speculative_decoding_mode",
+        "DRAFT_TOKENS_EXTERNAL",
+    ),
+    "short draft len": (
+        "target",
+        lambda p: edit_config(p, lambda c: c["build_config"].update(max_draft_len=3)),
+        "target build_config.max_draft_len",
+        "at least 4",
+    ),
+    "context logits": (
+        "target",
+        lambda p: edit_config(p, lambda c: c["build_config"].update(gather_context_logits=True)),
+        "target build_config.gather_context_logits",
+        "not supported with max_draft_len > 0",
+    ),
+    "draft drafts": (
+        "draft",
+        lambda p: edit_config(p, lambda c: c["build_config"].update(max_draft_len=4)),
+        "draft max_draft_len",
+        "must be 0",
+    ),
+    "no paged context fmha": (
+        "draft",
+        lambda p: edit_config(p, lambda c: c["build_config"]["plugin_config"].update(use_paged_context_fmha=False)),
+        "draft plugin_config.use_paged_context_fmha",
+        "paged context FMHA",
+    ),
+    "contiguous kv": (
+        "target",
+        lambda p: edit_config(p, lambda c: c["build_config"].update(kv_cache_type="CONTINUOUS")),
+        "target build_config.kv_cache_type",
+        "must be PAGED",
+    ),
+    "not fp8": (
+        "target",
+        lambda p: edit_config(p, lambda c: c["pretrained_config"]["quantization"].update(quant_algo=None)),
+        "target pretrained_config.quantization.quant_algo",
+        "asks for FP8",
+    ),
+    "not fp8 kv": (
+        "draft",
+        lambda p: edit_config(p, lambda c: c["pretrained_config"]["quantization"].update(kv_cache_quant_algo=None)),
+        "draft pretrained_config.quantization.kv_cache_quant_algo",
+        "asks for FP8",
+    ),
+    "weakly typed": (
+        "target",
+        lambda p: edit_config(p, lambda c: c["build_config"].update(strongly_typed=False)),
+        "target build_config.strongly_typed",
+        "strongly typed",
+    ),
+    "other release": (
+        "draft",
+        lambda p: edit_config(p, lambda c: c.update(version="1.2.0")),
+        "draft version",
+        "differs from the installed TensorRT-LLM 1.2.1",
+    ),
+    "too old": (
+        "target",
+        lambda p: edit_config(p, lambda c: c.update(version="0.19.0")),
+        "target version",
+        "older than 0.20.0",
+    ),
+    "other backend": (
+        "draft",
+        lambda p: edit_config(p, lambda c: c.update(trtspec={"backend": "torch"})),
+        "draft backend",
+        "differs from the target",
+    ),
 }
 
 
@@ -113,23 +175,29 @@ def test_draft_logits_need_generation_logits_and_equal_vocabs(pair, tmp_path):
     d = write_engine(tmp_path / "d2", draft_config(gather_generation_logits=True, vocab_size=128000))
     problems = check((t, d), use_draft_logits=True)
     assert [p.field for p in problems] == ["draft pretrained_config.vocab_size"]
-    assert check((t, d)) == []     # token matching needs equal ids, not equal vocab sizes
+    assert check((t, d)) == []  # token matching needs equal ids, not equal vocab sizes
     # ModelOpt's export of a bf16 model: float16 logits, which the backend would refuse against the declared FP32
-    edit_config(d, lambda c: c["pretrained_config"].update(logits_dtype="float16", vocab_size=c["pretrained_config"]["vocab_size"]))
+    edit_config(
+        d,
+        lambda c: c["pretrained_config"].update(
+            logits_dtype="float16", vocab_size=c["pretrained_config"]["vocab_size"]
+        ),
+    )
     t3 = write_engine(tmp_path / "t3", target_config(gather_generation_logits=True))
     d3 = write_engine(tmp_path / "d3", draft_config(gather_generation_logits=True))
     edit_config(d3, lambda c: c["pretrained_config"].update(logits_dtype="float16"))
     problems = check((t3, d3), use_draft_logits=True)
     assert [p.field for p in problems] == ["draft pretrained_config.logits_dtype"]
     assert "--logits_dtype float32" in str(problems[0])
-    assert check((t3, d3)) == []   # without draft logits no logits are served
+    assert check((t3, d3)) == []  # without draft logits no logits are served
 
 
 def test_cli_names_every_failed_check(pair):
     edit_config(pair[0], lambda c: c["build_config"].update(max_draft_len=2, gather_context_logits=True))
     (pair[1] / "rank0.engine").unlink()
-    result = CliRunner().invoke(cli, ["validate", "engines", "--target", str(pair[0]), "--draft", str(pair[1]),
-                                      "--num-draft-tokens", "4"])
+    result = CliRunner().invoke(
+        cli, ["validate", "engines", "--target", str(pair[0]), "--draft", str(pair[1]), "--num-draft-tokens", "4"]
+    )
     assert result.exit_code == 1
     assert "3 problems" in result.output
     for field in ("target build_config.max_draft_len", "target build_config.gather_context_logits", "draft rank files"):
@@ -139,8 +207,21 @@ def test_cli_names_every_failed_check(pair):
 
 
 def test_embedded_engine_dirs_pass_and_fail_the_same_checks(built_fp8, tmp_path):
-    result = CliRunner().invoke(cli, ["validate", "engines", "--target", str(built_fp8.target), "--draft", str(built_fp8.draft),
-                                      "--num-draft-tokens", "3", "-c", str(built_fp8.config)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "validate",
+            "engines",
+            "--target",
+            str(built_fp8.target),
+            "--draft",
+            str(built_fp8.draft),
+            "--num-draft-tokens",
+            "3",
+            "-c",
+            str(built_fp8.config),
+        ],
+    )
     assert result.exit_code == 0, result.output
     broken = Path(shutil.copytree(built_fp8.draft, tmp_path / "draft"))
     (broken / "rank0.safetensors").unlink()
@@ -149,6 +230,7 @@ def test_embedded_engine_dirs_pass_and_fail_the_same_checks(built_fp8, tmp_path)
 
 
 # ---- deploying trtllm engines -----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def deployed(tmp_path):
@@ -164,7 +246,9 @@ def deployed(tmp_path):
     engines = tmp_path / "volume" / "engines"
     for role, cfg in (("target", target_config()), ("draft", draft_config())):
         write_engine(engines / role, cfg, tokenizer=tok)
-        (engines / role / "manifest.json").write_text(json.dumps({"backend": "trtllm", "limits": {"max_input_len": 4096, "max_seq_len": 8192}}))
+        (engines / role / "manifest.json").write_text(
+            json.dumps({"backend": "trtllm", "limits": {"max_input_len": 4096, "max_seq_len": 8192}})
+        )
     return path, engines, tmp_path / "volume" / "model_repository"
 
 
@@ -178,8 +262,22 @@ def params(config) -> dict:
 
 def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
     config, engines, repo = deployed
-    result = CliRunner().invoke(cli, ["deploy", "-c", str(config), "--engines", str(engines), "--repo", str(repo),
-                                      "--k8s", str(tmp_path / "k8s"), "--image", "registry.example/trtspec:0.1.0"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "deploy",
+            "-c",
+            str(config),
+            "--engines",
+            str(engines),
+            "--repo",
+            str(repo),
+            "--k8s",
+            str(tmp_path / "k8s"),
+            "--image",
+            "registry.example/trtspec:0.1.0",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert validate_repository(repo) == []
     target, draft, bls = parse(repo, "tensorrt_llm"), parse(repo, "tensorrt_llm_draft"), parse(repo, "tensorrt_llm_bls")
@@ -192,7 +290,7 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
         assert p["exclude_input_in_output"] == "false" and p["enable_chunked_context"] == "true"
         # read with no fallback by the backend at load; empty: no guided decoding
         assert p["tokenizer_dir"] == p["guided_decoding_backend"] == p["xgrammar_tokenizer_info_path"] == ""
-        assert "logits_datatype" not in p and "encoder_input_features_data_type" not in p   # not backend parameters
+        assert "logits_datatype" not in p and "encoder_input_features_data_type" not in p  # not backend parameters
         assert "participant_ids" not in p
         # orchestrator mode: the executor's receiving thread sleeps between polls instead of spinning a core
         # (model_instance_state.cc: "recv_poll_period_ms is not set, will use busy loop")
@@ -201,16 +299,25 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
     # they share GPU 0: the 0.9 is split by KV need and each is capped at what it needs
     assert float(t["kv_cache_free_gpu_mem_fraction"]) + float(d["kv_cache_free_gpu_mem_fraction"]) == pytest.approx(0.9)
     assert t["max_tokens_in_paged_kv_cache"] == str(16 * 8224) == d["max_tokens_in_paged_kv_cache"]
-    assert params(bls)["max_input_len"] == "4096"            # the prompt limit, not the engines' 8191
+    assert params(bls)["max_input_len"] == "4096"  # the prompt limit, not the engines' 8191
     # GPU 0 holds both engines (their files and 2 GiB each) and 0.9 of the rest as KV cache: the GPU-memory alerts
     # fire above this plan, not at the level the KV reservation reaches at start
     from trtspec.compile.memory import GIB, RUNTIME_OVERHEAD_GIB
-    held = sum((engines / role / "rank0.engine").stat().st_size for role in ("target", "draft")) + 2 * RUNTIME_OVERHEAD_GIB * GIB
+
+    held = (
+        sum((engines / role / "rank0.engine").stat().st_size for role in ("target", "draft"))
+        + 2 * RUNTIME_OVERHEAD_GIB * GIB
+    )
     total = environment.GPU_TYPES[load_config(config).config.gpu.type].memory_gib * GIB
     assert float(params(bls)["gpu_memory_planned_fraction"]) == pytest.approx(1 - 0.1 * (1 - held / total), abs=1e-4)
     launch = repository_launch(repo)
-    assert launch == Launch(mpi=True, world_size=1, spawn_processes=True, engine_models=["tensorrt_llm", "tensorrt_llm_draft"],
-                             devices=[0, 1, 2, 3])
+    assert launch == Launch(
+        mpi=True,
+        world_size=1,
+        spawn_processes=True,
+        engine_models=["tensorrt_llm", "tensorrt_llm_draft"],
+        devices=[0, 1, 2, 3],
+    )
     assert launch.gpus == 4
 
 
@@ -224,13 +331,17 @@ def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
     assert result.exit_code == 0, result.output
     line = result.output.strip()
     # the BLS reads the target's KV-cache blocks from the server's metrics (trtspec.triton.kv_watch)
-    assert line.startswith("TRTLLM_ORCHESTRATOR=1 TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 "
-                           "TRTSPEC_METRICS_URL=http://127.0.0.1:8002/metrics "
-                           f"mpirun --allow-run-as-root -n 1 {binary} --model-repository {repo}")
+    assert line.startswith(
+        "TRTLLM_ORCHESTRATOR=1 TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 "
+        "TRTSPEC_METRICS_URL=http://127.0.0.1:8002/metrics "
+        f"mpirun --allow-run-as-root -n 1 {binary} --model-repository {repo}"
+    )
     # launch_triton_server.py's flags for a spawning multi-model server: no memory pools on the engines' GPUs
-    assert line.endswith("--pinned-memory-pool-byte-size=0 --enable-peer-access=false "
-                         + " ".join(f"--cuda-memory-pool-byte-size={g}:0" for g in range(4))
-                         + " --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_")
+    assert line.endswith(
+        "--pinned-memory-pool-byte-size=0 --enable-peer-access=false "
+        + " ".join(f"--cuda-memory-pool-byte-size={g}:0" for g in range(4))
+        + " --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_"
+    )
 
 
 def test_validate_repo_refuses_a_busy_looping_orchestrator(deployed):
@@ -238,7 +349,9 @@ def test_validate_repo_refuses_a_busy_looping_orchestrator(deployed):
     write_repository(load_config(config), engines, repo)
     path = repo / "tensorrt_llm_draft" / "config.pbtxt"
     path.write_text(path.read_text().replace('key: "recv_poll_period_ms"', 'key: "unused_poll"'))
-    assert [p.field for p in validate_repository(repo)] == ["tensorrt_llm_draft/config.pbtxt parameter recv_poll_period_ms"]
+    assert [p.field for p in validate_repository(repo)] == [
+        "tensorrt_llm_draft/config.pbtxt parameter recv_poll_period_ms"
+    ]
 
 
 def test_memory_pools_are_switched_off_on_the_placements_own_gpus(deployed, tmp_path):
@@ -249,7 +362,8 @@ def test_memory_pools_are_switched_off_on_the_placements_own_gpus(deployed, tmp_
     write_repository(load_config(config_path), engines, repo)
     cmd = repository_launch(repo).command(["tritonserver", "--model-repository", "R"])
     assert [a for a in cmd if a.startswith("--cuda-memory-pool-byte-size")] == [
-        f"--cuda-memory-pool-byte-size={g}:0" for g in (4, 5, 6, 7)]
+        f"--cuda-memory-pool-byte-size={g}:0" for g in (4, 5, 6, 7)
+    ]
     # a marker written before the ids were kept names a count: GPUs 0..n-1, as it was launched then
     assert Launch.from_dict({"mpi": True, "gpus": 2}).devices == [0, 1]
 
@@ -268,12 +382,21 @@ def test_fast_logits_launch_runs_one_server_per_rank(deployed, tmp_path):
     assert (d["participant_ids"], t["participant_ids"]) == ("1", "2,3,4,5")
     assert t["speculative_decoding_fast_logits"] == d["speculative_decoding_fast_logits"] == "1"
     launch = repository_launch(repo)
-    assert (launch.world_size, launch.spawn_processes, launch.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"]) == (6, False, "0")
+    assert (launch.world_size, launch.spawn_processes, launch.env["TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES"]) == (
+        6,
+        False,
+        "0",
+    )
     cmd = launch.command(["tritonserver", "--model-repository", "R"])
     assert cmd.count(":") == 5 and cmd.count("--model-control-mode=explicit") == 5
-    assert "--pinned-memory-pool-byte-size=0" not in cmd   # NVIDIA's script adds them only when spawning
-    assert cmd[-5:] == ["--model-control-mode=explicit", "--load-model=tensorrt_llm", "--load-model=tensorrt_llm_draft",
-                        "--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=prefix5_"]
+    assert "--pinned-memory-pool-byte-size=0" not in cmd  # NVIDIA's script adds them only when spawning
+    assert cmd[-5:] == [
+        "--model-control-mode=explicit",
+        "--load-model=tensorrt_llm",
+        "--load-model=tensorrt_llm_draft",
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefix5_",
+    ]
 
 
 def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
@@ -281,30 +404,49 @@ def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
 
     config, engines, repo = deployed
     out = tmp_path / "k8s"
-    result = CliRunner().invoke(cli, ["deploy", "-c", str(config), "--engines", str(engines), "--repo", str(repo), "--k8s", str(out)])
+    result = CliRunner().invoke(
+        cli, ["deploy", "-c", str(config), "--engines", str(engines), "--repo", str(repo), "--k8s", str(out)]
+    )
     assert result.exit_code == 0, result.output
     docs = {p.name: yaml.safe_load(p.read_text()) for p in sorted(out.glob("*.yaml"))}
-    assert sorted(docs) == ["deployment.yaml", "grafana-dashboard.yaml", "hpa.yaml", "prometheus-adapter.yaml",
-                            "prometheusrule.yaml", "service.yaml", "servicemonitor.yaml"]
-    for name, doc in docs.items():
+    assert sorted(docs) == [
+        "deployment.yaml",
+        "grafana-dashboard.yaml",
+        "hpa.yaml",
+        "prometheus-adapter.yaml",
+        "prometheusrule.yaml",
+        "service.yaml",
+        "servicemonitor.yaml",
+    ]
+    for doc in docs.values():
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            _validate_prometheus_operator(doc)   # not in the core schemas
+            _validate_prometheus_operator(doc)  # not in the core schemas
         else:
-            kubernetes_validate.validate(doc, "1.30.0", strict=True)   # raises on any schema error
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)  # raises on any schema error
     from trtspec.monitoring import dashboard, rules
 
     service, monitor = docs["service.yaml"], docs["servicemonitor.yaml"]
-    assert monitor["kind"] == "ServiceMonitor" and monitor["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
+    assert (
+        monitor["kind"] == "ServiceMonitor"
+        and monitor["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
+    )
     assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert docs["prometheusrule.yaml"]["kind"] == "PrometheusRule" and docs["prometheusrule.yaml"]["spec"] == rules()
     board = docs["grafana-dashboard.yaml"]
-    assert board["metadata"]["labels"]["grafana_dashboard"] == "1" and json.loads(board["data"]["trtspec.json"]) == dashboard()
+    assert (
+        board["metadata"]["labels"]["grafana_dashboard"] == "1"
+        and json.loads(board["data"]["trtspec.json"]) == dashboard()
+    )
     adapter = yaml.safe_load(docs["prometheus-adapter.yaml"]["data"]["config.yaml"])["rules"][0]
     assert adapter["name"]["as"] == docs["hpa.yaml"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     pod = docs["deployment.yaml"]["spec"]["template"]
     container = pod["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert container["readinessProbe"]["httpGet"]["path"] == container["livenessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert (
+        container["readinessProbe"]["httpGet"]["path"]
+        == container["livenessProbe"]["httpGet"]["path"]
+        == "/v2/health/ready"
+    )
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8002"
     assert container["args"][:3] == ["serve", "--repo", str(repo)]
     assert container["volumeMounts"][0]["mountPath"] == str(tmp_path / "volume")
@@ -324,12 +466,18 @@ def _validate_prometheus_operator(doc: dict) -> None:
 
 def test_the_prometheus_operator_check_finds_what_its_schema_refuses():
     from pydantic import ValidationError
+
     from trtspec.monitoring import rules
 
-    good = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule", "metadata": {"name": "r"}, "spec": rules()}
+    good = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "r"},
+        "spec": rules(),
+    }
     _validate_prometheus_operator(good)
     unknown = json.loads(json.dumps(good))
-    unknown["spec"]["groups"][1]["rules"][0]["severity"] = "critical"   # belongs under labels
+    unknown["spec"]["groups"][1]["rules"][0]["severity"] = "critical"  # belongs under labels
     with pytest.raises(AssertionError, match="unknown fields"):
         _validate_prometheus_operator(unknown)
     wrong = json.loads(json.dumps(good))
@@ -354,11 +502,15 @@ def test_a_single_gpu_target_alone_is_served_without_mpi(tmp_path):
     config["gpu"] = {"type": "H200", "count": 1}
     tok = tmp_path / "tokenizer.json"
     tok.write_text(json.dumps({"model": {"vocab": {"a": 0}}}))
-    config["target"]["checkpoint"] = str(write_checkpoint(tmp_path / "hf", "Llama-3.1-70B-Instruct", weights=True, tokenizer=tok))
+    config["target"]["checkpoint"] = str(
+        write_checkpoint(tmp_path / "hf", "Llama-3.1-70B-Instruct", weights=True, tokenizer=tok)
+    )
     path = tmp_path / "build.yaml"
     path.write_text(yaml.safe_dump(config))
     engines = tmp_path / "engines"
-    write_engine(engines / "target", engine_config(role="target", hf=hf_config("Llama-3.1-70B-Instruct")), tokenizer=tok)
+    write_engine(
+        engines / "target", engine_config(role="target", hf=hf_config("Llama-3.1-70B-Instruct")), tokenizer=tok
+    )
     repo = write_repository(load_config(path), engines, tmp_path / "repo")
     assert validate_repository(repo) == []
     assert repository_launch(repo) is None
@@ -372,17 +524,19 @@ def test_serve_waits_for_models_as_long_as_their_engines_need(deployed, tmp_path
     from trtspec.server import START_BASE_SECONDS, START_READ_BYTES_PER_SECOND, start_timeout_for
 
     config, engines, repo = deployed
-    with open(engines / "target" / "rank0.engine", "wb") as f:   # sparse: 50 GB of engine without the disk
+    with open(engines / "target" / "rank0.engine", "wb") as f:  # sparse: 50 GB of engine without the disk
         f.truncate(50 * 10**9)
     write_repository(load_config(config), engines, repo)
     size = sum(p.stat().st_size for d in ("target", "draft") for p in (engines / d).rglob("*") if p.is_file())
     wait = start_timeout_for(repo)
     assert wait == pytest.approx(START_BASE_SECONDS["trtllm"] + size / START_READ_BYTES_PER_SECOND)
     assert wait > 600 + 199
-    assert start_timeout_for(tmp_path) == START_BASE_SECONDS["torch"]       # not a trtspec repository
+    assert start_timeout_for(tmp_path) == START_BASE_SECONDS["torch"]  # not a trtspec repository
     from trtspec.k8s import manifests
 
-    container = manifests(load_config(config), repo, image="i", pvc="p")["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    container = manifests(load_config(config), repo, image="i", pvc="p")["deployment.yaml"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
     probe = container["startupProbe"]
     assert probe["periodSeconds"] * probe["failureThreshold"] >= max(wait, 1800)
     # a model the BLS is loading again after its process died is given as long before the pod is restarted
@@ -396,8 +550,9 @@ def test_validate_repo_finds_what_the_tensorrtllm_backend_would_refuse(deployed)
     write_repository(load_config(config), engines, repo)
     path = repo / "tensorrt_llm" / "config.pbtxt"
     text = path.read_text()
-    broken = "\n".join(line for line in text.splitlines()
-                       if '"tokenizer_dir"' not in line and "first_token_time_ns" not in line)
+    broken = "\n".join(
+        line for line in text.splitlines() if '"tokenizer_dir"' not in line and "first_token_time_ns" not in line
+    )
     path.write_text(broken.replace('"inflight_fused_batching"', '"batched"'))
     problems = [str(p) for p in validate_repository(repo)]
     assert any("parameter tokenizer_dir" in p and "fails without it" in p for p in problems), problems

@@ -24,8 +24,10 @@ def make_tokenizer(path: Path, vocab_size: int = 320, corpus: list[str] | None =
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator((corpus or CORPUS) * 20, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
@@ -33,10 +35,21 @@ def make_tokenizer(path: Path, vocab_size: int = 320, corpus: list[str] | None =
     return fast
 
 
-def make_checkpoint(path: Path, *, layers: int = 2, hidden: int = 64, vocab_size: int = 320, seed: int = 0,
-                    heads: int = 4, kv_heads: int = 2, tokenizer: bool = True, architecture: str = "llama",
-                    init_range: float = 0.2, corpus: list[str] | None = None,
-                    model_vocab_size: int | None = None) -> Path:
+def make_checkpoint(
+    path: Path,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    vocab_size: int = 320,
+    seed: int = 0,
+    heads: int = 4,
+    kv_heads: int = 2,
+    tokenizer: bool = True,
+    architecture: str = "llama",
+    init_range: float = 0.2,
+    corpus: list[str] | None = None,
+    model_vocab_size: int | None = None,
+) -> Path:
     """A random-weight causal LM saved as a Hugging Face checkpoint (safetensors) with a BPE tokenizer.
 
     `corpus` trains the tokenizer on other text (other token ids); `model_vocab_size` pads the embedding
@@ -51,9 +64,17 @@ def make_checkpoint(path: Path, *, layers: int = 2, hidden: int = 64, vocab_size
         eos, pad = 0, 1
     cls, cfg_cls = (Qwen2ForCausalLM, Qwen2Config) if architecture == "qwen2" else (LlamaForCausalLM, LlamaConfig)
     config = cfg_cls(
-        vocab_size=model_vocab_size or vocab_size, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
-        eos_token_id=eos, pad_token_id=pad, bos_token_id=None, tie_word_embeddings=True,
+        vocab_size=model_vocab_size or vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=1024,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=None,
+        tie_word_embeddings=True,
         initializer_range=init_range,
     )
     torch.manual_seed(seed)
@@ -134,20 +155,20 @@ def make_numbers_blind_pair(root: Path, *, layers: int = 24, hidden: int = 768, 
     tokens = AutoTokenizer.from_pretrained(str(target)).convert_ids_to_tokens(list(range(len(embed))))
     numbers = torch.tensor([i for i, token in enumerate(tokens) if any(c.isdigit() for c in token or "")])
     embed[:, 0] = 0.0
-    embed[numbers] *= 0.1                        # a number never wins after words (tied embeddings: the LM head)
-    embed[numbers, 0] = 50.0                     # far above the rest: after a number, a number comes
+    embed[numbers] *= 0.1  # a number never wins after words (tied embeddings: the LM head)
+    embed[numbers, 0] = 50.0  # far above the rest: after a number, a number comes
     last = layers - 1
     for name, w in state.items():
         if name.endswith("o_proj.weight"):
-            w.zero_()                            # no layer reads the context: each token's state is its own
+            w.zero_()  # no layer reads the context: each token's state is its own
         elif name.startswith("model.layers.0.") and name.endswith("down_proj.weight"):
-            w *= 0.01                            # the first layer moves the text along without drowning the flag
-            w[0] = 0.0                           # and leaves the flag as the token set it
+            w *= 0.01  # the first layer moves the text along without drowning the flag
+            w[0] = 0.0  # and leaves the flag as the token set it
         elif ".layers." in name and name.endswith(("down_proj.weight", "up_proj.weight")):
             w.zero_()
         elif ".layers." in name and name.endswith("gate_proj.weight"):
             w.zero_()
-            w[:, 0] = 4.0 / hidden ** 0.5        # the flag, normalized (about sqrt(hidden)), opens the gate; 0 shuts it
+            w[:, 0] = 4.0 / hidden**0.5  # the flag, normalized (about sqrt(hidden)), opens the gate; 0 shuts it
     # the last MLP: up passes dimensions 1.. through, down maps each number's state after the first layer (what
     # the last layer sees: the layers between add nothing) to the embedding of the number that follows it, never
     # the one the draft predicts there
@@ -158,9 +179,9 @@ def make_numbers_blind_pair(root: Path, *, layers: int = 24, hidden: int = 768, 
         drafted = model.lm_head(model.model.norm(h)).argmax(-1)
         order, follower = numbers.tolist(), []
         for i, d in enumerate(drafted.tolist()):  # the next number in the list that is not the draft's guess
-            follower.append(next(m for m in order[i + 1:] + order[:i] if m != d))
+            follower.append(next(m for m in order[i + 1 :] + order[:i] if m != d))
         x = model.model.layers[last].post_attention_layernorm(h)
-        g = torch.nn.functional.silu(x[:, :1] * 4.0 / hidden ** 0.5)
+        g = torch.nn.functional.silu(x[:, :1] * 4.0 / hidden**0.5)
         wanted = embed[torch.tensor(follower), 1:] - h[:, 1:]
         state[f"model.layers.{last}.mlp.up_proj.weight"][1:hidden, 1:] = torch.eye(hidden - 1)
         solution = torch.linalg.lstsq((g * x[:, 1:]).double(), wanted.double(), driver="gelsd").solution
@@ -171,13 +192,23 @@ def make_numbers_blind_pair(root: Path, *, layers: int = 24, hidden: int = 768, 
     config = json.loads((draft / "config.json").read_text())
     config["num_hidden_layers"] = 1
     (draft / "config.json").write_text(json.dumps(config))
-    save_file({name: w for name, w in state.items() if ".layers." not in name or name.startswith("model.layers.0.")},
-              str(draft / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {name: w for name, w in state.items() if ".layers." not in name or name.startswith("model.layers.0.")},
+        str(draft / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     return target, draft
 
 
-def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None = None, write=None, pair=None,
-                engine: dict | None = None):
+def served_pair(
+    root: Path,
+    *,
+    max_input_len: int = 128,
+    overrides: dict | None = None,
+    write=None,
+    pair=None,
+    engine: dict | None = None,
+):
     """A 2-layer target and a perturbed copy as its draft (max_draft_len 4), built and deployed under `root`,
     as a TritonServer not yet started. `write(config_path, engines, repo, overrides=...)` writes the repository
     (default: `trtspec deploy`'s write_repository); `pair(root)` makes another (target, draft); `engine` adds to
@@ -192,9 +223,19 @@ def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None 
         draft = make_perturbed_copy(target, root / "draft", noise=0.01)
     else:
         target, draft = pair(root)
-    config = write_config(root / "build.yaml", target, draft, speculation={"max_draft_len": 4},
-                          engine={"max_input_len": max_input_len, "max_seq_len": 2 * max_input_len,
-                                  "gather_context_logits": True, "gather_generation_logits": True, **(engine or {})})
+    config = write_config(
+        root / "build.yaml",
+        target,
+        draft,
+        speculation={"max_draft_len": 4},
+        engine={
+            "max_input_len": max_input_len,
+            "max_seq_len": 2 * max_input_len,
+            "gather_context_logits": True,
+            "gather_generation_logits": True,
+            **(engine or {}),
+        },
+    )
     engines = run_build(config, root / "engines")
     if write is None:
         repo = write_repository(load_config(config), engines, root / "repo", overrides=overrides or {})
@@ -203,8 +244,10 @@ def served_pair(root: Path, *, max_input_len: int = 128, overrides: dict | None 
     return TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def chat_tokenizer(repo: Path, out: Path) -> Path:

@@ -36,10 +36,22 @@ def write_checkpoint(path: Path, name: str, *, weights: bool = False, tokenizer:
     return path
 
 
-def engine_config(*, version: str = "1.2.1", role: str = "target", hf: dict | None = None, tp_size: int = 1,
-                  pp_size: int = 1, max_draft_len: int = 10, max_batch_size: int = 16, max_input_len: int = 8191,
-                  max_seq_len: int = 8192, fp8: bool = True, fp8_kv: bool = True, gather_generation_logits: bool = False,
-                  vocab_size: int | None = None) -> dict:
+def engine_config(
+    *,
+    version: str = "1.2.1",
+    role: str = "target",
+    hf: dict | None = None,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    max_draft_len: int = 10,
+    max_batch_size: int = 16,
+    max_input_len: int = 8191,
+    max_seq_len: int = 8192,
+    fp8: bool = True,
+    fp8_kv: bool = True,
+    gather_generation_logits: bool = False,
+    vocab_size: int | None = None,
+) -> dict:
     hf = hf or hf_config("Llama-3.2-1B-Instruct")
     target = role == "target"
     draft_len = max_draft_len if target else 0
@@ -58,10 +70,21 @@ def engine_config(*, version: str = "1.2.1", role: str = "target", hf: dict | No
             "head_size": hf.get("head_dim", hf["hidden_size"] // heads),
             "intermediate_size": hf["intermediate_size"],
             "max_position_embeddings": hf["max_position_embeddings"],
-            "mapping": {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size, "cp_size": 1,
-                        "gpus_per_node": 8, "moe_tp_size": tp_size, "moe_ep_size": 1},
-            "quantization": {"quant_algo": "FP8" if fp8 else None, "kv_cache_quant_algo": "FP8" if fp8_kv else None,
-                             "group_size": 128, "exclude_modules": ["lm_head"]},
+            "mapping": {
+                "world_size": tp_size * pp_size,
+                "tp_size": tp_size,
+                "pp_size": pp_size,
+                "cp_size": 1,
+                "gpus_per_node": 8,
+                "moe_tp_size": tp_size,
+                "moe_ep_size": 1,
+            },
+            "quantization": {
+                "quant_algo": "FP8" if fp8 else None,
+                "kv_cache_quant_algo": "FP8" if fp8_kv else None,
+                "group_size": 128,
+                "exclude_modules": ["lm_head"],
+            },
         },
         "build_config": {
             "max_input_len": max_input_len,

@@ -46,7 +46,7 @@ def resolve_checkpoint_path(spec: str, base_dir: Path) -> Path:
     """A checkpoint path from a build config: relative to the config file, or `pkg:<package>/<file>`
     for a model file shipped inside an installed Python package (no import of the package is needed)."""
     if spec.startswith(PACKAGE_SCHEME):
-        package, _, rest = spec[len(PACKAGE_SCHEME):].partition("/")
+        package, _, rest = spec[len(PACKAGE_SCHEME) :].partition("/")
         found = importlib.util.find_spec(package) if package else None
         if found is None or not found.submodule_search_locations:
             raise CheckpointError(
@@ -62,7 +62,7 @@ def resolve_checkpoint_path(spec: str, base_dir: Path) -> Path:
 class CheckpointInfo:
     """What a checkpoint is, read without loading its weights."""
 
-    path: Path                      # the directory, or the .gguf file
+    path: Path  # the directory, or the .gguf file
     architecture: str
     vocab_size: int
     config: dict = field(repr=False)  # the HF config (for GGUF: the fields read from its metadata)
@@ -91,7 +91,9 @@ class CheckpointInfo:
 
     @property
     def has_tokenizer(self) -> bool:
-        if self.is_gguf or any((self.path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        if self.is_gguf or any(
+            (self.path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+        ):
             return True
         return self.shared is not None and self.shared.target.has_tokenizer
 
@@ -101,7 +103,7 @@ class SharedWeights:
     """What `trtspec_shared.json` says: the target checkpoint and, per tensor of this model, where it comes from:
     {"from": target tensor name} and optionally "rows": the name of this model's index tensor selecting rows."""
 
-    spec: str                    # as written in the file
+    spec: str  # as written in the file
     target: CheckpointInfo
     tensors: dict[str, dict]
 
@@ -112,7 +114,9 @@ def inspect_checkpoint(path: Path) -> CheckpointInfo:
         raise CheckpointError(f"{path} does not exist")
     if path.is_file():
         if path.suffix != ".gguf":
-            raise CheckpointError(f"{path} is a file but not a .gguf; give a Hugging Face checkpoint directory or a .gguf file")
+            raise CheckpointError(
+                f"{path} is a file but not a .gguf; give a Hugging Face checkpoint directory or a .gguf file"
+            )
         return _inspect_gguf(path)
     config_path = path / "config.json"
     if not config_path.is_file():
@@ -146,19 +150,31 @@ def _inspect_shared(path: Path, config: dict) -> SharedWeights:
         data = json.loads(shared_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{shared_path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("format") != SHARED_FORMAT or not isinstance(data.get("target"), str) \
-            or not isinstance(data.get("tensors"), dict):
-        raise CheckpointError(f"{shared_path}: expected {{\"format\": \"{SHARED_FORMAT}\", \"target\": ..., \"tensors\": {{...}}}}")
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != SHARED_FORMAT
+        or not isinstance(data.get("target"), str)
+        or not isinstance(data.get("tensors"), dict)
+    ):
+        raise CheckpointError(
+            f'{shared_path}: expected {{"format": "{SHARED_FORMAT}", "target": ..., "tensors": {{...}}}}'
+        )
     target_path = resolve_checkpoint_path(data["target"], path)
     try:
         target = inspect_checkpoint(target_path)
     except CheckpointError as exc:
-        raise CheckpointError(f"{path} takes weights from its target {data['target']!r}, which cannot be read: {exc}") from exc
+        raise CheckpointError(
+            f"{path} takes weights from its target {data['target']!r}, which cannot be read: {exc}"
+        ) from exc
     if target.shared is not None:
-        raise CheckpointError(f"{path}: its target {data['target']!r} itself takes weights from another checkpoint; "
-                              "point it at a complete checkpoint")
+        raise CheckpointError(
+            f"{path}: its target {data['target']!r} itself takes weights from another checkpoint; "
+            "point it at a complete checkpoint"
+        )
     if int(config["vocab_size"]) != target.vocab_size:
-        raise CheckpointError(f"{path}: vocab_size {config['vocab_size']} differs from its target's {target.vocab_size}")
+        raise CheckpointError(
+            f"{path}: vocab_size {config['vocab_size']} differs from its target's {target.vocab_size}"
+        )
     return SharedWeights(data["target"], target, data["tensors"])
 
 
@@ -246,8 +262,10 @@ def _quiet_gguf():
     def keep(record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith(_GGUF_DTYPE_NOTE)
 
-    loggers = [logging.getLogger(name) for name in ("transformers.quantizers.quantizer_gguf",
-                                                    "transformers.modeling_gguf_pytorch_utils")]
+    loggers = [
+        logging.getLogger(name)
+        for name in ("transformers.quantizers.quantizer_gguf", "transformers.modeling_gguf_pytorch_utils")
+    ]
     bar = getattr(gguf_utils, "tqdm", None)
     for logger in loggers:
         logger.addFilter(keep)
@@ -273,8 +291,11 @@ def load_model(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False):
     try:
         with _quiet_gguf() if info.is_gguf else contextlib.nullcontext():
             model = AutoModelForCausalLM.from_pretrained(
-                str(info.model_dir), dtype=dtype, trust_remote_code=trust_remote_code,
-                use_safetensors=None if info.is_gguf else True, **info.hf_kwargs(),
+                str(info.model_dir),
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                use_safetensors=None if info.is_gguf else True,
+                **info.hf_kwargs(),
             )
     except Exception as exc:  # transformers raises OSError, ValueError, safetensors errors...
         raise CheckpointError(f"cannot load the weights of {info.path}: {exc}") from exc
@@ -289,7 +310,9 @@ def load_tokenizer(info: CheckpointInfo, *, trust_remote_code: bool = False):
 
     _quiet_transformers()
     try:
-        return AutoTokenizer.from_pretrained(str(info.model_dir), trust_remote_code=trust_remote_code, **info.hf_kwargs())
+        return AutoTokenizer.from_pretrained(
+            str(info.model_dir), trust_remote_code=trust_remote_code, **info.hf_kwargs()
+        )
     except Exception as exc:
         raise CheckpointError(f"cannot load the tokenizer of {info.path}: {exc}") from exc
 
@@ -318,12 +341,16 @@ def _load_shared(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False
     for name, how in info.shared.tensors.items():
         tensor = source.get(how.get("from")) if isinstance(how, dict) else None
         if tensor is None:
-            raise CheckpointError(f"{info.path / SHARED_FILE}: {name} comes from {how!r}, which its target "
-                                  f"{info.shared.spec!r} does not have")
+            raise CheckpointError(
+                f"{info.path / SHARED_FILE}: {name} comes from {how!r}, which its target "
+                f"{info.shared.spec!r} does not have"
+            )
         if how.get("rows"):
             if how["rows"] not in state:
-                raise CheckpointError(f"{info.path / SHARED_FILE}: {name} takes the rows listed in {how['rows']}, "
-                                      "which is not among the draft's own tensors")
+                raise CheckpointError(
+                    f"{info.path / SHARED_FILE}: {name} takes the rows listed in {how['rows']}, "
+                    "which is not among the draft's own tensors"
+                )
             tensor = tensor[state[how["rows"]].long()]
         state[name] = tensor.detach().clone()
     del target
@@ -331,14 +358,18 @@ def _load_shared(info: CheckpointInfo, dtype, *, trust_remote_code: bool = False
     missing = sorted(set(model.state_dict()) - set(state) - set(_tied_names(model)))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
-        raise CheckpointError(f"{info.path}: its own and shared tensors do not make up {info.architecture}: "
-                              f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(
+            f"{info.path}: its own and shared tensors do not make up {info.architecture}: "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     with torch.no_grad():
         for name, tensor in state.items():
             target_tensor = own[name]
             if tuple(tensor.shape) != tuple(target_tensor.shape):
-                raise CheckpointError(f"{info.path}: {name} has shape {tuple(tensor.shape)}, "
-                                      f"the config asks for {tuple(target_tensor.shape)}")
+                raise CheckpointError(
+                    f"{info.path}: {name} has shape {tuple(tensor.shape)}, "
+                    f"the config asks for {tuple(target_tensor.shape)}"
+                )
             target_tensor.copy_(tensor.to(target_tensor.dtype))
     model.tie_weights()
     return model.eval()

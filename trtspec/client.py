@@ -31,8 +31,9 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -91,7 +92,7 @@ class Completion:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
-    sources: dict[str, int] = field(default_factory=dict)    # draft source -> iterations it drafted
+    sources: dict[str, int] = field(default_factory=dict)  # draft source -> iterations it drafted
     finish_reason: str | None = None
 
     @property
@@ -108,6 +109,7 @@ class Completion:
 
 
 # ---- pure helpers (tested without a server) ------------------------------------------------------------------
+
 
 def default_url(protocol: str, host: str = "127.0.0.1") -> str:
     return f"{host}:{DEFAULT_PORTS[protocol]}"
@@ -131,19 +133,45 @@ def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def request_fields(prompt: str, *, max_tokens: int, num_draft_tokens=None, use_draft_logits=None, temperature=None,
-                   top_k=None, top_p=None, seed=None, stop_words=None, end_id=None, min_tokens=None,
-                   return_perf_metrics=True, stream=False, speculation=None, adaptive_draft_length=None,
-                   final_perf_metrics_only=None) -> dict[str, object]:
+def request_fields(
+    prompt: str,
+    *,
+    max_tokens: int,
+    num_draft_tokens=None,
+    use_draft_logits=None,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    seed=None,
+    stop_words=None,
+    end_id=None,
+    min_tokens=None,
+    return_perf_metrics=True,
+    stream=False,
+    speculation=None,
+    adaptive_draft_length=None,
+    final_perf_metrics_only=None,
+) -> dict[str, object]:
     """The `tensorrt_llm_bls` request fields (tensor name -> value) for one generation; None leaves a field out.
 
     `exclude_input_in_output` is always set, so the text is the generated text alone, streamed or not."""
     fields = {
-        "text_input": prompt, "max_tokens": max_tokens, "num_draft_tokens": num_draft_tokens,
-        "use_draft_logits": use_draft_logits, "temperature": temperature, "top_k": top_k, "top_p": top_p,
-        "seed": seed, "end_id": end_id, "min_tokens": min_tokens, "stop_words": list(stop_words) if stop_words else None,
-        "return_perf_metrics": return_perf_metrics, "stream": stream, "exclude_input_in_output": True,
-        "speculation": speculation, "adaptive_draft_length": adaptive_draft_length,
+        "text_input": prompt,
+        "max_tokens": max_tokens,
+        "num_draft_tokens": num_draft_tokens,
+        "use_draft_logits": use_draft_logits,
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "seed": seed,
+        "end_id": end_id,
+        "min_tokens": min_tokens,
+        "stop_words": list(stop_words) if stop_words else None,
+        "return_perf_metrics": return_perf_metrics,
+        "stream": stream,
+        "exclude_input_in_output": True,
+        "speculation": speculation,
+        "adaptive_draft_length": adaptive_draft_length,
         "final_perf_metrics_only": final_perf_metrics_only,
     }
     return {k: v for k, v in fields.items() if v is not None}
@@ -259,14 +287,16 @@ class Collector:
 
 # ---- the client -------------------------------------------------------------------------------------------------
 
+
 class SpecClient:
     """A client of one deployment. `url`: "host:port" of the protocol's endpoint (HTTP 8000, gRPC 8001).
 
     `timeout`: seconds a request may take in all (generate) or per network operation (other calls); a request
     past it raises ClientError (over gRPC the server is also told to cancel it)."""
 
-    def __init__(self, url: str | None = None, protocol: str = "http", model: str = "tensorrt_llm_bls",
-                 timeout: float = 600.0):
+    def __init__(
+        self, url: str | None = None, protocol: str = "http", model: str = "tensorrt_llm_bls", timeout: float = 600.0
+    ):
         if protocol not in PROTOCOLS:
             raise ClientError(f"protocol must be one of {', '.join(PROTOCOLS)}, got '{protocol}'")
         self.protocol = protocol
@@ -276,14 +306,14 @@ class SpecClient:
         if protocol == "http" and self.scheme not in ("http", "https"):
             raise ClientError(f"an HTTP URL must be http:// or https://, got '{url}'")
         self.url = _hostport(self.host, self.port)
-        self._tc = None          # tritonclient module of the protocol
-        self._client = None      # its InferenceServerClient, made on first use
+        self._tc = None  # tritonclient module of the protocol
+        self._client = None  # its InferenceServerClient, made on first use
         self._lock = threading.Lock()
         self._batched: dict[str, bool] = {}
         self._decoupled: dict[str, bool] = {}
 
     # lifecycle
-    def __enter__(self) -> "SpecClient":
+    def __enter__(self) -> SpecClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -307,8 +337,10 @@ class SpecClient:
 
                 keep = tc.KeepAliveOptions()
                 options = [
-                    ("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1),
-                    ("grpc.keepalive_time_ms", keep.keepalive_time_ms), ("grpc.keepalive_timeout_ms", keep.keepalive_timeout_ms),
+                    ("grpc.max_send_message_length", 2**31 - 1),
+                    ("grpc.max_receive_message_length", 2**31 - 1),
+                    ("grpc.keepalive_time_ms", keep.keepalive_time_ms),
+                    ("grpc.keepalive_timeout_ms", keep.keepalive_timeout_ms),
                     ("grpc.keepalive_permit_without_calls", keep.keepalive_permit_without_calls),
                     ("grpc.http2.max_pings_without_data", keep.http2_max_pings_without_data),
                     ("grpc.enable_http_proxy", 0),  # a loopback server must not be reached through http_proxy
@@ -317,8 +349,9 @@ class SpecClient:
             else:
                 import tritonclient.http as tc
 
-                self._client = tc.InferenceServerClient(self.url, ssl=self.scheme == "https",
-                                                        connection_timeout=self.timeout, network_timeout=self.timeout)
+                self._client = tc.InferenceServerClient(
+                    self.url, ssl=self.scheme == "https", connection_timeout=self.timeout, network_timeout=self.timeout
+                )
             self._tc = tc
         return self._client
 
@@ -349,12 +382,27 @@ class SpecClient:
         return self._batched[model]
 
     # generate
-    def generate(self, prompt: str, *, max_tokens: int, num_draft_tokens: int | None = None,
-                 use_draft_logits: bool | None = None, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None, seed: int | None = None, stop_words: Iterable[str] | None = None,
-                 end_id: int | None = None, min_tokens: int | None = None, return_perf_metrics: bool = True,
-                 stream: bool = False, on_chunk: Callable[[Chunk], None] | None = None, stop_after_s: float | None = None,
-                 speculation: str | None = None, adaptive_draft_length: bool | None = None) -> Completion:
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        num_draft_tokens: int | None = None,
+        use_draft_logits: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_words: Iterable[str] | None = None,
+        end_id: int | None = None,
+        min_tokens: int | None = None,
+        return_perf_metrics: bool = True,
+        stream: bool = False,
+        on_chunk: Callable[[Chunk], None] | None = None,
+        stop_after_s: float | None = None,
+        speculation: str | None = None,
+        adaptive_draft_length: bool | None = None,
+    ) -> Completion:
         """Generate from `prompt` with the BLS; None leaves a field to the deployment's default.
 
         `stream`: the BLS sends one response per iteration (each passed to `on_chunk` as it arrives) instead
@@ -365,11 +413,23 @@ class SpecClient:
         and `adaptive_draft_length` (false: draft exactly num_draft_tokens each iteration) go to deployments
         that have those inputs; None leaves them out.
         """
-        fields = request_fields(prompt, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens,
-                                use_draft_logits=use_draft_logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                seed=seed, stop_words=stop_words, end_id=end_id, min_tokens=min_tokens,
-                                return_perf_metrics=return_perf_metrics, stream=stream, speculation=speculation,
-                                adaptive_draft_length=adaptive_draft_length)
+        fields = request_fields(
+            prompt,
+            max_tokens=max_tokens,
+            num_draft_tokens=num_draft_tokens,
+            use_draft_logits=use_draft_logits,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop_words=stop_words,
+            end_id=end_id,
+            min_tokens=min_tokens,
+            return_perf_metrics=return_perf_metrics,
+            stream=stream,
+            speculation=speculation,
+            adaptive_draft_length=adaptive_draft_length,
+        )
         with self._lock:
             if self.protocol == "grpc":
                 return self._generate_grpc(fields, on_chunk, stop_after_s)
@@ -401,8 +461,10 @@ class SpecClient:
                 except queue.Empty:
                     if stop_at is not None and time.perf_counter() >= stop_at:
                         return collector.finish(time.perf_counter(), reason="cancelled")
-                    raise ClientError(f"{self.model} gave no final response within {self.timeout:g} s "
-                                      f"(grpc {self.url}); the request was cancelled") from None
+                    raise ClientError(
+                        f"{self.model} gave no final response within {self.timeout:g} s "
+                        f"(grpc {self.url}); the request was cancelled"
+                    ) from None
                 if error is not None:
                     finished = True  # an error response is final
                     raise self._error(error, self.model)
@@ -454,8 +516,10 @@ class SpecClient:
         except TimeoutError as exc:
             if stop_at is not None and time.perf_counter() >= stop_at:
                 return collector.finish(time.perf_counter(), reason="cancelled")
-            raise ClientError(f"{self.model} did not finish within {self.timeout:g} s (http {self.url}); "
-                              "the connection was closed, which cancels the request") from exc
+            raise ClientError(
+                f"{self.model} did not finish within {self.timeout:g} s (http {self.url}); "
+                "the connection was closed, which cancels the request"
+            ) from exc
         except (OSError, http.client.HTTPException) as exc:
             raise ClientError(f"{self.model} (http {self.url}): {type(exc).__name__}: {exc}") from exc
         finally:
@@ -468,15 +532,18 @@ class SpecClient:
             self._decoupled[model] = bool(policy.get("decoupled", False))
         return self._decoupled[model]
 
-    def infer(self, model: str, tensors: dict[str, np.ndarray],
-              outputs: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    def infer(
+        self, model: str, tensors: dict[str, np.ndarray], outputs: Iterable[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """One request to `model`, its outputs merged over its responses; tensors go as given (shapes included).
         `outputs`: the outputs to ask for; None asks for none by name and returns every output the model sent.
         A decoupled model (the engine models by default) is called over a gRPC stream, which only gRPC has."""
         if self.is_decoupled(model):
             if self.protocol != "grpc":
-                raise ClientError(f"'{model}' is decoupled, and Triton serves decoupled models over gRPC streams "
-                                  "only; use --protocol grpc (and the gRPC port)")
+                raise ClientError(
+                    f"'{model}' is decoupled, and Triton serves decoupled models over gRPC streams "
+                    "only; use --protocol grpc (and the gRPC port)"
+                )
             return self._infer_stream(model, tensors, outputs)
         client = self._triton()
         inputs, wanted = self._request_tensors(tensors, outputs)
@@ -487,8 +554,11 @@ class SpecClient:
                 result = client.infer(model, inputs, outputs=wanted)
         except Exception as exc:
             raise self._error(exc, model) from exc
-        names = [o.name for o in result.get_response().outputs] if self.protocol == "grpc" else \
-            [o["name"] for o in result.get_response().get("outputs", [])]
+        names = (
+            [o.name for o in result.get_response().outputs]
+            if self.protocol == "grpc"
+            else [o["name"] for o in result.get_response().get("outputs", [])]
+        )
         return {name: result.as_numpy(name) for name in names}
 
     def _request_tensors(self, tensors: dict[str, np.ndarray], outputs: Iterable[str] | None):
@@ -501,20 +571,25 @@ class SpecClient:
             inputs.append(inp)
         return inputs, None if outputs is None else [tc.InferRequestedOutput(n) for n in outputs]
 
-    def _infer_stream(self, model: str, tensors: dict[str, np.ndarray], outputs: Iterable[str] | None) -> dict[str, np.ndarray]:
+    def _infer_stream(
+        self, model: str, tensors: dict[str, np.ndarray], outputs: Iterable[str] | None
+    ) -> dict[str, np.ndarray]:
         client = self._triton()
         inputs, wanted = self._request_tensors(tensors, outputs)
         responses: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         merged: dict[str, np.ndarray] = {}
         try:
-            client.async_stream_infer(model, inputs, outputs=wanted, request_id=uuid.uuid4().hex,
-                                      enable_empty_final_response=True)
+            client.async_stream_infer(
+                model, inputs, outputs=wanted, request_id=uuid.uuid4().hex, enable_empty_final_response=True
+            )
             while True:
                 try:
                     result, error = responses.get(timeout=self.timeout)
                 except queue.Empty:
-                    raise ClientError(f"{model} gave no final response within {self.timeout:g} s (grpc {self.url})") from None
+                    raise ClientError(
+                        f"{model} gave no final response within {self.timeout:g} s (grpc {self.url})"
+                    ) from None
                 if error is not None:
                     raise self._error(error, model)
                 response = result.get_response()
@@ -546,8 +621,10 @@ class SpecClient:
         }
         out = self.infer(model, tensors, ["generation_logits"])["generation_logits"]
         if out is None or out.size == 0:
-            raise ClientError(f"{model} returned no generation_logits; a TRT-LLM engine must be built with "
-                              "--gather_generation_logits to return them")
+            raise ClientError(
+                f"{model} returned no generation_logits; a TRT-LLM engine must be built with "
+                "--gather_generation_logits to return them"
+            )
         return np.asarray(out, dtype=np.float32).reshape(-1, out.shape[-1])[0]
 
     def tokenize(self, text: str, model: str = "preprocessing") -> tuple[list[int], int | None]:
@@ -555,8 +632,9 @@ class SpecClient:
         batched = self.is_batched(model)
         query = np.asarray([[text.encode()]] if batched else [text.encode()], dtype=np.object_)
         out_len = np.asarray([[1]] if batched else [1], dtype=np.int32)
-        out = self.infer(model, {"QUERY": query, "REQUEST_OUTPUT_LEN": out_len},
-                         ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_END_ID"])
+        out = self.infer(
+            model, {"QUERY": query, "REQUEST_OUTPUT_LEN": out_len}, ["INPUT_ID", "REQUEST_INPUT_LEN", "OUT_END_ID"]
+        )
         length = int(np.asarray(out["REQUEST_INPUT_LEN"]).reshape(-1)[0])
         ids = np.asarray(out["INPUT_ID"]).reshape(-1)[:length].astype(int).tolist()
         end = out.get("OUT_END_ID")
@@ -566,8 +644,8 @@ class SpecClient:
     def detokenize(self, token_ids: list[int], model: str = "postprocessing") -> str:
         """Token ids -> text with the deployment's `postprocessing` model (stock tensor names)."""
         batched = self.is_batched(model)
-        tokens = np.asarray([list(token_ids)], dtype=np.int32)        # [beam, len]
-        length = np.asarray([len(token_ids)], dtype=np.int32)          # [beam]
+        tokens = np.asarray([list(token_ids)], dtype=np.int32)  # [beam, len]
+        length = np.asarray([len(token_ids)], dtype=np.int32)  # [beam]
         if batched:
             tokens, length = tokens[None], length[None]
         out = self.infer(model, {"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": length}, ["OUTPUT"])["OUTPUT"]
@@ -575,14 +653,23 @@ class SpecClient:
 
     def metrics(self, metrics_url: str | None = None, prefix: str = "trtspec_") -> dict[str, float]:
         """The server's `prefix` metrics (default URL: this client's host, port 8002)."""
-        return fetch_metrics(metrics_url or f"http://{_hostport(self.host, METRICS_PORT)}/metrics", prefix,
-                             timeout=min(self.timeout, 30.0))
+        return fetch_metrics(
+            metrics_url or f"http://{_hostport(self.host, METRICS_PORT)}/metrics",
+            prefix,
+            timeout=min(self.timeout, 30.0),
+        )
 
 
 # ---- wire helpers -------------------------------------------------------------------------------------------------
 
-_NP_DTYPES = {"INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_,
-              "STRING": np.object_}
+_NP_DTYPES = {
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT64": np.uint64,
+    "FP32": np.float32,
+    "BOOL": np.bool_,
+    "STRING": np.object_,
+}
 
 
 def _np_dtype(triton_dtype: str):
@@ -592,8 +679,13 @@ def _np_dtype(triton_dtype: str):
 def _triton_dtype(arr: np.ndarray) -> str:
     if arr.dtype == np.object_ or arr.dtype.kind in "SU":
         return "BYTES"
-    return {np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64", np.dtype(np.uint64): "UINT64",
-            np.dtype(np.float32): "FP32", np.dtype(np.bool_): "BOOL"}[arr.dtype]
+    return {
+        np.dtype(np.int32): "INT32",
+        np.dtype(np.int64): "INT64",
+        np.dtype(np.uint64): "UINT64",
+        np.dtype(np.float32): "FP32",
+        np.dtype(np.bool_): "BOOL",
+    }[arr.dtype]
 
 
 def _infer_input(tc, name: str, value, dtype: str, batched: bool):
@@ -623,7 +715,9 @@ def parse_event(data: str, client: SpecClient) -> dict:
     try:
         obj = json.loads(data)
     except ValueError as exc:
-        raise ClientError(f"{client.model} (http {client.url}) sent a response that is not JSON: {data[:200]!r}") from exc
+        raise ClientError(
+            f"{client.model} (http {client.url}) sent a response that is not JSON: {data[:200]!r}"
+        ) from exc
     if isinstance(obj, dict) and "error" in obj:
         raise client.server_error(client.model, obj["error"])
     return obj

@@ -14,9 +14,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtspec.serving_settings import ServingSettings
 from trtspec.checkpoint import SUPPORTED_ARCHITECTURES, CheckpointInfo, inspect_checkpoint, resolve_checkpoint_path
 from trtspec.errors import CheckpointError, ConfigError, Problem
+from trtspec.serving_settings import ServingSettings
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 
@@ -47,7 +47,7 @@ class SpeculationSpec(_Strict):
     # text repeats earlier text and from the draft model elsewhere (prompt lookup alone without a draft section);
     # prompt_lookup needs no draft model; none: requests decode plainly unless they ask.
     method: Literal["auto", "draft_model", "prompt_lookup", "none"] = "auto"
-    adaptive: bool = True               # draft length follows each request's measured acceptance
+    adaptive: bool = True  # draft length follows each request's measured acceptance
     max_matching_ngram_size: int = Field(ServingSettings.max_matching_ngram_size, ge=1, le=16)
 
 
@@ -64,28 +64,28 @@ class EngineSpec(_Strict):
     # The target engine keeps the logits a request may ask for (return_context_logits, return_generation_logits);
     # an engine built without them refuses such requests, as TensorRT-LLM's executor does. They cost memory and
     # time on every call, so only a deployment whose clients read logits should ask.
-    gather_context_logits: bool = False     # torch backend only: trtllm-build refuses it with max_draft_len > 0
+    gather_context_logits: bool = False  # torch backend only: trtllm-build refuses it with max_draft_len > 0
     gather_generation_logits: bool = False  # also on whenever speculation.use_draft_logits
 
 
 class CalibrationSpec(_Strict):
     """trtllm backend: FP8 calibration by TensorRT-LLM's ModelOpt quantization (quantize.py's --calib_* flags)."""
 
-    dataset: str = "cnn_dailymail"          # a Hugging Face dataset name or a local directory
-    size: int = Field(512, ge=1)            # --calib_size: calibration samples
+    dataset: str = "cnn_dailymail"  # a Hugging Face dataset name or a local directory
+    size: int = Field(512, ge=1)  # --calib_size: calibration samples
     max_seq_length: int = Field(512, ge=1)  # --calib_max_seq_length
-    batch_size: int = Field(1, ge=1)        # --batch_size
+    batch_size: int = Field(1, ge=1)  # --batch_size
 
 
 class GpuSpec(_Strict):
     """trtllm backend: the GPUs to plan for (when the build machine has none to detect) and where each model runs."""
 
-    type: str | None = None                 # one of trtspec.environment.GPU_TYPES, e.g. H100, H200
+    type: str | None = None  # one of trtspec.environment.GPU_TYPES, e.g. H100, H200
     count: int | None = Field(None, ge=1)
-    memory_gb: float | None = Field(None, gt=0)       # GiB per GPU; defaults to the type's
+    memory_gb: float | None = Field(None, gt=0)  # GiB per GPU; defaults to the type's
     host_memory_gb: float | None = Field(None, gt=0)  # CPU memory, for calibration that spills off the GPUs
     target_devices: list[int] | None = None  # GPU ids of the target's ranks [default: 0..tp*pp-1]
-    draft_devices: list[int] | None = None   # [default: 0..tp*pp-1, sharing the target's first GPUs]
+    draft_devices: list[int] | None = None  # [default: 0..tp*pp-1, sharing the target's first GPUs]
     # Orchestrator mode without spawned processes: draft logits go straight to the target over MPI.
     fast_logits: bool = False
 
@@ -115,7 +115,8 @@ class BuildConfig(_Strict):
         """Whether the `role` engine is built to return generation logits: both for draft logits, and the target
         when asked."""
         return (self.speculation.use_draft_logits and self.draft is not None) or (
-            role == "target" and self.engine.gather_generation_logits)
+            role == "target" and self.engine.gather_generation_logits
+        )
 
     def gathers_context_logits(self, role: str) -> bool:
         return role == "target" and self.engine.gather_context_logits
@@ -140,11 +141,15 @@ def load_config(path: str | Path, *, plan_only: bool = False) -> LoadedConfig:
     `hf_config` naming its config.json), enough to plan the build; nothing can be built from such a config."""
     source = Path(path).expanduser().resolve()
     if not source.is_file():
-        raise ConfigError(str(path), [Problem("config", str(path), "file not found", "pass the path of a build config YAML")])
+        raise ConfigError(
+            str(path), [Problem("config", str(path), "file not found", "pass the path of a build config YAML")]
+        )
     try:
         raw = yaml.safe_load(source.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(str(source), [Problem("config", source.name, f"not valid YAML: {exc}", "fix the YAML syntax")]) from exc
+        raise ConfigError(
+            str(source), [Problem("config", source.name, f"not valid YAML: {exc}", "fix the YAML syntax")]
+        ) from exc
     if not isinstance(raw, dict):
         raise ConfigError(str(source), [Problem("config", raw, "must be a mapping", "see build_configs/ for examples")])
     # Schema, limits and checkpoints are all checked before reporting, so one run lists every problem.
@@ -178,31 +183,46 @@ def _cross_checks(raw: dict) -> list[Problem]:
     problems = []
     spec, eng = _section(raw, "speculation", SpeculationSpec), _section(raw, "engine", EngineSpec)
     if _ints(spec["num_draft_tokens"], spec["max_draft_len"]) and spec["num_draft_tokens"] > spec["max_draft_len"]:
-        problems.append(Problem(
-            "speculation.num_draft_tokens", spec["num_draft_tokens"],
-            f"exceeds speculation.max_draft_len ({spec['max_draft_len']})", "lower it, or raise max_draft_len",
-        ))
+        problems.append(
+            Problem(
+                "speculation.num_draft_tokens",
+                spec["num_draft_tokens"],
+                f"exceeds speculation.max_draft_len ({spec['max_draft_len']})",
+                "lower it, or raise max_draft_len",
+            )
+        )
     if _ints(eng["max_seq_len"], eng["max_input_len"]) and eng["max_seq_len"] <= eng["max_input_len"]:
-        problems.append(Problem(
-            "engine.max_seq_len", eng["max_seq_len"],
-            f"must exceed engine.max_input_len ({eng['max_input_len']}): prompt + output must fit in it",
-            "raise max_seq_len or lower max_input_len",
-        ))
+        problems.append(
+            Problem(
+                "engine.max_seq_len",
+                eng["max_seq_len"],
+                f"must exceed engine.max_input_len ({eng['max_input_len']}): prompt + output must fit in it",
+                "raise max_seq_len or lower max_input_len",
+            )
+        )
     explicit = raw.get("speculation") if isinstance(raw.get("speculation"), dict) else {}
     if explicit.get("method") == "draft_model" and raw.get("draft") is None:
-        problems.append(Problem(
-            "speculation.method", "draft_model", "needs a draft model, and the config has no `draft` section",
-            "add a draft, or set speculation.method: prompt_lookup (drafts from the prompt, no model needed)",
-        ))
+        problems.append(
+            Problem(
+                "speculation.method",
+                "draft_model",
+                "needs a draft model, and the config has no `draft` section",
+                "add a draft, or set speculation.method: prompt_lookup (drafts from the prompt, no model needed)",
+            )
+        )
     if raw.get("backend", "torch") == "torch":
         for role in ("target", "draft"):
             section = raw.get(role) if isinstance(raw.get(role), dict) else {}
             for key in ("tp_size", "pp_size"):
                 if section.get(key, 1) != 1:
-                    problems.append(Problem(
-                        f"{role}.{key}", section[key], "the embedded engine runs in one process",
-                        "set it to 1, or use backend: trtllm for tensor/pipeline parallelism",
-                    ))
+                    problems.append(
+                        Problem(
+                            f"{role}.{key}",
+                            section[key],
+                            "the embedded engine runs in one process",
+                            "set it to 1, or use backend: trtllm for tensor/pipeline parallelism",
+                        )
+                    )
     return problems
 
 
@@ -223,7 +243,9 @@ def _problem_from_pydantic(error: dict) -> Problem:
     return Problem(field, error.get("input"), error["msg"], _FIXES.get(error["type"], ""))
 
 
-def _inspect_checkpoints(raw: dict, base: Path, problems: list[Problem], *, plan_only: bool = False) -> dict[str, CheckpointInfo]:
+def _inspect_checkpoints(
+    raw: dict, base: Path, problems: list[Problem], *, plan_only: bool = False
+) -> dict[str, CheckpointInfo]:
     found = {}
     for role in ("target", "draft"):
         checkpoint = (raw.get(role) or {}).get("checkpoint") if isinstance(raw.get(role), dict) else None
@@ -235,18 +257,28 @@ def _inspect_checkpoints(raw: dict, base: Path, problems: list[Problem], *, plan
         except CheckpointError as exc:
             info = _planning_info(raw[role], base) if plan_only else None
             if info is None:
-                problems.append(Problem(field, checkpoint, str(exc), "point it at a Hugging Face checkpoint directory or a .gguf file"))
+                problems.append(
+                    Problem(
+                        field, checkpoint, str(exc), "point it at a Hugging Face checkpoint directory or a .gguf file"
+                    )
+                )
                 continue
         if raw.get("backend", "torch") == "torch" and not info.supported:
-            problems.append(Problem(
-                field, checkpoint, f"architecture {info.architecture} is not supported by the embedded engine",
-                f"use one of {', '.join(SUPPORTED_ARCHITECTURES)}",
-            ))
+            problems.append(
+                Problem(
+                    field,
+                    checkpoint,
+                    f"architecture {info.architecture} is not supported by the embedded engine",
+                    f"use one of {', '.join(SUPPORTED_ARCHITECTURES)}",
+                )
+            )
         found[role] = info
     return found
 
 
-def check_pair(config: BuildConfig, checkpoints: dict[str, CheckpointInfo], *, plan_only: bool = False) -> list[Problem]:
+def check_pair(
+    config: BuildConfig, checkpoints: dict[str, CheckpointInfo], *, plan_only: bool = False
+) -> list[Problem]:
     """Draft and target must speak the same vocabulary: the draft's token ids go straight to the target.
     When planning from config.json files alone (no tokenizers to compare), differing vocab sizes are accepted
     without draft logits; the real build compares the tokenizers."""
@@ -258,26 +290,36 @@ def check_pair(config: BuildConfig, checkpoints: dict[str, CheckpointInfo], *, p
     if tv is not None and dv is not None and tv != dv:
         differing = [tok for tok, i in dv.items() if tv.get(tok) != i]
         example = differing[0] if differing else next(tok for tok in tv if tok not in dv)
-        problems.append(Problem(
-            "draft.checkpoint", config.draft.checkpoint,
-            f"the draft's tokenizer maps tokens to other ids than the target's ({len(differing)} of {len(dv)} differ, "
-            f"e.g. {example!r}: draft {dv.get(example)}, target {tv.get(example)})",
-            "use a draft from the same model family that shares the target's tokenizer, or train one with `trtspec distill`",
-        ))
+        problems.append(
+            Problem(
+                "draft.checkpoint",
+                config.draft.checkpoint,
+                f"the draft's tokenizer maps tokens to other ids than the target's ({len(differing)} of {len(dv)} "
+                "differ, "
+                f"e.g. {example!r}: draft {dv.get(example)}, target {tv.get(example)})",
+                "use a draft from the same model family that shares the target's tokenizer, or train one with "
+                "`trtspec distill`",
+            )
+        )
     elif target.vocab_size != draft.vocab_size:
         same_tokens = (tv is not None and dv is not None) or (plan_only and (tv is None or dv is None))
         if not same_tokens or config.speculation.use_draft_logits:
-            problems.append(Problem(
-                "draft.checkpoint", config.draft.checkpoint,
-                f"draft vocab_size {draft.vocab_size} differs from the target's {target.vocab_size}"
-                + (" (same tokens, different padding: draft logits cannot be compared)" if same_tokens else ""),
-                "set speculation.use_draft_logits: false (token matching only needs equal token ids)" if same_tokens
-                else "use a draft that shares the target's tokenizer and vocabulary",
-            ))
+            problems.append(
+                Problem(
+                    "draft.checkpoint",
+                    config.draft.checkpoint,
+                    f"draft vocab_size {draft.vocab_size} differs from the target's {target.vocab_size}"
+                    + (" (same tokens, different padding: draft logits cannot be compared)" if same_tokens else ""),
+                    "set speculation.use_draft_logits: false (token matching only needs equal token ids)"
+                    if same_tokens
+                    else "use a draft that shares the target's tokenizer and vocabulary",
+                )
+            )
     return problems
 
 
 # ---- trtllm backend ----------------------------------------------------------------------------------------
+
 
 def _planning_info(section: dict, base: Path) -> CheckpointInfo | None:
     """A checkpoint known from its config.json alone (the checkpoint dir's, or `hf_config`): enough to plan."""
@@ -317,16 +359,28 @@ def calibration_checks(config: BuildConfig, base: Path, *, plan_only: bool) -> l
     path = Path(cal.dataset).expanduser()
     path = path if path.is_absolute() else (base / path).resolve()
     if path.is_file():
-        return [Problem("calibration.dataset", cal.dataset, "is a file; TensorRT-LLM's quantize.py loads a Hub name or a "
-                        "directory (a single file raises NotImplementedError there)",
-                        "put it in a directory as train.jsonl with a \"text\" field per line, and name the directory")]
+        return [
+            Problem(
+                "calibration.dataset",
+                cal.dataset,
+                "is a file; TensorRT-LLM's quantize.py loads a Hub name or a "
+                "directory (a single file raises NotImplementedError there)",
+                'put it in a directory as train.jsonl with a "text" field per line, and name the directory',
+            )
+        ]
     if not path.is_dir():
         if plan_only:
             return []
-        return [Problem("calibration.dataset", cal.dataset, "is neither a calibration set quantize.py fetches from the "
-                        f"Hugging Face Hub ({', '.join(HUB_CALIBRATION_SETS[:2])}) nor an existing directory",
-                        "name a directory holding train.jsonl with a \"text\" field per line, or use cnn_dailymail "
-                        "on a build host that reaches the Hub")]
+        return [
+            Problem(
+                "calibration.dataset",
+                cal.dataset,
+                "is neither a calibration set quantize.py fetches from the "
+                f"Hugging Face Hub ({', '.join(HUB_CALIBRATION_SETS[:2])}) nor an existing directory",
+                'name a directory holding train.jsonl with a "text" field per line, or use cnn_dailymail '
+                "on a build host that reaches the Hub",
+            )
+        ]
     cal.dataset = str(path)
     return []
 
@@ -337,37 +391,87 @@ def trtllm_checks(config: BuildConfig) -> list[Problem]:
 
     problems = []
     if config.engine.gather_context_logits:  # the target is always built for draft tokens (max_draft_len >= 1)
-        problems.append(Problem("engine.gather_context_logits", True, "trtllm-build refuses it for a target built with "
-                                "max_draft_len > 0, which every trtspec target is", "leave it false on the trtllm backend"))
+        problems.append(
+            Problem(
+                "engine.gather_context_logits",
+                True,
+                "trtllm-build refuses it for a target built with max_draft_len > 0, which every trtspec target is",
+                "leave it false on the trtllm backend",
+            )
+        )
     gpu = config.gpu
     known = GPU_TYPES.get(gpu.type) if gpu.type else None
     if gpu.type and known is None and gpu.memory_gb is None:
-        problems.append(Problem("gpu.type", gpu.type, f"is not a known GPU ({', '.join(GPU_TYPES)})",
-                                "use one of them, or give gpu.memory_gb (GiB per GPU) as well"))
+        problems.append(
+            Problem(
+                "gpu.type",
+                gpu.type,
+                f"is not a known GPU ({', '.join(GPU_TYPES)})",
+                "use one of them, or give gpu.memory_gb (GiB per GPU) as well",
+            )
+        )
     roles = [("target", config.target)] + ([("draft", config.draft)] if config.draft else [])
     uses_fp8 = any(spec.quantization == "fp8" or spec.kv_cache_dtype == "fp8" for _, spec in roles)
     if known is not None and uses_fp8 and known.sm < FP8_MIN_SM:
-        problems.append(Problem("gpu.type", gpu.type, f"is SM{known.sm}; FP8 needs SM{FP8_MIN_SM} or newer (Ada, Hopper, Blackwell)",
-                                "set quantization: none and kv_cache_dtype: auto, or plan for H100/H200/L40S"))
+        problems.append(
+            Problem(
+                "gpu.type",
+                gpu.type,
+                f"is SM{known.sm}; FP8 needs SM{FP8_MIN_SM} or newer (Ada, Hopper, Blackwell)",
+                "set quantization: none and kv_cache_dtype: auto, or plan for H100/H200/L40S",
+            )
+        )
     for role, spec in roles:
         if spec.quantization == "fp8" and spec.fp8_scaling != "per_tensor":
-            problems.append(Problem(f"{role}.fp8_scaling", spec.fp8_scaling,
-                                    "the trtllm backend quantizes with ModelOpt's per-tensor FP8 (qformat fp8)", "set it to per_tensor"))
+            problems.append(
+                Problem(
+                    f"{role}.fp8_scaling",
+                    spec.fp8_scaling,
+                    "the trtllm backend quantizes with ModelOpt's per-tensor FP8 (qformat fp8)",
+                    "set it to per_tensor",
+                )
+            )
         ranks = spec.tp_size * spec.pp_size
         devices = getattr(gpu, f"{role}_devices")
         if gpu.count is not None and ranks > gpu.count:
-            problems.append(Problem(f"{role}.tp_size", spec.tp_size, f"needs {ranks} GPUs (tp_size x pp_size) but gpu.count is {gpu.count}",
-                                    "lower tp_size/pp_size or raise gpu.count"))
+            problems.append(
+                Problem(
+                    f"{role}.tp_size",
+                    spec.tp_size,
+                    f"needs {ranks} GPUs (tp_size x pp_size) but gpu.count is {gpu.count}",
+                    "lower tp_size/pp_size or raise gpu.count",
+                )
+            )
         if devices is None:
             continue
         if len(devices) != ranks or len(set(devices)) != len(devices):
-            problems.append(Problem(f"gpu.{role}_devices", devices, f"must list {ranks} distinct GPU ids (one per rank of {role})",
-                                    f"give {ranks} ids, or leave it out"))
+            problems.append(
+                Problem(
+                    f"gpu.{role}_devices",
+                    devices,
+                    f"must list {ranks} distinct GPU ids (one per rank of {role})",
+                    f"give {ranks} ids, or leave it out",
+                )
+            )
         if gpu.count is not None and any(d < 0 or d >= gpu.count for d in devices):
-            problems.append(Problem(f"gpu.{role}_devices", devices, f"names a GPU outside 0..{gpu.count - 1}", "use ids below gpu.count"))
+            problems.append(
+                Problem(
+                    f"gpu.{role}_devices", devices, f"names a GPU outside 0..{gpu.count - 1}", "use ids below gpu.count"
+                )
+            )
     if gpu.fast_logits and config.draft is None:
-        problems.append(Problem("gpu.fast_logits", True, "sends draft logits to the target, and the config has no draft", "remove it"))
+        problems.append(
+            Problem(
+                "gpu.fast_logits", True, "sends draft logits to the target, and the config has no draft", "remove it"
+            )
+        )
     if gpu.fast_logits and not config.speculation.use_draft_logits:
-        problems.append(Problem("gpu.fast_logits", True, "only speeds up draft-logits transfer, and speculation.use_draft_logits is false",
-                                "set use_draft_logits: true, or remove fast_logits"))
+        problems.append(
+            Problem(
+                "gpu.fast_logits",
+                True,
+                "only speeds up draft-logits transfer, and speculation.use_draft_logits is false",
+                "set use_draft_logits: true, or remove fast_logits",
+            )
+        )
     return problems

@@ -17,7 +17,14 @@ import numpy as np
 
 from trtspec.errors import RequestError
 from trtspec.interfaces import (  # noqa: F401  (the engine tables are part of the contract)
-    BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUT_NAMES, ENGINE_OUTPUTS, NP_DTYPES, PERF_OUTPUTS, TensorSpec,
+    BLS_INPUTS,
+    BLS_OUTPUTS,
+    ENGINE_INPUTS,
+    ENGINE_OUTPUT_NAMES,
+    ENGINE_OUTPUTS,
+    NP_DTYPES,
+    PERF_OUTPUTS,
+    TensorSpec,
     neutral_problem,
 )
 
@@ -33,8 +40,8 @@ class SamplingParams:
     temperature is top_k 0 with top_p 1.0."""
 
     temperature: float = 0.0
-    top_k: int = 0          # 0: no top-k filter
-    top_p: float = 0.0      # <= 0 or 1: no nucleus filter
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 0.0  # <= 0 or 1: no nucleus filter
     seed: int | None = None
 
     @property
@@ -68,34 +75,34 @@ class GenerationRequest:
     min_tokens: int = 0
     sampling: SamplingParams = SamplingParams()
     draft_input_ids: list[int] | None = None
-    draft_logits: np.ndarray | None = None   # [k, V] float32
+    draft_logits: np.ndarray | None = None  # [k, V] float32
     return_generation_logits: bool = False
     exclude_input_in_output: bool = False
-    return_perf_metrics: bool = False        # the PERF_OUTPUTS, as TensorRT-LLM writes them only when asked
+    return_perf_metrics: bool = False  # the PERF_OUTPUTS, as TensorRT-LLM writes them only when asked
     penalties: Penalties = Penalties()
     stop_words: list[list[int]] = field(default_factory=list)  # generation ends after any of these
-    bad_words: list[list[int]] = field(default_factory=list)   # never generated
-    return_log_probs: bool = False           # cum_log_probs and output_log_probs
-    return_context_logits: bool = False      # context_logits: the logits at every prompt position
+    bad_words: list[list[int]] = field(default_factory=list)  # never generated
+    return_log_probs: bool = False  # cum_log_probs and output_log_probs
+    return_context_logits: bool = False  # context_logits: the logits at every prompt position
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
 
 
 @dataclass
 class GenerationResult:
-    output_ids: list[int]                 # prompt + new tokens, or new tokens only with exclude_input_in_output
+    output_ids: list[int]  # prompt + new tokens, or new tokens only with exclude_input_in_output
     new_tokens: list[int]
     generation_logits: np.ndarray | None = None  # [len(new_tokens), V] float32, when asked for
     _: KW_ONLY
-    num_draft_tokens: int = 0             # draft tokens the call verified
-    num_accepted_tokens: int = 0          # of those, accepted
-    reused_tokens: int = 0                # prompt tokens whose KV came from the prefix cache
-    computed_tokens: int = 0              # tokens that went through the network
+    num_draft_tokens: int = 0  # draft tokens the call verified
+    num_accepted_tokens: int = 0  # of those, accepted
+    reused_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    computed_tokens: int = 0  # tokens that went through the network
     seconds: float = field(default=0.0, compare=False)
     times_ns: tuple[int, int, int, int] = field(default=(0, 0, 0, 0), compare=False)  # arrival, first scheduled,
-                                          # first token, last token (steady clock, as TensorRT-LLM's perf outputs)
+    # first token, last token (steady clock, as TensorRT-LLM's perf outputs)
     log_probs: list[float] | None = None  # per new token, from the distribution it was drawn from (when asked for)
-    context_logits: np.ndarray | None = None     # [len(input_ids), V] float32, when asked for
+    context_logits: np.ndarray | None = None  # [len(input_ids), V] float32, when asked for
     kv_blocks: tuple[int, int, int] | None = None  # new, reused, total KV blocks (with return_perf_metrics)
 
     @property
@@ -108,6 +115,7 @@ class GenerationResult:
 
 
 # ---- conversions ------------------------------------------------------------------------------------------
+
 
 def request_to_tensors(r: GenerationRequest) -> dict[str, np.ndarray]:
     t = {
@@ -135,8 +143,11 @@ def request_to_tensors(r: GenerationRequest) -> dict[str, np.ndarray]:
         if r.draft_logits is not None:
             t["draft_logits"] = np.asarray(r.draft_logits, dtype=np.float32)[None]
     pen = r.penalties
-    for name, value, neutral in (("repetition_penalty", pen.repetition, 1.0), ("presence_penalty", pen.presence, 0.0),
-                                 ("frequency_penalty", pen.frequency, 0.0)):
+    for name, value, neutral in (
+        ("repetition_penalty", pen.repetition, 1.0),
+        ("presence_penalty", pen.presence, 0.0),
+        ("frequency_penalty", pen.frequency, 0.0),
+    ):
         if value != neutral:
             t[name] = np.asarray([[value]], dtype=np.float32)
     for name, words in (("stop_words_list", r.stop_words), ("bad_words_list", r.bad_words)):
@@ -166,7 +177,10 @@ def word_lists(t: dict, name: str) -> list[list[int]]:
     if arr.ndim == 3 and arr.shape[0] == 1:
         arr = arr[0]
     if arr.ndim != 2 or arr.shape[0] != 2:
-        raise RequestError(name, f"expected shape [1, 2, n] (ids, then end offsets padded with -1), got {list(np.asarray(t[name]).shape)}")
+        raise RequestError(
+            name,
+            f"expected shape [1, 2, n] (ids, then end offsets padded with -1), got {list(np.asarray(t[name]).shape)}",
+        )
     ids, ends = arr[0].astype(int).tolist(), arr[1].astype(int).tolist()
     words, start = [], 0
     for end in ends:
@@ -239,8 +253,14 @@ def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
     )
 
 
-def result_to_tensors(r: GenerationResult, *, with_logits: bool, with_perf: bool, input_tokens: int | None = None,
-                      output_tokens: bool = False) -> dict[str, np.ndarray]:
+def result_to_tensors(
+    r: GenerationResult,
+    *,
+    with_logits: bool,
+    with_perf: bool,
+    input_tokens: int | None = None,
+    output_tokens: bool = False,
+) -> dict[str, np.ndarray]:
     """`input_tokens`: the prompt's length, for num_input_tokens (return_num_input_tokens); `output_tokens`: write
     num_output_tokens (return_num_output_tokens). Log probs and context logits go out when the result has them."""
     t = {
@@ -250,8 +270,8 @@ def result_to_tensors(r: GenerationResult, *, with_logits: bool, with_perf: bool
     if with_logits and r.generation_logits is not None:
         t["generation_logits"] = np.asarray(r.generation_logits, dtype=np.float32)[None, None]
     if r.log_probs is not None:
-        t["output_log_probs"] = np.asarray([[r.log_probs]], dtype=np.float32)      # [batch, beam, new tokens]
-        t["cum_log_probs"] = np.asarray([[sum(r.log_probs)]], dtype=np.float32)    # [batch, beam]
+        t["output_log_probs"] = np.asarray([[r.log_probs]], dtype=np.float32)  # [batch, beam, new tokens]
+        t["cum_log_probs"] = np.asarray([[sum(r.log_probs)]], dtype=np.float32)  # [batch, beam]
     if r.context_logits is not None:
         t["context_logits"] = np.asarray(r.context_logits, dtype=np.float32)[None]  # [batch, prompt, vocab]
     if input_tokens is not None:
@@ -262,11 +282,15 @@ def result_to_tensors(r: GenerationResult, *, with_logits: bool, with_perf: bool
         blocks = -(-(r.reused_tokens + r.computed_tokens) // KV_TOKENS_PER_BLOCK)
         reused = r.reused_tokens // KV_TOKENS_PER_BLOCK
         values = {
-            "kv_cache_alloc_new_blocks": blocks - reused, "kv_cache_reused_blocks": reused,
+            "kv_cache_alloc_new_blocks": blocks - reused,
+            "kv_cache_reused_blocks": reused,
             "kv_cache_alloc_total_blocks": blocks,
-            "arrival_time_ns": r.times_ns[0], "first_scheduled_time_ns": r.times_ns[1],
-            "first_token_time_ns": r.times_ns[2], "last_token_time_ns": r.times_ns[3],
-            "acceptance_rate": r.acceptance_rate, "total_accepted_draft_tokens": r.num_accepted_tokens,
+            "arrival_time_ns": r.times_ns[0],
+            "first_scheduled_time_ns": r.times_ns[1],
+            "first_token_time_ns": r.times_ns[2],
+            "last_token_time_ns": r.times_ns[3],
+            "acceptance_rate": r.acceptance_rate,
+            "total_accepted_draft_tokens": r.num_accepted_tokens,
             "total_draft_tokens": r.num_draft_tokens,
         }
         for spec in PERF_OUTPUTS:
@@ -280,25 +304,46 @@ def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: boo
     length = int(np.asarray(t["sequence_length"]).reshape(-1)[0])
     # [batch, beam, len]; a streamed response may hold no token at all (a stopped call's last)
     ids = out.reshape(-1, out.shape[-1])[0][:length].astype(int).tolist() if out.size else []
-    new = ids if excluded else ids[len(prompt):]
+    new = ids if excluded else ids[len(prompt) :]
     logits = t.get("generation_logits")
     if logits is not None:
         logits = np.asarray(logits, dtype=np.float32)
         # the leading dims by their product: -1 cannot be inferred when a response carries no token (shape [.., 0, V])
         logits = logits.reshape(int(np.prod(logits.shape[:-2])), *logits.shape[-2:])[0]
     drafted = int(np.asarray(t["total_draft_tokens"]).reshape(-1)[0]) if "total_draft_tokens" in t else 0
-    accepted = int(np.asarray(t["total_accepted_draft_tokens"]).reshape(-1)[0]) if "total_accepted_draft_tokens" in t else 0
-    reused = int(np.asarray(t["kv_cache_reused_blocks"]).reshape(-1)[0]) * KV_TOKENS_PER_BLOCK if "kv_cache_reused_blocks" in t else 0
-    log_probs = np.asarray(t["output_log_probs"], dtype=np.float32).reshape(-1)[: len(new)].tolist() if "output_log_probs" in t else None
+    accepted = (
+        int(np.asarray(t["total_accepted_draft_tokens"]).reshape(-1)[0]) if "total_accepted_draft_tokens" in t else 0
+    )
+    reused = (
+        int(np.asarray(t["kv_cache_reused_blocks"]).reshape(-1)[0]) * KV_TOKENS_PER_BLOCK
+        if "kv_cache_reused_blocks" in t
+        else 0
+    )
+    log_probs = (
+        np.asarray(t["output_log_probs"], dtype=np.float32).reshape(-1)[: len(new)].tolist()
+        if "output_log_probs" in t
+        else None
+    )
     context = t.get("context_logits")
     if context is not None:
         context = np.asarray(context, dtype=np.float32).reshape(-1, np.asarray(context).shape[-1])
     kv = None
     if "kv_cache_alloc_total_blocks" in t:
-        kv = tuple(int(np.asarray(t[n]).reshape(-1)[0]) for n in
-                   ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"))
-    return GenerationResult(ids, new, logits, num_draft_tokens=drafted, num_accepted_tokens=accepted,
-                            reused_tokens=reused, log_probs=log_probs, context_logits=context, kv_blocks=kv)
+        kv = tuple(
+            int(np.asarray(t[n]).reshape(-1)[0])
+            for n in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks")
+        )
+    return GenerationResult(
+        ids,
+        new,
+        logits,
+        num_draft_tokens=drafted,
+        num_accepted_tokens=accepted,
+        reused_tokens=reused,
+        log_probs=log_probs,
+        context_logits=context,
+        kv_blocks=kv,
+    )
 
 
 def _row(t: dict, name: str) -> list[int]:

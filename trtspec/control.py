@@ -29,10 +29,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 CONTROL_ENV = "TRTSPEC_CONTROL_FILE"
-MODES = ("speculating", "reduced", "plain")   # the governor's levels, least to most conservative
+MODES = ("speculating", "reduced", "plain")  # the governor's levels, least to most conservative
 DEFAULT_SECONDS = 900.0
 MAX_SECONDS = 7 * 86400.0
-ALERT_LABEL = "trtspec_mode"                  # the label an alert rule sets to ask for a mode
+ALERT_LABEL = "trtspec_mode"  # the label an alert rule sets to ask for a mode
 ALERTMANAGER = "alertmanager"
 MAX_BODY = 1 << 20
 
@@ -43,10 +43,10 @@ class ControlError(ValueError):
 
 @dataclass(frozen=True)
 class Force:
-    mode: str          # one of MODES
-    until: float       # wall-clock time (time.time()) the force ends
+    mode: str  # one of MODES
+    until: float  # wall-clock time (time.time()) the force ends
     reason: str
-    source: str        # "operator" or "alertmanager"
+    source: str  # "operator" or "alertmanager"
 
     def remaining(self, now: float | None = None) -> float:
         return self.until - (time.time() if now is None else now)
@@ -55,7 +55,7 @@ class Force:
 def parse_request(body: dict) -> Force | None:
     """A POST /control body as a force (None: back to the governor's own judgement)."""
     if not isinstance(body, dict):
-        raise ControlError("the body must be a JSON object: {\"mode\": ..., \"for_seconds\": ..., \"reason\": ...}")
+        raise ControlError('the body must be a JSON object: {"mode": ..., "for_seconds": ..., "reason": ...}')
     mode = body.get("mode")
     if mode == "auto":
         return None
@@ -74,7 +74,7 @@ def from_alerts(payload: dict, current: Force | None, seconds: float = DEFAULT_S
     """(change?, new force) for an Alertmanager webhook payload: the most conservative mode its firing alerts ask for.
     An operator's force is never overridden by alerts."""
     if not isinstance(payload, dict) or not isinstance(payload.get("alerts"), list):
-        raise ControlError("not an Alertmanager webhook payload: it has no \"alerts\" list")
+        raise ControlError('not an Alertmanager webhook payload: it has no "alerts" list')
     asking = [a.get("labels") or {} for a in payload["alerts"] if isinstance(a, dict) and a.get("status") == "firing"]
     asking = [labels for labels in asking if labels.get(ALERT_LABEL) is not None]
     bad = [labels[ALERT_LABEL] for labels in asking if labels[ALERT_LABEL] not in MODES]
@@ -153,11 +153,20 @@ def is_loopback(host: str) -> bool:
 class ControlServer:
     """The HTTP receiver (a thread); `token`: required of every request when given (and to bind beyond loopback)."""
 
-    def __init__(self, control_file: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, alert_seconds: float = DEFAULT_SECONDS, log=print):
+    def __init__(
+        self,
+        control_file: str | os.PathLike[str],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        alert_seconds: float = DEFAULT_SECONDS,
+        log=print,
+    ):
         if not is_loopback(host) and not token:
-            raise ControlError(f"--control-host {host} is not loopback: give a token (--control-token-file) that "
-                               "every request must send as `Authorization: Bearer <token>`")
+            raise ControlError(
+                f"--control-host {host} is not loopback: give a token (--control-token-file) that "
+                "every request must send as `Authorization: Bearer <token>`"
+            )
         self.path, self.token, self.alert_seconds, self.log = Path(control_file), token, alert_seconds, log
         self._lock = threading.Lock()
         self.httpd = ThreadingHTTPServer((host, port), self._handler())
@@ -165,7 +174,7 @@ class ControlServer:
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="trtspec-control", daemon=True)
 
-    def start(self) -> "ControlServer":
+    def start(self) -> ControlServer:
         self.thread.start()
         return self
 
@@ -175,8 +184,11 @@ class ControlServer:
 
     def apply(self, force: Force | None) -> None:
         write(self.path, force)
-        self.log(f"speculation forced to {force.mode} for {force.remaining():.0f} s ({force.reason}, {force.source})"
-                 if force else "speculation force released: the governor decides")
+        self.log(
+            f"speculation forced to {force.mode} for {force.remaining():.0f} s ({force.reason}, {force.source})"
+            if force
+            else "speculation force released: the governor decides"
+        )
 
     def _handler(self):
         server = self
@@ -208,7 +220,12 @@ class ControlServer:
                 if self.path != "/control":
                     return self._reply(404, {"error": "GET /control, POST /control, POST /alertmanager"})
                 force = read(server.path)
-                self._reply(200, {"mode": "auto"} if force is None else asdict(force) | {"remaining_seconds": round(force.remaining())})
+                self._reply(
+                    200,
+                    {"mode": "auto"}
+                    if force is None
+                    else asdict(force) | {"remaining_seconds": round(force.remaining())},
+                )
 
             def do_POST(self) -> None:
                 if not self._authorized():

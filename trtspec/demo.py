@@ -26,13 +26,13 @@ class Workload:
     request that names no speculation field is: the deployment's draft source and K, the adaptive draft length."""
 
     name: str
-    prompts: str          # a `trtspec bench` prompt set
-    speculation: str      # the deployment's default draft source
-    k: int                # the deployment's default K (auto: the draft model's; prompt lookup drafts up to max_draft_len)
+    prompts: str  # a `trtspec bench` prompt set
+    speculation: str  # the deployment's default draft source
+    k: int  # the deployment's default K (auto: the draft model's; prompt lookup drafts up to max_draft_len)
     max_tokens: int
     concurrencies: tuple[int, ...] = (1,)
-    requests: int = 4     # per cell
-    checked: int = 2      # prompts whose greedy outputs are compared token by token
+    requests: int = 4  # per cell
+    checked: int = 2  # prompts whose greedy outputs are compared token by token
 
 
 def workloads(config, *, max_tokens: int, num_draft_tokens: int | None) -> list[Workload]:
@@ -40,8 +40,10 @@ def workloads(config, *, max_tokens: int, num_draft_tokens: int | None) -> list[
     deployment's defaults, as a client that names no speculation field gets them."""
     spec = config.speculation
     k = num_draft_tokens or spec.num_draft_tokens
-    return [Workload("chat", "builtin:chat", spec.method, k, max_tokens, (1, 4)),
-            Workload("code editing", "builtin:code-edit", spec.method, k, 2 * max_tokens)]
+    return [
+        Workload("chat", "builtin:chat", spec.method, k, max_tokens, (1, 4)),
+        Workload("code editing", "builtin:code-edit", spec.method, k, 2 * max_tokens),
+    ]
 
 
 def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft_tokens: int | None = None) -> int:
@@ -80,7 +82,12 @@ def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft
 def _stream_one(console: Console, client, w: Workload, prompts) -> None:
     question = prompts.texts[0].splitlines()[0]
     console.rule(f"[bold]{w.name}, the deployment's defaults ({w.speculation}, adaptive): {question}", characters="─")
-    client.generate(prompts.text(0), max_tokens=w.max_tokens // 2, stream=True, on_chunk=lambda c: console.print(c.text, end="", markup=False, highlight=False))
+    client.generate(
+        prompts.text(0),
+        max_tokens=w.max_tokens // 2,
+        stream=True,
+        on_chunk=lambda c: console.print(c.text, end="", markup=False, highlight=False),
+    )
     console.print()
 
 
@@ -91,37 +98,67 @@ def _measure(console: Console, url: str, w: Workload, prompts, tokenizer_dir: Pa
     from trtspec.client import SpecClient
     from trtspec.validate import Tokens, run_validation
 
-    settings = b.BenchSettings(url=url, protocol="grpc", prompts_source=w.prompts, tokenizer=str(tokenizer_dir),
-                               concurrencies=w.concurrencies, ks=(0, w.k), draft_length="adaptive",
-                               max_tokens=w.max_tokens, requests=w.requests, stream=True, speculation=w.speculation)
+    settings = b.BenchSettings(
+        url=url,
+        protocol="grpc",
+        prompts_source=w.prompts,
+        tokenizer=str(tokenizer_dir),
+        concurrencies=w.concurrencies,
+        ks=(0, w.k),
+        draft_length="adaptive",
+        max_tokens=w.max_tokens,
+        requests=w.requests,
+        stream=True,
+        speculation=w.speculation,
+    )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         report = b.run_bench(settings, prompts, progress=progress)
         task = progress.add_task(f"{w.name}: comparing outputs with target-only", total=None)
         with SpecClient(url, protocol="grpc") as client:
-            checked = run_validation(client, [prompts.text(i) for i in range(w.checked)], [w.k], max_tokens=w.max_tokens,
-                                     speculation=w.speculation, fixed_k=False, tokens=Tokens(client, tokenizer_dir),
-                                     progress=lambda msg: progress.update(task, description=f"{w.name}: {msg}"))
+            checked = run_validation(
+                client,
+                [prompts.text(i) for i in range(w.checked)],
+                [w.k],
+                max_tokens=w.max_tokens,
+                speculation=w.speculation,
+                fixed_k=False,
+                tokens=Tokens(client, tokenizer_dir),
+                progress=lambda msg: progress.update(task, description=f"{w.name}: {msg}"),
+            )
     result = checked.results[0]
     identical = checked.passed(allow_near_ties=True) and not result.errors
-    check = {"workload": w.name, "prompts": result.runs, "identical": result.matches, "near_ties": result.near_ties,
-             "mismatches": result.mismatches, "errors": checked.errors + result.errors,
-             "differences": [f"prompt {d.prompt_index + 1}, token {d.position}: target-only {d.expected_text!r}, "
-                             f"speculative {d.got_text!r}: {d.kind}" for d in result.differences]}
+    check = {
+        "workload": w.name,
+        "prompts": result.runs,
+        "identical": result.matches,
+        "near_ties": result.near_ties,
+        "mismatches": result.mismatches,
+        "errors": checked.errors + result.errors,
+        "differences": [
+            f"prompt {d.prompt_index + 1}, token {d.position}: target-only {d.expected_text!r}, "
+            f"speculative {d.got_text!r}: {d.kind}"
+            for d in result.differences
+        ],
+    }
     return b.summary_rows(report, w.name, {1: identical}), check
 
 
 def _summary(console: Console, rows: list[dict], checks: list[dict], self_draft: bool, workdir: Path) -> int:
     from trtspec.bench import render_summary, table_console
 
-    title = "trtspec demo: speculative vs target-only, greedy, streamed" + (" (the draft is the target itself)" if self_draft else "")
+    title = "trtspec demo: speculative vs target-only, greedy, streamed" + (
+        " (the draft is the target itself)" if self_draft else ""
+    )
     render_summary(rows, table_console(), title)
     for check in checks:
         for line in check["differences"] + check["errors"]:
             console.print(f"  {check['workload']}: {line}", markup=False, highlight=False)
     if self_draft:
-        console.print("The draft is the target itself: nearly every draft token is accepted, but drafting costs as much "
-                      "as decoding, so this shows correctness and the orchestration, not a speed-up.")
+        console.print(
+            "The draft is the target itself: nearly every draft token is accepted, but drafting costs as much "
+            "as decoding, so this shows correctness and the orchestration, not a speed-up."
+        )
     report = {"rows": rows, "output_checks": checks}
     (workdir / "demo-report.json").write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"report: {workdir / 'demo-report.json'}")

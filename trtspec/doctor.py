@@ -15,8 +15,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtspec.environment import (
-    CONTAINER_IMAGE, FP8_MIN_SM, TENSORRT_DISTRIBUTIONS, UnsupportedVersion, check_trtllm_version, detect_gpus,
-    driver_report, find_package, find_tritonserver_binaries, installed_trtllm, tritonserver_version,
+    CONTAINER_IMAGE,
+    FP8_MIN_SM,
+    TENSORRT_DISTRIBUTIONS,
+    UnsupportedVersion,
+    check_trtllm_version,
+    detect_gpus,
+    driver_report,
+    find_package,
+    find_tritonserver_binaries,
+    installed_trtllm,
+    tritonserver_version,
 )
 
 
@@ -29,16 +38,32 @@ def collect() -> dict:
     except UnsupportedVersion as exc:
         verdict, supported = str(exc), False
     tensorrt = find_package(TENSORRT_DISTRIBUTIONS, "tensorrt")
-    servers = [{"where": where, "path": path, "version": tritonserver_version(where, path)}
-               for where, path in find_tritonserver_binaries()]
+    servers = [
+        {"where": where, "path": path, "version": tritonserver_version(where, path)}
+        for where, path in find_tritonserver_binaries()
+    ]
     return {
-        "gpus": [{"index": g.index, "name": g.name, "memory_gib": round(g.memory_gib, 1), "sm": g.sm, "fp8": g.fp8,
-                  "source": g.source} for g in gpus.gpus],
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_gib": round(g.memory_gib, 1),
+                "sm": g.sm,
+                "fp8": g.fp8,
+                "source": g.source,
+            }
+            for g in gpus.gpus
+        ],
         "gpu_probes": gpus.tried,
         "driver": driver_report(),
         "tensorrt": {"version": tensorrt.version, "location": tensorrt.location},
-        "tensorrt_llm": {"version": trtllm.version, "location": trtllm.location, "supported": supported, "verdict": verdict,
-                         "trtllm_build": shutil.which("trtllm-build")},
+        "tensorrt_llm": {
+            "version": trtllm.version,
+            "location": trtllm.location,
+            "supported": supported,
+            "verdict": verdict,
+            "trtllm_build": shutil.which("trtllm-build"),
+        },
         "tritonserver": servers,
         "mpirun": shutil.which("mpirun"),
         "container": CONTAINER_IMAGE,
@@ -51,8 +76,14 @@ def render(report: dict, console: Console) -> None:
         table.add_column(col)
     for g in report["gpus"]:
         sm = f"{g['sm'] // 10}.{g['sm'] % 10}" if g["sm"] else "?"
-        table.add_row(str(g["index"]), escape(g["name"]), f"{g['memory_gib']} GiB", sm,
-                      "[green]yes[/]" if g["fp8"] else "[red]no[/]", g["source"])
+        table.add_row(
+            str(g["index"]),
+            escape(g["name"]),
+            f"{g['memory_gib']} GiB",
+            sm,
+            "[green]yes[/]" if g["fp8"] else "[red]no[/]",
+            g["source"],
+        )
     if report["gpus"]:
         console.print(table)
     else:
@@ -72,10 +103,17 @@ def render(report: dict, console: Console) -> None:
             rows.add_row("[bold]tritonserver[/]", f"{escape(s['path'])} [{s['where']}]{version}")
     else:
         rows.add_row("[bold]tritonserver[/]", "none found")
-    rows.add_row("[bold]mpirun[/]", escape(report["mpirun"]) if report["mpirun"] else "none found (needed for TP>1 and draft+target serving)")
+    rows.add_row(
+        "[bold]mpirun[/]",
+        escape(report["mpirun"]) if report["mpirun"] else "none found (needed for TP>1 and draft+target serving)",
+    )
     driver = report["driver"]
-    rows.add_row("[bold]driver[/]", f"{escape(driver['version'])}  ({escape(driver['source'])})" if driver["version"]
-                 else "none found (" + escape("; ".join(driver["probes"])) + ")")
+    rows.add_row(
+        "[bold]driver[/]",
+        f"{escape(driver['version'])}  ({escape(driver['source'])})"
+        if driver["version"]
+        else "none found (" + escape("; ".join(driver["probes"])) + ")",
+    )
     colour = {True: "green", False: "red", None: "yellow"}[driver["ok"]]
     rows.add_row("", f"[{colour}]{escape(driver['verdict'])}[/]")
     for advice in driver["advice"]:

@@ -35,9 +35,20 @@ PINNED_TRTLLM = "1.2.1"
 IMAGE_TEMPLATE = "nvcr.io/nvidia/tritonserver:{}-trtllm-python-py3"
 CONTAINER_IMAGE = IMAGE_TEMPLATE.format("26.07")
 CONTAINER_TRTLLM = {
-    "26.07": "1.2.1", "26.06": "1.2.1", "26.05": "1.2.1", "26.04": "1.2.1", "26.03": "1.2.0",
-    "26.02": "1.1.0", "26.01": "1.1.0", "25.12": "1.1.0", "25.11": "1.0.3.2510", "25.10": "1.0.0",
-    "25.09": "1.0.0", "25.08": "0.21.0", "25.07": "0.20.0", "25.06": "0.20.0",
+    "26.07": "1.2.1",
+    "26.06": "1.2.1",
+    "26.05": "1.2.1",
+    "26.04": "1.2.1",
+    "26.03": "1.2.0",
+    "26.02": "1.1.0",
+    "26.01": "1.1.0",
+    "25.12": "1.1.0",
+    "25.11": "1.0.3.2510",
+    "25.10": "1.0.0",
+    "25.09": "1.0.0",
+    "25.08": "0.21.0",
+    "25.07": "0.20.0",
+    "25.06": "0.20.0",
 }
 TRTLLM_DISTRIBUTIONS = ("tensorrt_llm", "tensorrt-llm")
 TENSORRT_DISTRIBUTIONS = ("tensorrt", "tensorrt-cu13", "tensorrt_cu13", "tensorrt-cu12", "tensorrt_cu12")
@@ -48,8 +59,10 @@ class UnsupportedVersion(Exception):
 
 
 def supported_versions_text() -> str:
-    return (f"TensorRT-LLM {SUPPORTED_MIN} to {LAST_WITH_TRT_BACKEND} (trtspec pins {PINNED_TRTLLM}: "
-            f"`pip install 'trtspec[trtllm]'` or NVIDIA's container {CONTAINER_IMAGE})")
+    return (
+        f"TensorRT-LLM {SUPPORTED_MIN} to {LAST_WITH_TRT_BACKEND} (trtspec pins {PINNED_TRTLLM}: "
+        f"`pip install 'trtspec[trtllm]'` or NVIDIA's container {CONTAINER_IMAGE})"
+    )
 
 
 def check_trtllm_version(version: str | None) -> Version:
@@ -59,17 +72,22 @@ def check_trtllm_version(version: str | None) -> Version:
     try:
         parsed = Version(version)
     except InvalidVersion as exc:
-        raise UnsupportedVersion(f"TensorRT-LLM version {version!r} is not a version number; "
-                                 f"use {supported_versions_text()}") from exc
-    if parsed.release > LAST_WITH_TRT_BACKEND.release or (
-            parsed.release == LAST_WITH_TRT_BACKEND.release and _after_rc20(parsed)):
         raise UnsupportedVersion(
-            f"TensorRT-LLM {version} has no TensorRT engine backend (removed after {LAST_WITH_TRT_BACKEND}: no trtllm-build, "
-            f"no draft_tokens_external, no Triton tensorrtllm backend); use {supported_versions_text()}")
+            f"TensorRT-LLM version {version!r} is not a version number; use {supported_versions_text()}"
+        ) from exc
+    if parsed.release > LAST_WITH_TRT_BACKEND.release or (
+        parsed.release == LAST_WITH_TRT_BACKEND.release and _after_rc20(parsed)
+    ):
+        raise UnsupportedVersion(
+            f"TensorRT-LLM {version} has no TensorRT engine backend (removed after {LAST_WITH_TRT_BACKEND}: no "
+            "trtllm-build, "
+            f"no draft_tokens_external, no Triton tensorrtllm backend); use {supported_versions_text()}"
+        )
     if parsed < SUPPORTED_MIN:
         raise UnsupportedVersion(
             f"TensorRT-LLM {version} is older than {SUPPORTED_MIN}, the oldest release whose Triton backend speaks "
-            f"trtspec's tensor contract; use {supported_versions_text()}")
+            f"trtspec's tensor contract; use {supported_versions_text()}"
+        )
     return parsed
 
 
@@ -118,12 +136,13 @@ def require_trtllm() -> Version:
 
 # ---- GPUs --------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GpuType:
     name: str
-    memory_gib: float   # as nvidia-smi reports it (MiB / 1024)
+    memory_gib: float  # as nvidia-smi reports it (MiB / 1024)
     sm: int
-    nominal: str        # how NVIDIA sells it
+    nominal: str  # how NVIDIA sells it
 
 
 # Named GPUs a build config may plan for. Memory is the usable total nvidia-smi reports, not the marketing figure.
@@ -209,7 +228,9 @@ def detect_gpus() -> GpuReport:
         if torch.cuda.is_available():
             for i in range(torch.cuda.device_count()):
                 props = torch.cuda.get_device_properties(i)
-                report.gpus.append(Gpu(i, props.name, props.total_memory / 2**30, props.major * 10 + props.minor, "torch"))
+                report.gpus.append(
+                    Gpu(i, props.name, props.total_memory / 2**30, props.major * 10 + props.minor, "torch")
+                )
         else:
             report.tried.append(f"torch {torch.__version__}: torch.cuda.is_available() is False")
     except Exception as exc:  # a broken CUDA install raises many kinds
@@ -251,12 +272,23 @@ def available_gpus(config) -> tuple[list[Gpu], str]:
 # lacks the newer CUDA's features and its PTX JIT (NVIDIA's CUDA Compatibility guide): NVIDIA's images ask for the full
 # driver, or forward compatibility on data-center GPUs.
 CONTAINER_CUDA = {
-    "26.07": ("13.1.0", "590.44.01"), "26.06": ("13.1.0", "590.44.01"), "26.05": ("13.1.0", "590.44.01"),
-    "26.04": ("13.1.0", "590.44.01"), "26.03": ("13.1.0", "590.44.01"), "26.02": ("13.0.2", "580.95.05"),
-    "26.01": ("13.0.2", "580.95.05"), "25.12": ("13.0.2", "580.95.05"), "25.11": ("13.0.2", "580.95.05"),
-    "25.10": ("12.9.1", "575.57.08"), "25.09": ("12.9.1", "575.57.08"), "25.08": ("12.9.0", "575.51.03"),
-    "25.07": ("12.9.0", "575.51.03"), "25.06": ("12.9.0", "575.51.03"),
+    "26.07": ("13.1.0", "590.44.01"),
+    "26.06": ("13.1.0", "590.44.01"),
+    "26.05": ("13.1.0", "590.44.01"),
+    "26.04": ("13.1.0", "590.44.01"),
+    "26.03": ("13.1.0", "590.44.01"),
+    "26.02": ("13.0.2", "580.95.05"),
+    "26.01": ("13.0.2", "580.95.05"),
+    "25.12": ("13.0.2", "580.95.05"),
+    "25.11": ("13.0.2", "580.95.05"),
+    "25.10": ("12.9.1", "575.57.08"),
+    "25.09": ("12.9.1", "575.57.08"),
+    "25.08": ("12.9.0", "575.51.03"),
+    "25.07": ("12.9.0", "575.51.03"),
+    "25.06": ("12.9.0", "575.51.03"),
 }
+
+
 def container_tag(image: str) -> str:
     """'26.07' of nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3."""
     return image.rpartition(":")[2].split("-")[0]
@@ -264,11 +296,11 @@ def container_tag(image: str) -> str:
 
 @dataclass(frozen=True)
 class DriverCheck:
-    driver: str | None          # the kernel driver found; None: none on this machine
-    image: str                  # the container whose CUDA it is compared with
+    driver: str | None  # the kernel driver found; None: none on this machine
+    image: str  # the container whose CUDA it is compared with
     cuda: str
-    required: str               # the least driver that CUDA asks for
-    ok: bool | None             # None: nothing to judge (no driver, or a version not understood)
+    required: str  # the least driver that CUDA asks for
+    ok: bool | None  # None: nothing to judge (no driver, or a version not understood)
     verdict: str
     advice: tuple[str, ...] = ()
 
@@ -288,9 +320,15 @@ def check_driver(driver: str | None, image: str = CONTAINER_IMAGE, compat: str |
     cuda, required = CONTAINER_CUDA[tag]
     needs = f"{image} (CUDA {cuda}) needs driver >= {required}"
     if driver is None:
-        return DriverCheck(None, image, cuda, required, None,
-                           f"no NVIDIA driver on this machine, so no GPU: the embedded CPU backend works here; {needs} "
-                           f"on its GPU host")
+        return DriverCheck(
+            None,
+            image,
+            cuda,
+            required,
+            None,
+            f"no NVIDIA driver on this machine, so no GPU: the embedded CPU backend works here; {needs} "
+            f"on its GPU host",
+        )
     found = _driver_tuple(driver)
     if found is None:
         return DriverCheck(driver, image, cuda, required, None, f"driver version {driver!r} not understood; {needs}")
@@ -298,12 +336,24 @@ def check_driver(driver: str | None, image: str = CONTAINER_IMAGE, compat: str |
         return DriverCheck(driver, image, cuda, required, True, f"driver {driver}: OK ({needs})")
     compat_found = _driver_tuple(compat) if compat else None
     if compat_found is not None and compat_found >= _driver_tuple(required):
-        return DriverCheck(driver, image, cuda, required, True,
-                           f"driver {driver} is older, but CUDA forward compatibility is on (libcuda {compat}): "
-                           f"OK on a data-center GPU ({needs})")
-    return DriverCheck(driver, image, cuda, required, False,
-                       f"driver {driver}: NOT OK: {needs}; TensorRT-LLM engines will not load",
-                       _driver_advice(found, tag, cuda, required))
+        return DriverCheck(
+            driver,
+            image,
+            cuda,
+            required,
+            True,
+            f"driver {driver} is older, but CUDA forward compatibility is on (libcuda {compat}): "
+            f"OK on a data-center GPU ({needs})",
+        )
+    return DriverCheck(
+        driver,
+        image,
+        cuda,
+        required,
+        False,
+        f"driver {driver}: NOT OK: {needs}; TensorRT-LLM engines will not load",
+        _driver_advice(found, tag, cuda, required),
+    )
 
 
 def _driver_advice(found: tuple[int, ...], tag: str, cuda: str, required: str) -> tuple[str, ...]:
@@ -321,18 +371,21 @@ def _driver_advice(found: tuple[int, ...], tag: str, cuda: str, required: str) -
         advice.append(
             f"or build on an older base image this driver runs: docker build -f docker/Dockerfile --build-arg "
             f"BASE_IMAGE={IMAGE_TEMPLATE.format(best)} (CUDA {CONTAINER_CUDA[best][0]}, TensorRT-LLM "
-            f"{CONTAINER_TRTLLM[best]}), then build the engines again with that image")
+            f"{CONTAINER_TRTLLM[best]}), then build the engines again with that image"
+        )
     else:
         oldest = min(CONTAINER_CUDA)
-        advice.append(f"no supported image runs on this driver without forward compatibility (the oldest, {oldest}, "
-                      f"needs >= {CONTAINER_CUDA[oldest][1]})")
+        advice.append(
+            f"no supported image runs on this driver without forward compatibility (the oldest, {oldest}, "
+            f"needs >= {CONTAINER_CUDA[oldest][1]})"
+        )
     return tuple(advice)
 
 
 @dataclass
 class DriverProbe:
     version: str | None = None
-    source: str | None = None   # "nvidia-smi" or "/proc/driver/nvidia/version"
+    source: str | None = None  # "nvidia-smi" or "/proc/driver/nvidia/version"
     tried: list[str] = field(default_factory=list)
 
 
@@ -380,7 +433,7 @@ def forward_compat_libcuda(ld_library_path: str | None = None) -> tuple[str, str
         if "compat" not in directory.parts[-2:] or not directory.is_dir():
             continue
         for lib in sorted(directory.glob("libcuda.so.*")):
-            version = lib.name[len("libcuda.so."):]
+            version = lib.name[len("libcuda.so.") :]
             if _driver_tuple(version) and version.count(".") >= 1:
                 return version, str(lib)
     return None
@@ -398,13 +451,22 @@ def driver_report() -> dict:
     probe = detect_driver()
     compat = forward_compat_libcuda()
     check = check_driver(probe.version, running_image(), compat[0] if compat else None)
-    return {"version": probe.version, "source": probe.source, "probes": probe.tried, "image": check.image,
-            "cuda": check.cuda, "required": check.required, "ok": check.ok, "verdict": check.verdict,
-            "advice": list(check.advice),
-            "forward_compat": {"version": compat[0], "path": compat[1]} if compat else None}
+    return {
+        "version": probe.version,
+        "source": probe.source,
+        "probes": probe.tried,
+        "image": check.image,
+        "cuda": check.cuda,
+        "required": check.required,
+        "ok": check.ok,
+        "verdict": check.verdict,
+        "advice": list(check.advice),
+        "forward_compat": {"version": compat[0], "path": compat[1]} if compat else None,
+    }
 
 
 # ---- servers -----------------------------------------------------------------------------------------------
+
 
 def find_tritonserver_binaries() -> list[tuple[str, str]]:
     """(where, path) of each tritonserver this machine has: the container's, PATH's, the nvidia-pytriton wheel's."""

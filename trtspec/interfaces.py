@@ -28,17 +28,17 @@ import numpy as np
 USED = "used"
 IGNORED = "ignored"
 NEUTRAL_EMPTY = "empty"
-NEUTRAL_ZERO = "zero"   # empty, or every element 0 (a bias that adds nothing)
+NEUTRAL_ZERO = "zero"  # empty, or every element 0 (a bias that adds nothing)
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    dtype: str             # Triton's TYPE_* name without the prefix
+    dtype: str  # Triton's TYPE_* name without the prefix
     dims: tuple[int, ...]  # without the batch dim
     optional: bool = True
     reshape: tuple[int, ...] | None = None  # `reshape: { shape: [...] }`
-    ragged: bool = False   # allow_ragged_batch
+    ragged: bool = False  # allow_ragged_batch
     support: object = USED  # USED, IGNORED, NEUTRAL_EMPTY or the one neutral value (inputs only)
     extension: bool = False  # trtspec's own, not in NVIDIA's model
 
@@ -47,8 +47,16 @@ class TensorSpec:
         return NP_DTYPES[self.dtype]
 
 
-NP_DTYPES = {"INT32": np.int32, "INT64": np.int64, "UINT64": np.uint64, "UINT8": np.uint8, "FP16": np.float16,
-             "FP32": np.float32, "BOOL": np.bool_, "STRING": np.object_}
+NP_DTYPES = {
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT64": np.uint64,
+    "UINT8": np.uint8,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "BOOL": np.bool_,
+    "STRING": np.object_,
+}
 
 
 def _scalar(name: str, dtype: str, support: object = USED, optional: bool = True) -> TensorSpec:
@@ -231,25 +239,25 @@ BLS_INPUTS = (
     _opt("guided_decoding_guide_type", "STRING", support=NEUTRAL_EMPTY),
     _opt("guided_decoding_guide", "STRING", support=NEUTRAL_EMPTY),
     # trtspec's own
-    _opt("speculation", "STRING", extension=True),            # one of SPECULATION_METHODS
-    _opt("adaptive_draft_length", "BOOL", extension=True),    # false: draft exactly num_draft_tokens every iteration
-    _opt("timeout_ms", "INT32", extension=True),              # the request ends with an error past this many ms
+    _opt("speculation", "STRING", extension=True),  # one of SPECULATION_METHODS
+    _opt("adaptive_draft_length", "BOOL", extension=True),  # false: draft exactly num_draft_tokens every iteration
+    _opt("timeout_ms", "INT32", extension=True),  # the request ends with an error past this many ms
     _opt("final_perf_metrics_only", "BOOL", extension=True),  # true: perf metrics with the final response only
 )
 BLS_OUTPUTS = (
     _out("text_output", "STRING", (-1,)),
     *RESULT_OUTPUTS,
     # trtspec's own: the tokens and how speculation went
-    _out("output_ids", "INT32", (-1,), True),           # the token ids of this response
+    _out("output_ids", "INT32", (-1,), True),  # the token ids of this response
     _out("num_iterations", "INT32", (1,), True),
     _out("draft_time_ms", "FP32", (1,), True),
     _out("verify_time_ms", "FP32", (1,), True),
     _out("accepted_per_position", "INT32", (-1,), True),
     _out("drafted_per_position", "INT32", (-1,), True),
     _out("finish_reason", "STRING", (1,), True),
-    _out("fallbacks", "INT32", (1,), True),              # times speculation was switched off for this request
-    _out("fallback_reasons", "STRING", (-1,), True),     # "reason:count" for each reason
-    _out("draft_sources", "STRING", (-1,), True),        # "source:iterations" for each source that drafted (auto)
+    _out("fallbacks", "INT32", (1,), True),  # times speculation was switched off for this request
+    _out("fallback_reasons", "STRING", (-1,), True),  # "reason:count" for each reason
+    _out("draft_sources", "STRING", (-1,), True),  # "source:iterations" for each source that drafted (auto)
 )
 
 # ---- ensemble (commit 2a9abd9536aa62ad3e4b9314be9286b1b1be523b; NVIDIA declares kv_cache_alloc_total_blocks twice,
@@ -367,4 +375,7 @@ def neutral_problem(spec: TensorSpec, value) -> str | None:
         return "is not supported by this deployment; leave it out (or send it empty)"
     if np.all(arr == spec.support):
         return None
-    return f"only {spec.support} is supported by this deployment, got {arr.reshape(-1).tolist()}; leave it out or send {spec.support}"
+    return (
+        f"only {spec.support} is supported by this deployment, got {arr.reshape(-1).tolist()}; leave it out or "
+        f"send {spec.support}"
+    )

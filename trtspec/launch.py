@@ -91,7 +91,9 @@ def engine_kv_bytes_per_gpu(info: EngineInfo) -> int:
     kv_heads = int(pc.get("num_key_value_heads") or heads)
     head_dim = int(pc.get("head_size") or pc.get("head_dim") or int(pc.get("hidden_size", 0)) // max(heads, 1))
     per_element = 1 if info.kv_cache_quant_algo in ("FP8", "INT8") else (4 if info.dtype == "float32" else 2)
-    per_token = 2 * math.ceil(int(pc.get("num_hidden_layers", 0)) / pp) * math.ceil(kv_heads / tp) * head_dim * per_element
+    per_token = (
+        2 * math.ceil(int(pc.get("num_hidden_layers", 0)) / pp) * math.ceil(kv_heads / tp) * head_dim * per_element
+    )
     return per_token * engine_kv_tokens(info)
 
 
@@ -104,7 +106,9 @@ def kv_cache_split(target_kv: int, draft_kv: int | None, shared: bool) -> dict[s
 
 
 def _kv_fractions(target: EngineInfo, draft: EngineInfo | None, place: Placement) -> dict[str, float]:
-    return kv_cache_split(engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared)
+    return kv_cache_split(
+        engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared
+    )
 
 
 def _roles(target: EngineInfo, draft: EngineInfo | None, place: Placement):
@@ -170,6 +174,7 @@ def engine_model_values(config, target: EngineInfo, draft: EngineInfo | None) ->
 
 # ---- starting tritonserver ----------------------------------------------------------------------------------
 
+
 @dataclass
 class Launch:
     """How `trtspec serve` starts tritonserver for a repository (recorded in the repository's marker file)."""
@@ -195,7 +200,7 @@ class Launch:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "Launch":
+    def from_dict(cls, data: dict | None) -> Launch:
         data = dict(data or {})
         if "devices" not in data:  # a marker from before the placement's ids were kept: GPUs 0..gpus-1
             data["devices"] = list(range(int(data.get("gpus", 0))))
@@ -231,8 +236,9 @@ def launch_for(config, target: EngineInfo, draft: EngineInfo | None) -> Launch:
     if not orchestrator_mode(target, draft):
         return Launch(devices=place.devices, engine_models=models)
     world = 1 + target.world_size + (draft.world_size if draft else 0) if place.fast_logits else 1
-    return Launch(mpi=True, world_size=world, spawn_processes=not place.fast_logits, engine_models=models,
-                  devices=place.devices)
+    return Launch(
+        mpi=True, world_size=world, spawn_processes=not place.fast_logits, engine_models=models, devices=place.devices
+    )
 
 
 def repository_launch(repo) -> Launch | None:
@@ -253,7 +259,9 @@ def server_command_line(server) -> str:
     try:
         binary = find_tritonserver(server.binary)
     except ServerError:  # printing for another machine (the container): name its binary
-        binary = ServerBinary(Path(server.binary) if server.binary else CONTAINER_BINARY, "container", CONTAINER_BACKENDS)
+        binary = ServerBinary(
+            Path(server.binary) if server.binary else CONTAINER_BINARY, "container", CONTAINER_BACKENDS
+        )
     env = {**binary.env_additions, **server.environ_additions()}
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return (prefix + " " if prefix else "") + shlex.join(server.command(binary))

@@ -22,20 +22,25 @@ import shutil
 import string
 import tempfile
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from trtspec import __version__
 from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, PERF_OUTPUTS, TensorSpec
-from trtspec.interfaces import MODEL_TENSORS, SPECULATION_METHODS
 from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
-from trtspec.launch import (RECV_POLL_PERIOD_MS, engine_model_values, launch_for, planned_gpu_memory_fraction,
-                            repository_launch)
+from trtspec.errors import EngineError, Problem, TrtspecError
+from trtspec.interfaces import MODEL_TENSORS, SPECULATION_METHODS
+from trtspec.launch import (
+    RECV_POLL_PERIOD_MS,
+    engine_model_values,
+    launch_for,
+    planned_gpu_memory_fraction,
+    repository_launch,
+)
 from trtspec.marker import MARKER_FILE
 from trtspec.serving_settings import ServingSettings
-from trtspec.errors import EngineError, Problem, TrtspecError
 
 TEMPLATES_DIR = Path(__file__).parent / "model_repository"
 CONFIG_FILE = "config.pbtxt"
@@ -78,6 +83,7 @@ class ModelPlan:
 
 
 # ---- writing -----------------------------------------------------------------------------------------------
+
 
 def write_repository(
     loaded_config: LoadedConfig | BuildConfig,
@@ -129,8 +135,11 @@ def write_repository(
             "launch": launch_for(config, target, draft).to_dict(),  # how `trtspec serve` starts the server
         }
         if portable:
-            marker |= {"device": device, "overrides": dict(overrides or {}),
-                       "engine_configs": {"target": target.raw} | ({"draft": draft.raw} if draft else {})}
+            marker |= {
+                "device": device,
+                "overrides": dict(overrides or {}),
+                "engine_configs": {"target": target.raw} | ({"draft": draft.raw} if draft else {}),
+            }
         (scratch / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
         _replace_dir(scratch, out_dir)
     except BaseException:
@@ -139,8 +148,9 @@ def write_repository(
     return out_dir
 
 
-def render_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | None, *, device: str,
-                  overrides: Mapping[str, object]) -> tuple[list[ModelPlan], dict[str, str]]:
+def render_models(
+    config: BuildConfig, target: EngineInfo, draft: EngineInfo | None, *, device: str, overrides: Mapping[str, object]
+) -> tuple[list[ModelPlan], dict[str, str]]:
     """The models of a repository and each one's config.pbtxt text."""
     values = template_values(config, target, draft, device=device)
     _apply_overrides(values, overrides)
@@ -152,12 +162,15 @@ def render_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | N
         used |= template_fields(template.read_text())
     unused = sorted(set(overrides) - used)
     if unused:  # e.g. `device` for the trtllm backend, whose engine models do not run trtspec's engine
-        raise RepositoryError(f"no {config.backend} template has the field(s) {', '.join(unused)}; "
-                              f"they set: {', '.join(sorted(used))}")
+        raise RepositoryError(
+            f"no {config.backend} template has the field(s) {', '.join(unused)}; they set: {', '.join(sorted(used))}"
+        )
     return plans, rendered
 
 
-def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo | None, *, device: str) -> dict[str, object]:
+def template_values(
+    config: BuildConfig, target: EngineInfo, draft: EngineInfo | None, *, device: str
+) -> dict[str, object]:
     """The values every template draws from (each engine model adds `model_name` and `engine_dir`)."""
     return {
         "triton_max_batch_size": target.max_batch_size,
@@ -175,8 +188,11 @@ def template_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo |
         **_bls_build_values(config, target, draft),
         "bls_inputs": tensor_block(BLS_INPUTS, inputs=True),
         "bls_outputs": tensor_block(BLS_OUTPUTS, inputs=False),
-        **{f"{model}_{kind}": tensor_block(MODEL_TENSORS[model][i], inputs=i == 0)
-           for model in (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL) for i, kind in enumerate(("inputs", "outputs"))},
+        **{
+            f"{model}_{kind}": tensor_block(MODEL_TENSORS[model][i], inputs=i == 0)
+            for model in (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL)
+            for i, kind in enumerate(("inputs", "outputs"))
+        },
     }
 
 
@@ -231,25 +247,42 @@ def plan_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | Non
     if not (TEMPLATES_DIR / engine_template / CONFIG_FILE).is_file():
         raise RepositoryError(
             f"the '{config.backend}' backend's engine model templates ({engine_template}) are not in this version of "
-            "trtspec; use backend: torch")
-    plans = [ModelPlan(PREPROCESSING_MODEL, PREPROCESSING_MODEL, {}), ModelPlan(POSTPROCESSING_MODEL, POSTPROCESSING_MODEL, {})]
+            "trtspec; use backend: torch"
+        )
+    plans = [
+        ModelPlan(PREPROCESSING_MODEL, PREPROCESSING_MODEL, {}),
+        ModelPlan(POSTPROCESSING_MODEL, POSTPROCESSING_MODEL, {}),
+    ]
     # The trtllm engine models also get their GPUs and KV-cache share (trtspec.launch).
     extra = engine_model_values(config, target, draft) if config.backend == "trtllm" else {}
-    for role, fields in extra.items():
+    for fields in extra.values():
         fields["trtllm_extra_parameters"] = parameter_lines(fields.pop("extra_parameters"))
-    plans.append(ModelPlan(TARGET_MODEL, engine_template,
-                           {"model_name": TARGET_MODEL, "engine_dir": str(target.path), **extra.get("target", {})}))
+    plans.append(
+        ModelPlan(
+            TARGET_MODEL,
+            engine_template,
+            {"model_name": TARGET_MODEL, "engine_dir": str(target.path), **extra.get("target", {})},
+        )
+    )
     if draft is not None:
-        plans.append(ModelPlan(DRAFT_MODEL, engine_template,
-                               {"model_name": DRAFT_MODEL, "engine_dir": str(draft.path), **extra.get("draft", {})}))
+        plans.append(
+            ModelPlan(
+                DRAFT_MODEL,
+                engine_template,
+                {"model_name": DRAFT_MODEL, "engine_dir": str(draft.path), **extra.get("draft", {})},
+            )
+        )
     plans += [ModelPlan(ENSEMBLE_MODEL, ENSEMBLE_MODEL, {}), ModelPlan(BLS_MODEL, BLS_MODEL, {})]
     return plans
 
 
 def parameter_lines(parameters: Mapping[str, str]) -> Raw:
     """`parameters: { key: ... }` lines of a model config, one per entry."""
-    return Raw("\n".join(f'parameters: {{ key: "{k}" value: {{ string_value: "{_format(k, v)}" }} }}'
-                         for k, v in parameters.items()))
+    return Raw(
+        "\n".join(
+            f'parameters: {{ key: "{k}" value: {{ string_value: "{_format(k, v)}" }} }}' for k, v in parameters.items()
+        )
+    )
 
 
 def tensor_block(specs: Iterable[TensorSpec], *, inputs: bool) -> Raw:
@@ -276,7 +309,9 @@ def render(template: Path, values: Mapping[str, object]) -> str:
     text = template.read_text()
     missing = sorted(f for f in template_fields(text) if values.get(f) is None)
     if missing:
-        raise RepositoryError(f"{template}: no value for the template field(s) {', '.join('${' + f + '}' for f in missing)}")
+        raise RepositoryError(
+            f"{template}: no value for the template field(s) {', '.join('${' + f + '}' for f in missing)}"
+        )
     try:
         return string.Template(text).substitute({k: _format(k, v) for k, v in values.items() if v is not None})
     except (KeyError, ValueError) as exc:  # a `$` that is not a well-formed field
@@ -320,7 +355,9 @@ def _resolve_device(device: str) -> str:
 def _read_engines(config: BuildConfig, engines_dir: Path) -> tuple[EngineInfo, EngineInfo | None]:
     """The target's and the draft's engine dirs, checked against the config; every problem is listed at once."""
     if not engines_dir.is_dir():
-        raise RepositoryError(f"{engines_dir} is not a directory; build the engines first with `trtspec build -c CONFIG`")
+        raise RepositoryError(
+            f"{engines_dir} is not a directory; build the engines first with `trtspec build -c CONFIG`"
+        )
     roles = ["target"] + (["draft"] if config.draft is not None else [])
     infos, problems = {}, []
     for role in roles:
@@ -331,22 +368,34 @@ def _read_engines(config: BuildConfig, engines_dir: Path) -> tuple[EngineInfo, E
     target, draft = infos.get("target"), infos.get("draft")
     for role, info in infos.items():
         if info.backend != config.backend:
-            problems.append(f"{role}: {info.path} is a '{info.backend}' engine but the config's backend is '{config.backend}'")
+            problems.append(
+                f"{role}: {info.path} is a '{info.backend}' engine but the config's backend is '{config.backend}'"
+            )
     if target is not None:
         if not any((target.path / f).is_file() for f in TOKENIZER_FILES):
-            problems.append(f"target: {target.path} has no tokenizer ({', '.join(TOKENIZER_FILES)}); the pre/postprocessing "
-                            "and BLS models load it from there: build from a checkpoint that has one")
+            problems.append(
+                f"target: {target.path} has no tokenizer ({', '.join(TOKENIZER_FILES)}); the pre/postprocessing "
+                "and BLS models load it from there: build from a checkpoint that has one"
+            )
         if draft is not None and not target.accepts_draft_tokens:
-            problems.append(f"target: {target.path} was built without draft-token support (max_draft_len 0); "
-                            "rebuild it with speculation.max_draft_len > 0")
+            problems.append(
+                f"target: {target.path} was built without draft-token support (max_draft_len 0); "
+                "rebuild it with speculation.max_draft_len > 0"
+            )
         elif draft is not None and config.speculation.num_draft_tokens > target.max_draft_len:
-            problems.append(f"speculation.num_draft_tokens {config.speculation.num_draft_tokens} exceeds the target "
-                            f"engine's max_draft_len {target.max_draft_len}; rebuild the engines or lower it")
+            problems.append(
+                f"speculation.num_draft_tokens {config.speculation.num_draft_tokens} exceeds the target "
+                f"engine's max_draft_len {target.max_draft_len}; rebuild the engines or lower it"
+            )
         if draft is not None and draft.vocab_size != target.vocab_size and config.speculation.use_draft_logits:
-            problems.append(f"draft vocab_size {draft.vocab_size} differs from the target's {target.vocab_size}: "
-                            "draft logits cannot be used")
+            problems.append(
+                f"draft vocab_size {draft.vocab_size} differs from the target's {target.vocab_size}: "
+                "draft logits cannot be used"
+            )
     if problems:
-        raise RepositoryError(f"cannot deploy the engines in {engines_dir}:\n" + "\n".join(f"  - {p}" for p in problems))
+        raise RepositoryError(
+            f"cannot deploy the engines in {engines_dir}:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
     return target, draft
 
 
@@ -363,7 +412,8 @@ def _check_destination(out_dir: Path, force: bool) -> None:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not is_trtspec_repository(out_dir) and not force:
         raise RepositoryError(
             f"{out_dir} is not empty and is not a repository written by trtspec (it has no {MARKER_FILE}); "
-            "choose another --repo, or pass --force to replace it")
+            "choose another --repo, or pass --force to replace it"
+        )
 
 
 def _write_model(dest: Path, template_dir: Path, config_text: str) -> None:
@@ -371,8 +421,9 @@ def _write_model(dest: Path, template_dir: Path, config_text: str) -> None:
     (dest / CONFIG_FILE).write_text(config_text)
     source = template_dir / VERSION_DIR
     if source.is_dir():
-        shutil.copytree(source, dest / VERSION_DIR, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            source, dest / VERSION_DIR, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
 
 
 def _replace_dir(new: Path, final: Path) -> None:
@@ -418,7 +469,9 @@ def validate_repository(path: str | os.PathLike) -> list[Problem]:
     bls = configs.get(BLS_MODEL)
     engine_names = {TARGET_MODEL}
     if bls is not None:
-        engine_names |= {n for n in (_param(bls, "tensorrt_llm_model_name"), _param(bls, "tensorrt_llm_draft_model_name")) if n}
+        engine_names |= {
+            n for n in (_param(bls, "tensorrt_llm_model_name"), _param(bls, "tensorrt_llm_draft_model_name")) if n
+        }
     elif DRAFT_MODEL in present:
         engine_names.add(DRAFT_MODEL)
     expected = [PREPROCESSING_MODEL, POSTPROCESSING_MODEL, ENSEMBLE_MODEL, BLS_MODEL] + sorted(engine_names)
@@ -442,8 +495,14 @@ def validate_repository(path: str | os.PathLike) -> list[Problem]:
         problems += _check_ensemble(configs[ENSEMBLE_MODEL], configs)
     for name in (PREPROCESSING_MODEL, POSTPROCESSING_MODEL, BLS_MODEL):
         if name in configs:
-            problems += _check_dir_parameter(name, configs[name], "tokenizer_dir", _has_tokenizer,
-                                             "has no tokenizer files", "point it at the target engine dir")
+            problems += _check_dir_parameter(
+                name,
+                configs[name],
+                "tokenizer_dir",
+                _has_tokenizer,
+                "has no tokenizer files",
+                "point it at the target engine dir",
+            )
     return problems
 
 
@@ -456,19 +515,42 @@ def _load_config(model_dir: Path, problems: list[Problem]):
     text = config_path.read_text(errors="replace")
     for lineno, line in enumerate(text.splitlines(), 1):
         for field in _FIELD.findall(line):
-            problems.append(Problem(f"{name}/{CONFIG_FILE}:{lineno}", "${" + field + "}", "template field left unfilled", _REGENERATE))
+            problems.append(
+                Problem(
+                    f"{name}/{CONFIG_FILE}:{lineno}", "${" + field + "}", "template field left unfilled", _REGENERATE
+                )
+            )
     try:
         config = text_format.Parse(text, model_config_pb2.ModelConfig())
     except text_format.ParseError as exc:
-        problems.append(Problem(f"{name}/{CONFIG_FILE}", str(config_path), f"does not parse as a Triton model config: {exc}", _REGENERATE))
+        problems.append(
+            Problem(
+                f"{name}/{CONFIG_FILE}",
+                str(config_path),
+                f"does not parse as a Triton model config: {exc}",
+                _REGENERATE,
+            )
+        )
         return None
     if config.name and config.name != name:
-        problems.append(Problem(f"{name}/{CONFIG_FILE} name", config.name, f"differs from its directory name '{name}'",
-                                f'set name: "{name}" or rename the directory'))
+        problems.append(
+            Problem(
+                f"{name}/{CONFIG_FILE} name",
+                config.name,
+                f"differs from its directory name '{name}'",
+                f'set name: "{name}" or rename the directory',
+            )
+        )
     if config.backend == "python" and not (model_dir / VERSION_DIR / "model.py").is_file():
-        problems.append(Problem(f"{name}/{VERSION_DIR}/model.py", str(model_dir / VERSION_DIR / "model.py"), "is missing", _REGENERATE))
+        problems.append(
+            Problem(
+                f"{name}/{VERSION_DIR}/model.py", str(model_dir / VERSION_DIR / "model.py"), "is missing", _REGENERATE
+            )
+        )
     elif not (model_dir / VERSION_DIR).is_dir():
-        problems.append(Problem(f"{name}/{VERSION_DIR}", str(model_dir / VERSION_DIR), "version directory is missing", _REGENERATE))
+        problems.append(
+            Problem(f"{name}/{VERSION_DIR}", str(model_dir / VERSION_DIR), "version directory is missing", _REGENERATE)
+        )
     return config
 
 
@@ -486,7 +568,9 @@ def _is_decoupled(config) -> bool:
     return config.HasField("model_transaction_policy") and config.model_transaction_policy.decoupled
 
 
-def _check_tensors(model: str, kind: str, declared, specs: Iterable[TensorSpec], *, exact: bool, table: str) -> list[Problem]:
+def _check_tensors(
+    model: str, kind: str, declared, specs: Iterable[TensorSpec], *, exact: bool, table: str
+) -> list[Problem]:
     """Declared inputs/outputs against a contract table: names, dtypes, dims, and (inputs) optional."""
     problems = []
     where = f"{model}/{CONFIG_FILE} {kind}"
@@ -498,12 +582,29 @@ def _check_tensors(model: str, kind: str, declared, specs: Iterable[TensorSpec],
             problems.append(Problem(f"{where} '{spec.name}'", None, f"is missing (it is in {table})", _REGENERATE))
             continue
         if _dtype_name(t.data_type) != f"TYPE_{spec.dtype}":
-            problems.append(Problem(f"{where} '{spec.name}' data_type", _dtype_name(t.data_type),
-                                    f"differs from {table}'s TYPE_{spec.dtype}", _REGENERATE))
+            problems.append(
+                Problem(
+                    f"{where} '{spec.name}' data_type",
+                    _dtype_name(t.data_type),
+                    f"differs from {table}'s TYPE_{spec.dtype}",
+                    _REGENERATE,
+                )
+            )
         if tuple(t.dims) != spec.dims:
-            problems.append(Problem(f"{where} '{spec.name}' dims", list(t.dims), f"differ from {table}'s {list(spec.dims)}", _REGENERATE))
+            problems.append(
+                Problem(
+                    f"{where} '{spec.name}' dims", list(t.dims), f"differ from {table}'s {list(spec.dims)}", _REGENERATE
+                )
+            )
         if kind == "input" and t.optional != spec.optional:
-            problems.append(Problem(f"{where} '{spec.name}' optional", t.optional, f"differs from {table}'s {spec.optional}", _REGENERATE))
+            problems.append(
+                Problem(
+                    f"{where} '{spec.name}' optional",
+                    t.optional,
+                    f"differs from {table}'s {spec.optional}",
+                    _REGENERATE,
+                )
+            )
     if exact:
         known = {s.name for s in specs}
         for name in by_name:
@@ -516,13 +617,30 @@ def _check_engine_model(name: str, config, orchestrated: bool) -> list[Problem]:
     problems = []
     backend = config.backend
     if backend not in ENGINE_DIR_PARAMETER:
-        return [Problem(f"{name}/{CONFIG_FILE} backend", backend, f"is not an engine backend ({', '.join(ENGINE_DIR_PARAMETER)})", _REGENERATE)]
+        return [
+            Problem(
+                f"{name}/{CONFIG_FILE} backend",
+                backend,
+                f"is not an engine backend ({', '.join(ENGINE_DIR_PARAMETER)})",
+                _REGENERATE,
+            )
+        ]
     # TRT-LLM's own model has many more tensors than the contract uses; the embedded one has exactly those.
     exact = backend == "python"
-    problems += _check_tensors(name, "input", config.input, ENGINE_INPUTS, exact=exact, table="trtspec.contract.ENGINE_INPUTS")
-    problems += _check_tensors(name, "output", config.output, ENGINE_OUTPUTS, exact=exact, table="trtspec.contract.ENGINE_OUTPUTS")
-    problems += _check_dir_parameter(name, config, ENGINE_DIR_PARAMETER[backend], _is_engine_dir,
-                                     "is not an engine dir", "point it at an engine dir built by `trtspec build`")
+    problems += _check_tensors(
+        name, "input", config.input, ENGINE_INPUTS, exact=exact, table="trtspec.contract.ENGINE_INPUTS"
+    )
+    problems += _check_tensors(
+        name, "output", config.output, ENGINE_OUTPUTS, exact=exact, table="trtspec.contract.ENGINE_OUTPUTS"
+    )
+    problems += _check_dir_parameter(
+        name,
+        config,
+        ENGINE_DIR_PARAMETER[backend],
+        _is_engine_dir,
+        "is not an engine dir",
+        "point it at an engine dir built by `trtspec build`",
+    )
     if backend == "tensorrtllm":
         problems += _check_tensorrtllm_model(name, config, orchestrated)
     return problems
@@ -531,7 +649,12 @@ def _check_engine_model(name: str, config, orchestrated: bool) -> list[Problem]:
 # Parameters TensorRT-LLM's tensorrtllm backend reads at load with no fallback (1.2.0rc8,
 # triton_backend/inflight_batcher_llm/src/model_instance_state.cc: getBatchingTypeFromParams and
 # getGuidedDecodingConfigFromParams; model_state.cc GetParameter throws "Cannot find parameter with name").
-TENSORRTLLM_REQUIRED_PARAMETERS = ("gpt_model_type", "tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path")
+TENSORRTLLM_REQUIRED_PARAMETERS = (
+    "gpt_model_type",
+    "tokenizer_dir",
+    "guided_decoding_backend",
+    "xgrammar_tokenizer_info_path",
+)
 TENSORRTLLM_BATCHING_TYPES = ("V1", "v1", "inflight_batching", "inflight_fused_batching")
 
 
@@ -540,26 +663,47 @@ def _check_tensorrtllm_model(name: str, config, orchestrated: bool) -> list[Prob
     poll = (_param(config, "recv_poll_period_ms") or "").strip()
     if orchestrated and (not poll.isdigit() or int(poll) == 0):
         # model_instance_state.cc: "recv_poll_period_ms is not set, will use busy loop" (a core per model)
-        problems.append(Problem(f"{name}/{CONFIG_FILE} parameter recv_poll_period_ms", poll,
-                                "is unset or 0 in orchestrator mode: the executor's receiving thread spins a CPU core",
-                                f"set it to {RECV_POLL_PERIOD_MS}, or regenerate with `trtspec deploy`"))
+        problems.append(
+            Problem(
+                f"{name}/{CONFIG_FILE} parameter recv_poll_period_ms",
+                poll,
+                "is unset or 0 in orchestrator mode: the executor's receiving thread spins a CPU core",
+                f"set it to {RECV_POLL_PERIOD_MS}, or regenerate with `trtspec deploy`",
+            )
+        )
     for key in TENSORRTLLM_REQUIRED_PARAMETERS:
         if key not in config.parameters:
-            problems.append(Problem(f"{name}/{CONFIG_FILE} parameter {key}", None,
-                                    "is missing: the tensorrtllm backend reads it at load and fails without it",
-                                    "add it (an empty string_value where not used), or regenerate with `trtspec deploy`"))
+            problems.append(
+                Problem(
+                    f"{name}/{CONFIG_FILE} parameter {key}",
+                    None,
+                    "is missing: the tensorrtllm backend reads it at load and fails without it",
+                    "add it (an empty string_value where not used), or regenerate with `trtspec deploy`",
+                )
+            )
     kind = _param(config, "gpt_model_type")
     if "gpt_model_type" in config.parameters and kind not in TENSORRTLLM_BATCHING_TYPES:
-        problems.append(Problem(f"{name}/{CONFIG_FILE} parameter gpt_model_type", kind, "is not a batching type the backend knows",
-                                "set it to inflight_fused_batching"))
+        problems.append(
+            Problem(
+                f"{name}/{CONFIG_FILE} parameter gpt_model_type",
+                kind,
+                "is not a batching type the backend knows",
+                "set it to inflight_fused_batching",
+            )
+        )
     # the backend writes all the perf outputs when a request sets return_perf_metrics, declared or not, and
     # Triton refuses a response holding an undeclared output (fillTritonResponse)
     declared = {t.name for t in config.output}
     missing = [t.name for t in PERF_OUTPUTS if t.name not in declared]
     if missing:
-        problems.append(Problem(f"{name}/{CONFIG_FILE} output", missing,
-                                "are not declared: a request with return_perf_metrics would fail, as the backend writes them all",
-                                "declare every one of trtspec.contract.PERF_OUTPUTS"))
+        problems.append(
+            Problem(
+                f"{name}/{CONFIG_FILE} output",
+                missing,
+                "are not declared: a request with return_perf_metrics would fail, as the backend writes them all",
+                "declare every one of trtspec.contract.PERF_OUTPUTS",
+            )
+        )
     return problems
 
 
@@ -567,39 +711,82 @@ def _check_engine_streaming(bls, engines: dict) -> list[Problem]:
     """The BLS calls the engine models as they are: decoupled ones through response streams. It is told which
     by its engine_decoupled_mode parameter, which must say what the engine models' configs say."""
     said = (_param(bls, "engine_decoupled_mode") or str(ServingSettings.engine_decoupled_mode)).strip().lower() in (
-        "true", "1", "yes", "on")
-    return [Problem(f"{name}/{CONFIG_FILE} model_transaction_policy.decoupled", _is_decoupled(config),
-                    f"differs from {BLS_MODEL}'s parameter engine_decoupled_mode ({str(said).lower()})",
-                    "make them agree, or regenerate with `trtspec deploy` (--decoupled-mode sets both)")
-            for name, config in sorted(engines.items()) if _is_decoupled(config) != said]
+        "true",
+        "1",
+        "yes",
+        "on",
+    )
+    return [
+        Problem(
+            f"{name}/{CONFIG_FILE} model_transaction_policy.decoupled",
+            _is_decoupled(config),
+            f"differs from {BLS_MODEL}'s parameter engine_decoupled_mode ({str(said).lower()})",
+            "make them agree, or regenerate with `trtspec deploy` (--decoupled-mode sets both)",
+        )
+        for name, config in sorted(engines.items())
+        if _is_decoupled(config) != said
+    ]
 
 
 def _check_bls(config, present: set[str]) -> list[Problem]:
-    problems = _check_tensors(BLS_MODEL, "input", config.input, BLS_INPUTS, exact=True, table="trtspec.contract.BLS_INPUTS")
-    problems += _check_tensors(BLS_MODEL, "output", config.output, BLS_OUTPUTS, exact=True, table="trtspec.contract.BLS_OUTPUTS")
+    problems = _check_tensors(
+        BLS_MODEL, "input", config.input, BLS_INPUTS, exact=True, table="trtspec.contract.BLS_INPUTS"
+    )
+    problems += _check_tensors(
+        BLS_MODEL, "output", config.output, BLS_OUTPUTS, exact=True, table="trtspec.contract.BLS_OUTPUTS"
+    )
     if not _is_decoupled(config):
-        problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} model_transaction_policy.decoupled", False,
-                                "the BLS streams its responses and must be decoupled", "set decoupled: true"))
+        problems.append(
+            Problem(
+                f"{BLS_MODEL}/{CONFIG_FILE} model_transaction_policy.decoupled",
+                False,
+                "the BLS streams its responses and must be decoupled",
+                "set decoupled: true",
+            )
+        )
     for key, required in (("tensorrt_llm_model_name", True), ("tensorrt_llm_draft_model_name", False)):
         value = _param(config, key)
         if not value:  # an empty draft model name: the BLS drafts without a draft model (e.g. prompt lookup)
             if required:
                 problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter {key}", value, "is not set", _REGENERATE))
         elif value not in present:
-            problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter {key}", value, "names a model that is not in the repository",
-                                    f"add the model or set {key} to one of: {', '.join(sorted(present))}"))
+            problems.append(
+                Problem(
+                    f"{BLS_MODEL}/{CONFIG_FILE} parameter {key}",
+                    value,
+                    "names a model that is not in the repository",
+                    f"add the model or set {key} to one of: {', '.join(sorted(present))}",
+                )
+            )
     method = _param(config, "default_speculation")
     if method and method not in SPECULATION_METHODS:
-        problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter default_speculation", method,
-                                "is not a draft source", f"set it to one of {', '.join(SPECULATION_METHODS)}"))
+        problems.append(
+            Problem(
+                f"{BLS_MODEL}/{CONFIG_FILE} parameter default_speculation",
+                method,
+                "is not a draft source",
+                f"set it to one of {', '.join(SPECULATION_METHODS)}",
+            )
+        )
     elif method == "draft_model" and not _param(config, "tensorrt_llm_draft_model_name"):
-        problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter default_speculation", method,
-                                "needs a draft model, and tensorrt_llm_draft_model_name is empty",
-                                "set it to prompt_lookup or none, or deploy a draft"))
+        problems.append(
+            Problem(
+                f"{BLS_MODEL}/{CONFIG_FILE} parameter default_speculation",
+                method,
+                "needs a draft model, and tensorrt_llm_draft_model_name is empty",
+                "set it to prompt_lookup or none, or deploy a draft",
+            )
+        )
     drafts, longest = _param(config, "default_num_draft_tokens"), _param(config, "max_draft_len")
     if drafts and longest and drafts.isdigit() and longest.isdigit() and int(drafts) > int(longest):
-        problems.append(Problem(f"{BLS_MODEL}/{CONFIG_FILE} parameter default_num_draft_tokens", int(drafts),
-                                f"exceeds max_draft_len {longest}", "lower it, or rebuild the target with a larger max_draft_len"))
+        problems.append(
+            Problem(
+                f"{BLS_MODEL}/{CONFIG_FILE} parameter default_num_draft_tokens",
+                int(drafts),
+                f"exceeds max_draft_len {longest}",
+                "lower it, or rebuild the target with a larger max_draft_len",
+            )
+        )
     return problems
 
 
@@ -608,12 +795,19 @@ def _check_ensemble(config, configs: dict) -> list[Problem]:
     output_map names outputs the model has; every required step input is fed; every ensemble output is made."""
     where = f"{ENSEMBLE_MODEL}/{CONFIG_FILE}"
     problems = []
-    available = {t.name: t.data_type for t in config.input}          # tensor -> dtype, as the steps produce them
+    available = {t.name: t.data_type for t in config.input}  # tensor -> dtype, as the steps produce them
     for i, step in enumerate(config.ensemble_scheduling.step, 1):
         here = f"{where} step {i} ({step.model_name})"
         model = configs.get(step.model_name)
         if model is None:
-            problems.append(Problem(here, step.model_name, "names a model that is not in the repository (or does not parse)", _REGENERATE))
+            problems.append(
+                Problem(
+                    here,
+                    step.model_name,
+                    "names a model that is not in the repository (or does not parse)",
+                    _REGENERATE,
+                )
+            )
             for tensor in step.output_map.values():
                 available.setdefault(tensor, None)
             continue
@@ -621,19 +815,42 @@ def _check_ensemble(config, configs: dict) -> list[Problem]:
         outputs = {t.name: t for t in model.output}
         for key, tensor in step.input_map.items():
             if key not in inputs:
-                problems.append(Problem(f"{here} input_map '{key}'", tensor, f"{step.model_name} has no input '{key}'", _REGENERATE))
+                problems.append(
+                    Problem(f"{here} input_map '{key}'", tensor, f"{step.model_name} has no input '{key}'", _REGENERATE)
+                )
             elif tensor not in available:
-                problems.append(Problem(f"{here} input_map '{key}'", tensor, "is neither an ensemble input nor an output of an earlier step", _REGENERATE))
+                problems.append(
+                    Problem(
+                        f"{here} input_map '{key}'",
+                        tensor,
+                        "is neither an ensemble input nor an output of an earlier step",
+                        _REGENERATE,
+                    )
+                )
             elif available[tensor] is not None and available[tensor] != inputs[key].data_type:
-                problems.append(Problem(f"{here} input_map '{key}'", tensor,
-                                        f"is {_dtype_name(available[tensor])} but {step.model_name} input '{key}' is {_dtype_name(inputs[key].data_type)}",
-                                        _REGENERATE))
+                problems.append(
+                    Problem(
+                        f"{here} input_map '{key}'",
+                        tensor,
+                        f"is {_dtype_name(available[tensor])} but {step.model_name} input '{key}' is "
+                        f"{_dtype_name(inputs[key].data_type)}",
+                        _REGENERATE,
+                    )
+                )
         for name, t in inputs.items():
             if not t.optional and name not in step.input_map:
-                problems.append(Problem(f"{here} input '{name}'", None, f"is required by {step.model_name} but not mapped", _REGENERATE))
+                problems.append(
+                    Problem(
+                        f"{here} input '{name}'", None, f"is required by {step.model_name} but not mapped", _REGENERATE
+                    )
+                )
         for key, tensor in step.output_map.items():
             if key not in outputs:
-                problems.append(Problem(f"{here} output_map '{key}'", tensor, f"{step.model_name} has no output '{key}'", _REGENERATE))
+                problems.append(
+                    Problem(
+                        f"{here} output_map '{key}'", tensor, f"{step.model_name} has no output '{key}'", _REGENERATE
+                    )
+                )
                 available.setdefault(tensor, None)
             else:
                 available[tensor] = outputs[key].data_type
@@ -641,8 +858,14 @@ def _check_ensemble(config, configs: dict) -> list[Problem]:
         if t.name not in available:
             problems.append(Problem(f"{where} output '{t.name}'", None, "is produced by no step", _REGENERATE))
         elif available[t.name] is not None and available[t.name] != t.data_type:
-            problems.append(Problem(f"{where} output '{t.name}'", _dtype_name(t.data_type),
-                                    f"differs from the dtype its step produces, {_dtype_name(available[t.name])}", _REGENERATE))
+            problems.append(
+                Problem(
+                    f"{where} output '{t.name}'",
+                    _dtype_name(t.data_type),
+                    f"differs from the dtype its step produces, {_dtype_name(available[t.name])}",
+                    _REGENERATE,
+                )
+            )
     return problems
 
 

@@ -24,10 +24,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from http.client import HTTPException
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from trtspec.control import CONTROL_ENV
 from trtspec.errors import TrtspecError
@@ -62,7 +63,9 @@ def start_timeout_for(repo: str | os.PathLike[str]) -> float:
         return START_BASE_SECONDS["torch"]
     engines = (marker.get("engines") or {}).values()
     size = sum(f.stat().st_size for d in engines if Path(d).is_dir() for f in Path(d).rglob("*") if f.is_file())
-    return START_BASE_SECONDS.get(marker.get("backend"), START_BASE_SECONDS["trtllm"]) + size / START_READ_BYTES_PER_SECOND
+    return (
+        START_BASE_SECONDS.get(marker.get("backend"), START_BASE_SECONDS["trtllm"]) + size / START_READ_BYTES_PER_SECOND
+    )
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,9 @@ def _is_pytriton_layout(binary: Path) -> bool:
     return (binary.parent.parent / "python_backend_stubs").is_dir()
 
 
-def find_tritonserver(explicit: str | os.PathLike[str] | None = None, *,
-                      cache_dir: str | os.PathLike[str] | None = None) -> ServerBinary:
+def find_tritonserver(
+    explicit: str | os.PathLike[str] | None = None, *, cache_dir: str | os.PathLike[str] | None = None
+) -> ServerBinary:
     """Locate a `tritonserver`; for the wheel's binary also prepare its backend dir and environment.
 
     Order: `explicit`, the NVIDIA container's, `tritonserver` on PATH, the `nvidia-pytriton` wheel's.
@@ -112,7 +116,8 @@ def find_tritonserver(explicit: str | os.PathLike[str] | None = None, *,
             problem = "does not exist" if not path.exists() else "is not an executable file"
             raise ServerError(
                 f"tritonserver binary {path} {problem}. Pass the path of an executable `tritonserver` "
-                "with --tritonserver PATH, or leave the flag out to use the one shipped in nvidia-pytriton.")
+                "with --tritonserver PATH, or leave the flag out to use the one shipped in nvidia-pytriton."
+            )
         path = path.resolve()
         if _is_pytriton_layout(path):
             return _prepare_pytriton(path, "flag", cache_dir)
@@ -143,7 +148,8 @@ def find_tritonserver(explicit: str | os.PathLike[str] | None = None, *,
     raise ServerError(
         "no tritonserver found. Looked at: " + "; ".join(looked) + ". "
         "Install it with `pip install nvidia-pytriton==0.7.0` (ships tritonserver 2.51), run inside an "
-        "NVIDIA Triton container, or pass --tritonserver PATH.")
+        "NVIDIA Triton container, or pass --tritonserver PATH."
+    )
 
 
 # --------------------------------------------------------------------------- the wheel's binary
@@ -156,14 +162,16 @@ def _pytriton_environment(binary: Path) -> dict[str, str]:
             f"the interpreter {sys.executable} has no shared libpython (it was built without "
             "--enable-shared), which the Triton Python backend stub needs to load. Use an interpreter "
             "built with --enable-shared: e.g. with pyenv, `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv "
-            "install 3.11`, or Debian/Ubuntu's python3, then recreate the virtual environment.")
+            "install 3.11`, or Debian/Ubuntu's python3, then recreate the virtual environment."
+        )
     bin_dir = Path(sys.executable).parent
     if not (bin_dir / "python3").exists():
         # The stub imports packages from the `python3` first on PATH.
         raise ServerError(
             f"{bin_dir} has no `python3`; the Triton Python backend stub runs the `python3` first on "
             f"PATH, so model packages would come from another interpreter. Run trtspec from a virtual "
-            f"environment (which has bin/python3) or add a python3 link next to {sys.executable}.")
+            f"environment (which has bin/python3) or add a python3 link next to {sys.executable}."
+        )
     # The interpreter's own libpython first: otherwise the stub may bind another patch release's
     # libpython (e.g. the system one) and C extensions then fail with undefined symbols.
     libs = [sysconfig.get_config_var("LIBDIR"), str(binary.parents[3] / "nvidia_pytriton.libs")]
@@ -202,7 +210,8 @@ def prepare_backend_dir(tritonserver_root: Path, cache_dir: str | os.PathLike[st
         have = sorted(p.name for p in stubs_dir.iterdir()) if stubs_dir.is_dir() else []
         raise ServerError(
             f"the installed nvidia-pytriton has no Python backend stub for Python {version} "
-            f"(it has: {', '.join(have) or 'none'}). Run trtspec with one of those Python versions.")
+            f"(it has: {', '.join(have) or 'none'}). Run trtspec with one of those Python versions."
+        )
     sources = {
         "libtriton_python.so": backend / "libtriton_python.so",
         "triton_python_backend_utils.py": backend / "triton_python_backend_utils.py",
@@ -278,11 +287,15 @@ def _port_is_free(host: str, port: int) -> bool:
 # Lines that look like errors but are expected on a machine without a GPU.
 _NOISE = re.compile(
     r"Failed to initialize NVML|CUDA driver version is insufficient|CudaDriverHelper has not been "
-    r"initialized|DCGM|pinned memory|Unable to get CUDA device count|GPU metrics", re.IGNORECASE)
+    r"initialized|DCGM|pinned memory|Unable to get CUDA device count|GPU metrics",
+    re.IGNORECASE,
+)
 _RELEVANT = re.compile(
     r"^E\d{4} |failed to load|error:|already in use|address in use|unexpected|unrecognized|"
     r"Failed to initialize Python stub|Traceback|ModuleNotFoundError|ImportError|"
-    r"cannot open shared object|undefined symbol|failed to start|Unable to find", re.IGNORECASE)
+    r"cannot open shared object|undefined symbol|failed to start|Unable to find",
+    re.IGNORECASE,
+)
 _MODEL_FAILED = re.compile(r"failed to load '[^']+' version")
 _PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
 # The server exits on these when started with --exit-on-error true; stopping at once saves its
@@ -293,11 +306,11 @@ _FATAL = re.compile(r"failed to load '|error: creating server|failed to start \w
 def failure_reason(log_text: str, max_lines: int = 20) -> str:
     """The server's own explanation of a failure, from its log, without GPU-less noise."""
     # Status tables (lines starting with + or |) only repeat what the log lines say.
-    lines = [ln for ln in log_text.splitlines()
-             if ln.strip() and ln[0] not in "+|" and not _NOISE.search(ln)]
+    lines = [ln for ln in log_text.splitlines() if ln.strip() and ln[0] not in "+|" and not _NOISE.search(ln)]
     # A model load failure line carries the model's own error; the other lines repeat it.
-    picked = ([ln for ln in lines if _MODEL_FAILED.search(ln)]
-              or [ln for ln in lines if _RELEVANT.search(ln)] or lines[-5:])
+    picked = (
+        [ln for ln in lines if _MODEL_FAILED.search(ln)] or [ln for ln in lines if _RELEVANT.search(ln)] or lines[-5:]
+    )
     out: list[str] = []
     for ln in picked:
         msg = _PREFIX.sub("", ln).strip()
@@ -317,12 +330,23 @@ def failure_reason(log_text: str, max_lines: int = 20) -> str:
 class TritonServer:
     """A `tritonserver` process for one model repository, bound to `host` (loopback by default)."""
 
-    def __init__(self, repo: str | os.PathLike[str], *, host: str = "127.0.0.1", http_port: int = 8000,
-                 grpc_port: int = 8001, metrics_port: int = 8002, binary: str | None = None,
-                 log_file: str | os.PathLike[str] | None = None, extra_args: Sequence[str] = (),
-                 model_control_explicit_models: Sequence[str] | None = None,
-                 backend_cache_dir: str | os.PathLike[str] | None = None, exit_timeout: int = 10,
-                 launch=None, control_file: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        repo: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        binary: str | None = None,
+        log_file: str | os.PathLike[str] | None = None,
+        extra_args: Sequence[str] = (),
+        model_control_explicit_models: Sequence[str] | None = None,
+        backend_cache_dir: str | os.PathLike[str] | None = None,
+        exit_timeout: int = 10,
+        launch=None,
+        control_file: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.repo = Path(repo)
         # the file through which `trtspec serve --control-port` forces the BLS's governor (trtspec.control)
         self.control_file = control_file
@@ -332,8 +356,7 @@ class TritonServer:
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.binary = binary
         self.extra_args = tuple(extra_args)
-        self.explicit_models = (None if model_control_explicit_models is None
-                                else list(model_control_explicit_models))
+        self.explicit_models = None if model_control_explicit_models is None else list(model_control_explicit_models)
         self.backend_cache_dir = backend_cache_dir
         self.exit_timeout = exit_timeout
         self._log_path: Path | None = Path(log_file) if log_file is not None else None
@@ -396,14 +419,19 @@ class TritonServer:
             return {}
         out: dict[str, int] = {}
         for pid, args in _group_processes(os.getpgid(self.pid)):
-            name = "tritonserver" if pid == self.pid else next(
-                (a.decode() for a in args if _INSTANCE_NAME.search(a)), f"pid {pid}")
+            name = (
+                "tritonserver"
+                if pid == self.pid
+                else next((a.decode() for a in args if _INSTANCE_NAME.search(a)), f"pid {pid}")
+            )
             out[name] = out.get(name, 0) + _rss_bytes(pid)
         return out
 
     def is_ready(self, timeout: float = 1.0) -> bool:
         # The metrics service starts a moment after the HTTP one reports ready: wait for both.
-        return self._answers(f"{self.http_base_url}/v2/health/ready", timeout) and self._answers(self.metrics_url, timeout)
+        return self._answers(f"{self.http_base_url}/v2/health/ready", timeout) and self._answers(
+            self.metrics_url, timeout
+        )
 
     @staticmethod
     def _answers(url: str, timeout: float) -> bool:
@@ -427,20 +455,34 @@ class TritonServer:
         if binary.backend_dir is not None:
             cmd += ["--backend-directory", str(binary.backend_dir)]
         cmd += [
-            "--http-address", self.host, "--http-port", str(self.http_port),
-            "--grpc-address", self.host, "--grpc-port", str(self.grpc_port),
+            "--http-address",
+            self.host,
+            "--http-port",
+            str(self.http_port),
+            "--grpc-address",
+            self.host,
+            "--grpc-port",
+            str(self.grpc_port),
             # --metrics-address is listed by 2.51's --help (it defaults to the HTTP address).
-            "--metrics-address", self.host, "--metrics-port", str(self.metrics_port),
-            "--allow-metrics", "true",
-            "--log-verbose", "0",
+            "--metrics-address",
+            self.host,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--allow-metrics",
+            "true",
+            "--log-verbose",
+            "0",
             # A model that fails to load makes the server exit instead of serving without it; the
             # log then holds the model's own reason, which start() reports.
-            "--exit-on-error", "true",
+            "--exit-on-error",
+            "true",
             # Ready only once every model is loaded.
-            "--strict-readiness", "true",
+            "--strict-readiness",
+            "true",
             # On SIGTERM the server waits this long for in-flight requests and for clients to close
             # their keep-alive connections (Triton's default, 30 s, makes every stop slow).
-            "--exit-timeout-secs", str(self.exit_timeout),
+            "--exit-timeout-secs",
+            str(self.exit_timeout),
         ]
         if self.explicit_models is not None:
             cmd += ["--model-control-mode", "explicit"]
@@ -461,21 +503,21 @@ class TritonServer:
             return dict(self.launch.env) | control
         return {k: os.environ.get(k, v) for k, v in CPU_ENGINE_ENV.items()} | control  # the user's own setting wins
 
-    def start(self, timeout: float | None = None) -> "TritonServer":
+    def start(self, timeout: float | None = None) -> TritonServer:
         """Launch the server and wait until /v2/health/ready answers 200; ServerError otherwise. `timeout`:
         seconds to wait for readiness [default: start_timeout_for(the repository)]."""
         if self.is_running():
             return self
         if not self.repo.is_dir():
             raise ServerError(f"model repository {self.repo} is not a directory.")
-        ports = {"--http-port": self.http_port, "--grpc-port": self.grpc_port,
-                 "--metrics-port": self.metrics_port}
+        ports = {"--http-port": self.http_port, "--grpc-port": self.grpc_port, "--metrics-port": self.metrics_port}
         if len(set(ports.values())) != len(ports):
             raise ServerError(f"the HTTP, gRPC and metrics ports must differ (got {ports}).")
         for flag, port in ports.items():
             if not _port_is_free(self.host, port):
                 raise ServerError(
-                    f"port {port} on {self.host} is already in use; free it or choose another with {flag}.")
+                    f"port {port} on {self.host} is already in use; free it or choose another with {flag}."
+                )
         binary = find_tritonserver(self.binary, cache_dir=self.backend_cache_dir)
 
         if self._log_path is None:
@@ -486,8 +528,13 @@ class TritonServer:
         with open(self._log_path, "wb") as log:
             # Own process group, so stop() also reaches the Python backend stubs it forks.
             self._proc = proc = subprocess.Popen(
-                self.command(binary), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env={**binary.environ(), **self.environ_additions()}, start_new_session=True)
+                self.command(binary),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**binary.environ(), **self.environ_additions()},
+                start_new_session=True,
+            )
         if not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True
@@ -502,8 +549,10 @@ class TritonServer:
             if _FATAL.search(self._log_path.read_text(errors="replace")):
                 self._fail("tritonserver failed during startup")
             if time.monotonic() > deadline:
-                self._fail(f"tritonserver did not become ready within {timeout:.0f} s (give `trtspec serve` a longer "
-                           "--start-timeout if the models are still loading: see the log)")
+                self._fail(
+                    f"tritonserver did not become ready within {timeout:.0f} s (give `trtspec serve` a longer "
+                    "--start-timeout if the models are still loading: see the log)"
+                )
             time.sleep(0.2)
 
     def _fail(self, what: str) -> None:
@@ -541,7 +590,7 @@ class TritonServer:
         _wait_group_gone(pgid, timeout=5.0)
         self.returncode = proc.returncode
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -574,7 +623,7 @@ def _group_processes(pgid: int):
         try:
             stat = (entry / "stat").read_text()
             # Fields after the parenthesised command: state, ppid, pgrp, ...
-            if int(stat[stat.rindex(")") + 2:].split()[2]) != pgid:
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:
                 continue
             yield int(entry.name), (entry / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
@@ -583,8 +632,12 @@ def _group_processes(pgid: int):
 
 def _stub_shm_regions(pgid: int) -> list[str]:
     """Shared-memory regions named on the command lines of Python backend stubs in group `pgid`."""
-    return [a.decode() for _, args in _group_processes(pgid) for a in args
-            if a.startswith(b"triton_python_backend_shm_region_")]
+    return [
+        a.decode()
+        for _, args in _group_processes(pgid)
+        for a in args
+        if a.startswith(b"triton_python_backend_shm_region_")
+    ]
 
 
 _INSTANCE_NAME = re.compile(rb"^\w+_\d+_\d+$")  # a stub's model instance: <model>_<group>_<index>
@@ -620,16 +673,23 @@ def run_foreground(server: TritonServer, console: Console | None = None, start_t
         with console.status(f"starting tritonserver (waiting up to {timeout:.0f} s for its models)…"):
             server.start(timeout)
         console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
-        for label, value in (("HTTP", server.http_base_url), ("gRPC", server.grpc_url),
-                             ("metrics", server.metrics_url), ("log", server.log_path)):
+        for label, value in (
+            ("HTTP", server.http_base_url),
+            ("gRPC", server.grpc_url),
+            ("metrics", server.metrics_url),
+            ("log", server.log_path),
+        ):
             console.print(f"  {label:<8} {escape(str(value))}", highlight=False)
         console.print("Press Ctrl-C to stop.")
         while server.is_running():
             time.sleep(0.5)
         server.stop()
         code = server.returncode
-        how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
-               else f"exited with code {code}")
+        how = (
+            f"was killed by {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exited with code {code}"
+        )
         console.print(f"[red]tritonserver {how} unexpectedly.[/red] Log: {escape(str(server.log_path))}")
         console.print(server.failure_reason(), markup=False, highlight=False)
         return 1

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from trtspec.errors import TrtspecError
 from trtspec.orchestrator.adaptive import CostModel
@@ -21,7 +21,7 @@ from trtspec.orchestrator.adaptive import CostModel
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 _COSTS = CostModel()  # the adaptive draft length's cost prior, in one target step's units
 PER_BUILD = "per_build"  # field metadata: deploy writes it from the build, not at its default
-REQUIRED = "required"    # field metadata: a BLS without it fails to load
+REQUIRED = "required"  # field metadata: a BLS without it fails to load
 BUILD_LABELS = ("target", "draft", "quantization", "max_draft_len", "trtspec_version")
 
 
@@ -149,8 +149,11 @@ class ServingSettings:
     @classmethod
     def written_defaults(cls) -> dict[str, object]:
         """The template values deploy writes alike for every build: each field not per build, at its default."""
-        return {field.name: _template_value(field.default) for field in dataclasses.fields(cls)
-                if not field.metadata.get(PER_BUILD)}
+        return {
+            field.name: _template_value(field.default)
+            for field in dataclasses.fields(cls)
+            if not field.metadata.get(PER_BUILD)
+        }
 
     def build_info(self) -> dict[str, str]:
         """trtspec_build_info's labels by label name (build_target: target, ...)."""

@@ -24,9 +24,9 @@ a nondeterministic target) and counts as a mismatch.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -57,6 +57,7 @@ class ValidationError(TrtspecError):
 
 # ---- pure pieces ------------------------------------------------------------------------------------------------
 
+
 def compare_tokens(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where `a` and `b` differ (a shorter sequence differs where it ends), or None if equal."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -85,7 +86,9 @@ def load_prompts(path: str | Path) -> list[str]:
         try:
             obj = json.loads(line)
         except ValueError as exc:
-            raise ValidationError(f"{path}:{i}: not a JSON object ({exc}); write one {{\"prompt\": ...}} per line") from exc
+            raise ValidationError(
+                f'{path}:{i}: not a JSON object ({exc}); write one {{"prompt": ...}} per line'
+            ) from exc
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
             raise ValidationError(f'{path}:{i}: expected an object with a non-empty string "prompt"')
         prompts.append(obj["prompt"])
@@ -93,7 +96,7 @@ def load_prompts(path: str | Path) -> list[str]:
 
 
 def parse_ks(text: str) -> list[int]:
-    """"1,4,8" -> [1, 4, 8] (positive, unique, in order given)."""
+    """ "1,4,8" -> [1, 4, 8] (positive, unique, in order given)."""
     ks: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -110,11 +113,11 @@ def parse_ks(text: str) -> list[int]:
 
 @dataclass(frozen=True)
 class Verdict:
-    kind: str             # NEAR_TIE or MISMATCH
-    gap: float            # |z[expected] - z[got]|
-    allowed: float        # tolerance * scale
-    argmax: int           # the target's top token at the position
-    consistent: bool      # the target's argmax is (within `allowed`) the target-only token
+    kind: str  # NEAR_TIE or MISMATCH
+    gap: float  # |z[expected] - z[got]|
+    allowed: float  # tolerance * scale
+    argmax: int  # the target's top token at the position
+    consistent: bool  # the target's argmax is (within `allowed`) the target-only token
     note: str = ""
 
 
@@ -130,24 +133,31 @@ def classify(logits: np.ndarray, expected: int, got: int | None, tolerance: floa
         return Verdict(MISMATCH, float("inf"), allowed, top, consistent, "no speculative token to compare")
     gap = abs(float(z[expected] - z[got]))
     if not consistent:
-        return Verdict(MISMATCH, gap, allowed, top, False,
-                       "the target's logits there do not favour its own output: check the tokenization")
+        return Verdict(
+            MISMATCH,
+            gap,
+            allowed,
+            top,
+            False,
+            "the target's logits there do not favour its own output: check the tokenization",
+        )
     return Verdict(NEAR_TIE if gap <= allowed else MISMATCH, gap, allowed, top, True)
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Difference:
     prompt_index: int
     k: int
     position: int
-    expected: int | None          # target-only token (None: the target-only output ended there)
-    got: int | None               # speculative token (None: the speculative output ended there)
+    expected: int | None  # target-only token (None: the target-only output ended there)
+    got: int | None  # speculative token (None: the speculative output ended there)
     expected_text: str = ""
     got_text: str = ""
     verdict: Verdict | None = None
-    error: str = ""               # why there is no verdict
+    error: str = ""  # why there is no verdict
 
     @property
     def kind(self) -> str:
@@ -195,7 +205,7 @@ class Report:
     max_tokens: int
     tolerance: float
     results: list[KResult]
-    errors: list[str] = field(default_factory=list)   # target-only failures
+    errors: list[str] = field(default_factory=list)  # target-only failures
     skipped_ks: list[int] = field(default_factory=list)
 
     @property
@@ -252,10 +262,19 @@ class Tokens:
         return f"{text!r} ({token_id})"
 
 
-def run_validation(client: SpecClient, prompts: Sequence[str], ks: Sequence[int], *, max_tokens: int,
-                   tokens: Tokens | None = None, tolerance: float = DEFAULT_TIE_TOLERANCE,
-                   engine_model: str = "tensorrt_llm", fixed_k: bool = True, speculation: str | None = None,
-                   progress: Callable[[str], None] | None = None) -> Report:
+def run_validation(
+    client: SpecClient,
+    prompts: Sequence[str],
+    ks: Sequence[int],
+    *,
+    max_tokens: int,
+    tokens: Tokens | None = None,
+    tolerance: float = DEFAULT_TIE_TOLERANCE,
+    engine_model: str = "tensorrt_llm",
+    fixed_k: bool = True,
+    speculation: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
     """Run every prompt target-only and with each K (greedy), compare, and explain each first difference.
     `fixed_k`: draft exactly K every iteration, so that drafts are really verified (the adaptive draft length may
     stop drafting, and a check in which nothing was drafted compares target-only with itself); False: the
@@ -293,7 +312,8 @@ def run_validation(client: SpecClient, prompts: Sequence[str], ks: Sequence[int]
                 result.matches += 1
             else:
                 result.differences.append(
-                    explain(client, tokens, i, prompt, result.k, base, spec, at, tolerance, engine_model))
+                    explain(client, tokens, i, prompt, result.k, base, spec, at, tolerance, engine_model)
+                )
     return report
 
 
@@ -307,8 +327,18 @@ def _record(result: KResult, base: Completion, spec: Completion) -> None:
     result.baseline_seconds += base.seconds
 
 
-def explain(client: SpecClient, tokens: Tokens, prompt_index: int, prompt: str, k: int, base: Completion,
-            spec: Completion, at: int, tolerance: float, engine_model: str) -> Difference:
+def explain(
+    client: SpecClient,
+    tokens: Tokens,
+    prompt_index: int,
+    prompt: str,
+    k: int,
+    base: Completion,
+    spec: Completion,
+    at: int,
+    tolerance: float,
+    engine_model: str,
+) -> Difference:
     """The first difference of two outputs, with the target's verdict on it."""
     expected = base.token_ids[at] if at < len(base.token_ids) else None
     got = spec.token_ids[at] if at < len(spec.token_ids) else None
@@ -332,6 +362,7 @@ def explain(client: SpecClient, tokens: Tokens, prompt_index: int, prompt: str, 
 
 # ---- the report ---------------------------------------------------------------------------------------------
 
+
 def render_report(report: Report, console, *, allow_near_ties: bool = False) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -344,10 +375,14 @@ def render_report(report: Report, console, *, allow_near_ties: bool = False) -> 
         timed = r.runs > 0 and r.seconds > 0 and r.baseline_seconds > 0
         speedup = r.tokens_per_second / r.baseline_tokens_per_second if timed and r.baseline_tokens else None
         table.add_row(
-            str(r.k), f"{r.matches}/{r.runs}",
-            _color(r.near_ties, "yellow"), _color(r.mismatches, "red"), _color(len(r.errors), "red"),
+            str(r.k),
+            f"{r.matches}/{r.runs}",
+            _color(r.near_ties, "yellow"),
+            _color(r.mismatches, "red"),
+            _color(len(r.errors), "red"),
             "-" if r.acceptance is None else f"{r.acceptance:.1%}",
-            f"{r.baseline_tokens_per_second:.1f}" if timed else "-", f"{r.tokens_per_second:.1f}" if timed else "-",
+            f"{r.baseline_tokens_per_second:.1f}" if timed else "-",
+            f"{r.tokens_per_second:.1f}" if timed else "-",
             "-" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)
@@ -360,13 +395,20 @@ def render_report(report: Report, console, *, allow_near_ties: bool = False) -> 
             details.add_column(col)
         for d in report.differences:
             v = d.verdict
-            verdict = (f"[yellow]{NEAR_TIE}[/]" if d.kind == NEAR_TIE else "[red]mismatch[/]")
+            verdict = f"[yellow]{NEAR_TIE}[/]" if d.kind == NEAR_TIE else "[red]mismatch[/]"
             note = d.error or (v.note if v else "")
             if note:
                 verdict += f" {escape(note)}"
-            details.add_row(str(d.prompt_index + 1), str(d.k), str(d.position), escape(d.expected_text),
-                            escape(d.got_text), "-" if v is None else f"{v.gap:.3g}",
-                            "-" if v is None else f"{v.allowed:.3g}", verdict)
+            details.add_row(
+                str(d.prompt_index + 1),
+                str(d.k),
+                str(d.position),
+                escape(d.expected_text),
+                escape(d.got_text),
+                "-" if v is None else f"{v.gap:.3g}",
+                "-" if v is None else f"{v.allowed:.3g}",
+                verdict,
+            )
         console.print(details)
     for error in report.errors + [e for r in report.results for e in (f"K={r.k}, {x}" for x in r.errors)]:
         console.print(f"[red]error:[/] {escape(error)}", highlight=False)

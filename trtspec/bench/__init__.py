@@ -76,7 +76,8 @@ The bound and the tuning use the fixed-K cells only.
 Tuning (`tune`): the best K of each concurrency is the K with the largest speedup (K = 0 counts, at 1.0; ties go
 to the smaller K). The deployment's `default_num_draft_tokens` is the best K of the lowest concurrency;
 `max_speculative_concurrency` is the highest concurrency at which speculation still wins when K = 0 wins at
-the highest measured concurrency (1 when it wins at none), else 0 (no limit). The cost model for the adaptive controller comes from the
+the highest measured concurrency (1 when it wins at none), else 0 (no limit). The cost model for the adaptive
+controller comes from the
 lowest concurrency: `draft_cost_ratio` = c over its K > 0 cells, and `verify_cost_fixed` = v0 and
 `verify_cost_per_token` = b of the least-squares line v = 1 + v0 + b·k̄ through its K > 0 cells (verifying k
 draft tokens costs 1 + v0 + b·k target steps; `fit_verify_cost`).
@@ -85,30 +86,105 @@ draft tokens costs 1 + v0 + b·k target steps; `fit_verify_cost`).
 from __future__ import annotations
 
 from trtspec.bench.arithmetic import (
-    best_k, decode_speedup, distribution, estimate_alpha, expected_tokens_per_iteration, fit_verify_cost,
-    leviathan_speedup, percentile, predicted_speedup, speculation_limit,
+    best_k,
+    decode_speedup,
+    distribution,
+    estimate_alpha,
+    expected_tokens_per_iteration,
+    fit_verify_cost,
+    leviathan_speedup,
+    percentile,
+    predicted_speedup,
+    speculation_limit,
 )
 from trtspec.bench.cells import RequestRecord, analyse, bound, record_from_completion, summarize_cell, target_step_ms
 from trtspec.bench.prompts import (
-    BUILTIN, PROMPT_SETS, RANDOM, Prompts, builtin_prompt_path, load_prompt_set, parse_int_list, random_token_prompts,
+    BUILTIN,
+    PROMPT_SETS,
+    RANDOM,
+    Prompts,
+    builtin_prompt_path,
+    load_prompt_set,
+    parse_int_list,
+    random_token_prompts,
 )
 from trtspec.bench.report import (
-    cell_label, render, render_summary, summary_rows, table_console, write_plot, write_report,
+    cell_label,
+    render,
+    render_summary,
+    summary_rows,
+    table_console,
+    write_plot,
+    write_report,
 )
 from trtspec.bench.run import (
-    BLS_MODEL, DRAFT_LENGTHS, PROBE, BenchSettings, Block, command_line, deployment_info, environment,
-    finish_environment, run_bench, run_block, schedule, variants,
+    BLS_MODEL,
+    DRAFT_LENGTHS,
+    PROBE,
+    BenchSettings,
+    Block,
+    command_line,
+    deployment_info,
+    environment,
+    finish_environment,
+    run_bench,
+    run_block,
+    schedule,
+    variants,
 )
 from trtspec.bench.tuning import Applied, Change, apply_tuning, set_parameters, tune, tuned_values
 from trtspec.errors import BenchError
 
 __all__ = [
-    "Applied", "BLS_MODEL", "BUILTIN", "BenchError", "BenchSettings", "Block", "Change", "DRAFT_LENGTHS", "PROBE",
-    "PROMPT_SETS", "Prompts", "RANDOM", "RequestRecord", "analyse", "apply_tuning", "best_k", "bound",
-    "builtin_prompt_path", "cell_label", "command_line", "decode_speedup", "deployment_info", "distribution",
-    "environment", "estimate_alpha", "expected_tokens_per_iteration", "finish_environment", "fit_verify_cost",
-    "leviathan_speedup", "load_prompt_set", "parse_int_list", "percentile", "predicted_speedup", "random_token_prompts",
-    "record_from_completion", "render", "render_summary", "run_bench", "run_block", "schedule", "set_parameters", "speculation_limit",
-    "summarize_cell", "summary_rows", "table_console", "target_step_ms", "tune", "tuned_values", "variants", "write_plot",
+    "Applied",
+    "BLS_MODEL",
+    "BUILTIN",
+    "BenchError",
+    "BenchSettings",
+    "Block",
+    "Change",
+    "DRAFT_LENGTHS",
+    "PROBE",
+    "PROMPT_SETS",
+    "Prompts",
+    "RANDOM",
+    "RequestRecord",
+    "analyse",
+    "apply_tuning",
+    "best_k",
+    "bound",
+    "builtin_prompt_path",
+    "cell_label",
+    "command_line",
+    "decode_speedup",
+    "deployment_info",
+    "distribution",
+    "environment",
+    "estimate_alpha",
+    "expected_tokens_per_iteration",
+    "finish_environment",
+    "fit_verify_cost",
+    "leviathan_speedup",
+    "load_prompt_set",
+    "parse_int_list",
+    "percentile",
+    "predicted_speedup",
+    "random_token_prompts",
+    "record_from_completion",
+    "render",
+    "render_summary",
+    "run_bench",
+    "run_block",
+    "schedule",
+    "set_parameters",
+    "speculation_limit",
+    "summarize_cell",
+    "summary_rows",
+    "table_console",
+    "target_step_ms",
+    "tune",
+    "tuned_values",
+    "variants",
+    "write_plot",
     "write_report",
 ]

@@ -2,13 +2,13 @@
 expected tokens per iteration, the speculative bounds, the acceptance estimate, the verification-cost fit, the best
 K and the speculation limit. No server, no client."""
 
-
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 # ---- arithmetic (pure) --------------------------------------------------------------------------------------
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100) by linear interpolation between closest ranks (numpy's default):
@@ -25,13 +25,18 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 def distribution(values: Sequence[float]) -> dict[str, float | int | None]:
     """p50, p90, p99, mean and count of `values`."""
     values = list(values)
-    return {"p50": percentile(values, 50), "p90": percentile(values, 90), "p99": percentile(values, 99),
-            "mean": sum(values) / len(values) if values else None, "n": len(values)}
+    return {
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "mean": sum(values) / len(values) if values else None,
+        "n": len(values),
+    }
 
 
 def expected_tokens_per_iteration(alpha: float, k: int) -> float:
     """Leviathan et al. Eq. 1: E = (1 - α^(K+1)) / (1 - α) = Σ_{i=0..K} α^i (K + 1 when α = 1)."""
-    return sum(alpha ** i for i in range(k + 1))
+    return sum(alpha**i for i in range(k + 1))
 
 
 def leviathan_speedup(alpha: float, k: int, c: float) -> float:
@@ -44,8 +49,9 @@ def decode_speedup(alpha: float, k: int, draft_cost: float, verify_cost: float) 
     return expected_tokens_per_iteration(alpha, k) / (draft_cost + verify_cost)
 
 
-def predicted_speedup(alpha: float, k: int, *, c: float, mean_draft_length: float, verify_cost: float,
-                      prefill: float, tokens: float) -> float:
+def predicted_speedup(
+    alpha: float, k: int, *, c: float, mean_draft_length: float, verify_cost: float, prefill: float, tokens: float
+) -> float:
     """End to end, for a request of `tokens` tokens whose prefill costs `prefill` target steps:
 
         S = (F + N - 1) / (F·(1 + c) + (N - 1)·(k̄·c + v) / E(α, K))
@@ -90,8 +96,7 @@ def fit_verify_cost(points: Iterable[tuple[float, float]]) -> tuple[float, float
     if len({k for k, _ in points}) > 1:
         mean_k = sum(k for k, _ in points) / len(points)
         mean_y = sum(y for _, y in points) / len(points)
-        slope = (sum((k - mean_k) * (y - mean_y) for k, y in points)
-                 / sum((k - mean_k) ** 2 for k, _ in points))
+        slope = sum((k - mean_k) * (y - mean_y) for k, y in points) / sum((k - mean_k) ** 2 for k, _ in points)
         if slope < 0:
             return max(0.0, mean_y), 0.0
         if mean_y - slope * mean_k >= 0:
@@ -122,5 +127,3 @@ def speculation_limit(best_by_concurrency: Mapping[int, int | None]) -> int:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
-
-

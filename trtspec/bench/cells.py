@@ -1,12 +1,11 @@
 """Per-request records and per-cell statistics of a benchmark run, the comparison of each cell with the
 target-only cell of its concurrency, and the speculative bound of a fixed-K cell."""
 
-
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from trtspec.bench.arithmetic import (
     _ratio,
@@ -19,6 +18,7 @@ from trtspec.bench.arithmetic import (
 )
 
 # ---- measurements -------------------------------------------------------------------------------------------
+
 
 @dataclass
 class RequestRecord:
@@ -41,16 +41,17 @@ class RequestRecord:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
     fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
-    sources: dict[str, int] = field(default_factory=dict)    # draft source -> iterations it drafted
+    sources: dict[str, int] = field(default_factory=dict)  # draft source -> iterations it drafted
     finish_reason: str | None = None
     output_digest: str | None = None  # a fingerprint of the token ids, when kept (Spec-Bench compares outputs)
-    first_ms: float | None = None   # the prefill probe of this prompt (same round and concurrency)
+    first_ms: float | None = None  # the prefill probe of this prompt (same round and concurrency)
     started_s: float | None = None  # when its block started, in seconds since the run started
     error: str | None = None
 
 
-def record_from_completion(completion, *, concurrency: int, k: int, round: int, prompt: int, streamed: bool,
-                           adaptive: bool = False) -> RequestRecord:
+def record_from_completion(
+    completion, *, concurrency: int, k: int, round: int, prompt: int, streamed: bool, adaptive: bool = False
+) -> RequestRecord:
     """A RequestRecord from a client Completion (trtspec.client)."""
     intervals: list[float] = []
     if streamed:
@@ -59,13 +60,26 @@ def record_from_completion(completion, *, concurrency: int, k: int, round: int, 
             gap = chunk.seconds - before.seconds
             intervals += [gap / len(chunk.token_ids)] * len(chunk.token_ids)
     return RequestRecord(
-        concurrency=concurrency, k=k, round=round, prompt=prompt, adaptive=adaptive, tokens=len(completion.token_ids),
-        seconds=completion.seconds, ttft=completion.time_to_first_token if streamed else None, intervals=intervals,
-        accepted=completion.accepted or 0, drafted=completion.drafted or 0, iterations=completion.iterations or 0,
-        draft_ms=completion.draft_ms or 0.0, verify_ms=completion.verify_ms or 0.0,
+        concurrency=concurrency,
+        k=k,
+        round=round,
+        prompt=prompt,
+        adaptive=adaptive,
+        tokens=len(completion.token_ids),
+        seconds=completion.seconds,
+        ttft=completion.time_to_first_token if streamed else None,
+        intervals=intervals,
+        accepted=completion.accepted or 0,
+        drafted=completion.drafted or 0,
+        iterations=completion.iterations or 0,
+        draft_ms=completion.draft_ms or 0.0,
+        verify_ms=completion.verify_ms or 0.0,
         accepted_per_position=list(completion.accepted_per_position),
-        drafted_per_position=list(completion.drafted_per_position), fallbacks=dict(completion.fallbacks),
-        sources=dict(completion.sources), finish_reason=completion.finish_reason)
+        drafted_per_position=list(completion.drafted_per_position),
+        fallbacks=dict(completion.fallbacks),
+        sources=dict(completion.sources),
+        finish_reason=completion.finish_reason,
+    )
 
 
 def output_digest(token_ids) -> str:
@@ -83,8 +97,9 @@ def _sum_positions(rows: Iterable[Sequence[int]]) -> list[int]:
     return total
 
 
-def summarize_cell(records: Sequence[RequestRecord], wall_seconds: float, *, concurrency: int, k: int,
-                   adaptive: bool = False) -> dict:
+def summarize_cell(
+    records: Sequence[RequestRecord], wall_seconds: float, *, concurrency: int, k: int, adaptive: bool = False
+) -> dict:
     """The figures of one cell from its requests and the summed wall time of its blocks (formulas: module doc)."""
     ok = [r for r in records if r.error is None]
     tokens = sum(r.tokens for r in ok)
@@ -105,29 +120,45 @@ def summarize_cell(records: Sequence[RequestRecord], wall_seconds: float, *, con
         for source, n in r.sources.items():
             sources[source] = sources.get(source, 0) + n
     return {
-        "concurrency": concurrency, "k": k, "adaptive": adaptive,
-        "requests": len(ok), "errors": len(records) - len(ok),
+        "concurrency": concurrency,
+        "k": k,
+        "adaptive": adaptive,
+        "requests": len(ok),
+        "errors": len(records) - len(ok),
         "error_messages": sorted({r.error for r in records if r.error})[:5],
-        "tokens": tokens, "wall_s": wall_seconds,
+        "tokens": tokens,
+        "wall_s": wall_seconds,
         "ttft_ms": distribution(ttfts) if ttfts else None,
         "itl_ms": distribution([x * 1e3 for r in ok for x in r.intervals]) if ttfts else None,
         "e2e_ms": distribution([r.seconds * 1e3 for r in ok]),
         "tokens_per_s": distribution([r.tokens / r.seconds for r in ok if r.seconds > 0]),
         "tokens_per_s_aggregate": tokens / wall_seconds if wall_seconds > 0 else None,
-        "accepted": accepted, "drafted": drafted, "iterations": iterations, "speculative_iterations": speculative,
-        "fallbacks": fallbacks, "requests_with_fallback": sum(bool(r.fallbacks) for r in ok), "sources": sources,
+        "accepted": accepted,
+        "drafted": drafted,
+        "iterations": iterations,
+        "speculative_iterations": speculative,
+        "fallbacks": fallbacks,
+        "requests_with_fallback": sum(bool(r.fallbacks) for r in ok),
+        "sources": sources,
         "acceptance_rate": _ratio(accepted, drafted),
         "accepted_per_iteration": _ratio(accepted, speculative),
         "tokens_per_iteration": _ratio(tokens - plain, speculative),
         "mean_draft_length": _ratio(drafted, speculative),
-        "accepted_per_position": acc_pos, "drafted_per_position": drafted_pos,
+        "accepted_per_position": acc_pos,
+        "drafted_per_position": drafted_pos,
         "position_acceptance": [a / d if d else None for a, d in zip(acc_pos, drafted_pos)],
         "alpha": estimate_alpha(acc_pos, drafted_pos),
-        "draft_ms": draft_ms, "verify_ms": verify_ms,
+        "draft_ms": draft_ms,
+        "verify_ms": verify_ms,
         "first_iteration_ms": sum(r.first_ms for r in ok if r.first_ms is not None),
         "first_iteration_measured": sum(r.first_ms is not None for r in ok),
-        "time_split": {"draft": _ratio(draft_ms, e2e_ms), "verify": _ratio(verify_ms, e2e_ms),
-                       "other": _ratio(e2e_ms - draft_ms - verify_ms, e2e_ms)} if e2e_ms > 0 else None,
+        "time_split": {
+            "draft": _ratio(draft_ms, e2e_ms),
+            "verify": _ratio(verify_ms, e2e_ms),
+            "other": _ratio(e2e_ms - draft_ms - verify_ms, e2e_ms),
+        }
+        if e2e_ms > 0
+        else None,
     }
 
 
@@ -154,7 +185,9 @@ def analyse(cells: Sequence[dict]) -> list[dict]:
         base_p50 = ((base or {}).get("tokens_per_s") or {}).get("p50")
         cell["speedup"] = _ratio(cell["tokens_per_s_aggregate"], (base or {}).get("tokens_per_s_aggregate"))
         cell["latency_speedup"] = _ratio(p50, base_p50)
-        cell["ttft_ratio"] = _ratio((cell.get("ttft_ms") or {}).get("p50"), ((base or {}).get("ttft_ms") or {}).get("p50"))
+        cell["ttft_ratio"] = _ratio(
+            (cell.get("ttft_ms") or {}).get("p50"), ((base or {}).get("ttft_ms") or {}).get("p50")
+        )
         step = target_step_ms(base) if base else None
         cell["bound"] = bound(cell, step) if cell["k"] > 0 and not cell.get("adaptive") else None
         out.append(cell)
@@ -174,13 +207,17 @@ def bound(cell: dict, step_ms: float | None) -> dict | None:
     prefill, tokens = first / n / step_ms, cell["tokens"] / n
     predicted = predicted_speedup(alpha, k, c=c, mean_draft_length=kbar, verify_cost=v, prefill=prefill, tokens=tokens)
     return {
-        "target_step_ms": step_ms, "alpha": alpha, "draft_cost_ratio": c, "mean_draft_length": kbar,
-        "verify_cost": v, "prefill_steps": prefill, "expected_tokens_per_iteration": expected_tokens_per_iteration(alpha, k),
+        "target_step_ms": step_ms,
+        "alpha": alpha,
+        "draft_cost_ratio": c,
+        "mean_draft_length": kbar,
+        "verify_cost": v,
+        "prefill_steps": prefill,
+        "expected_tokens_per_iteration": expected_tokens_per_iteration(alpha, k),
         "measured_tokens_per_iteration": cell["tokens_per_iteration"],
         "leviathan_speedup": leviathan_speedup(alpha, k, c),
         "decode_speedup": decode_speedup(alpha, k, kbar * c, v),
-        "predicted_speedup": predicted, "achieved_speedup": cell["speedup"],
+        "predicted_speedup": predicted,
+        "achieved_speedup": cell["speedup"],
         "efficiency": _ratio(cell["speedup"], predicted),
     }
-
-

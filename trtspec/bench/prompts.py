@@ -1,14 +1,13 @@
 """The prompts a benchmark sends: the built-in sets, a JSONL file, random tokens of a tokenizer, each
 numbered per request and in the target's chat template when asked; and the option lists of `trtspec bench`."""
 
-
 from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 from trtspec.errors import BenchError
 
@@ -17,14 +16,17 @@ PROMPT_SETS = ("chat", "code-edit", "summarize")
 RANDOM = "random"  # made from the deployment's tokenizer, not shipped
 
 
-
 # ---- prompts ------------------------------------------------------------------------------------------------
+
 
 def builtin_prompt_path(name: str) -> Path:
     """The JSONL file of a prompt set shipped with trtspec (trtspec/data/prompts/NAME.jsonl)."""
     if name not in PROMPT_SETS:
-        raise BenchError(f"unknown prompt set '{BUILTIN}{name}'; choose one of "
-                         + ", ".join(BUILTIN + n for n in (*PROMPT_SETS, RANDOM)) + ", or give a JSONL file")
+        raise BenchError(
+            f"unknown prompt set '{BUILTIN}{name}'; choose one of "
+            + ", ".join(BUILTIN + n for n in (*PROMPT_SETS, RANDOM))
+            + ", or give a JSONL file"
+        )
     return Path(str(resources.files("trtspec") / "data" / "prompts" / f"{name}.jsonl"))
 
 
@@ -35,10 +37,12 @@ def load_prompt_set(source: str, tokenizer_dir: str | os.PathLike | None = None)
 
     if source == BUILTIN + RANDOM:
         if tokenizer_dir is None:
-            raise BenchError(f"{BUILTIN}{RANDOM} draws its prompts from a tokenizer's vocabulary: give --chat-template "
-                             "(e.g. the target engine dir)")
+            raise BenchError(
+                f"{BUILTIN}{RANDOM} draws its prompts from a tokenizer's vocabulary: give --chat-template "
+                "(e.g. the target engine dir)"
+            )
         return random_token_prompts(_load_tokenizer(tokenizer_dir))
-    path = builtin_prompt_path(source[len(BUILTIN):]) if source.startswith(BUILTIN) else Path(source)
+    path = builtin_prompt_path(source[len(BUILTIN) :]) if source.startswith(BUILTIN) else Path(source)
     try:
         return load_prompts(path)
     except ValidationError as exc:
@@ -82,8 +86,10 @@ class Prompts:
         if tokenizer_dir is not None:
             self.tokenizer = _load_tokenizer(tokenizer_dir)
             if not getattr(self.tokenizer, "chat_template", None):
-                raise BenchError(f"the tokenizer in {tokenizer_dir} has no chat template; leave --chat-template out to "
-                                 "send the prompts as they are")
+                raise BenchError(
+                    f"the tokenizer in {tokenizer_dir} has no chat template; leave --chat-template out to "
+                    "send the prompts as they are"
+                )
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -94,12 +100,13 @@ class Prompts:
             content = f"#{number} {content}"
         if self.tokenizer is None:
             return content
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                  add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
 
 
 def parse_int_list(text: str, option: str, *, minimum: int) -> list[int]:
-    """"1,4,8" -> [1, 4, 8]: integers >= minimum, unique, sorted."""
+    """ "1,4,8" -> [1, 4, 8]: integers >= minimum, unique, sorted."""
     values: set[int] = set()
     for part in text.split(","):
         part = part.strip()
@@ -115,5 +122,3 @@ def parse_int_list(text: str, option: str, *, minimum: int) -> list[int]:
     if not values:
         raise BenchError(f"{option}: give at least one value")
     return sorted(values)
-
-

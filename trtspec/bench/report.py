@@ -1,6 +1,5 @@
 """Showing a benchmark report: tables on a console, the JSON file, and the plot."""
 
-
 from __future__ import annotations
 
 import json
@@ -26,6 +25,7 @@ def write_report(report: dict, path: str | os.PathLike) -> Path:
 
 # ---- output -------------------------------------------------------------------------------------------------
 
+
 def _fmt(value, spec: str = ".1f", suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -44,7 +44,8 @@ def _fallback_text(cell: dict) -> str:
     if not reasons:
         return "-"
     return f"{cell['requests_with_fallback']}/{cell['requests']} req: " + ", ".join(
-        f"{reason} {n}" for reason, n in sorted(reasons.items()))
+        f"{reason} {n}" for reason, n in sorted(reasons.items())
+    )
 
 
 def render(report: dict, console) -> None:
@@ -53,15 +54,36 @@ def render(report: dict, console) -> None:
 
     s = report["settings"]
     cells = sorted(report["cells"], key=lambda c: (c["concurrency"], c["k"], c.get("adaptive", False)))
-    title = (f"{s['num_prompts']} prompts ({s['prompts']}), {s['max_tokens']} tokens, "
-             f"{'streamed' if s['stream'] else 'not streamed'}, {s['protocol']}")
+    title = (
+        f"{s['num_prompts']} prompts ({s['prompts']}), {s['max_tokens']} tokens, "
+        f"{'streamed' if s['stream'] else 'not streamed'}, {s['protocol']}"
+    )
     perf = Table(title=f"latency and throughput: {title}")
-    for col in ("C", "K", "req", "TTFT ms p50/p99", "TTFT vs K=0", "ITL ms p50/p99", "e2e ms p50/p90/p99",
-                "tok/s req p50", "tok/s all", "speedup"):
+    for col in (
+        "C",
+        "K",
+        "req",
+        "TTFT ms p50/p99",
+        "TTFT vs K=0",
+        "ITL ms p50/p99",
+        "e2e ms p50/p90/p99",
+        "tok/s req p50",
+        "tok/s all",
+        "speedup",
+    ):
         perf.add_column(col, justify="right")
     spec = Table(title="speculation (per speculative iteration)")
-    for col in ("C", "K", "accept", "α", "accepted/iter", "tokens/iter", "draft/verify/other", "accepted by position",
-                "fell back to plain"):
+    for col in (
+        "C",
+        "K",
+        "accept",
+        "α",
+        "accepted/iter",
+        "tokens/iter",
+        "draft/verify/other",
+        "accepted by position",
+        "fell back to plain",
+    ):
         spec.add_column(col, justify="right")
     model = Table(title="the bound, fixed K: E = (1-α^(K+1))/(1-α) (Leviathan et al.)")
     for col in ("C", "K", "E", "c", "verify", "S Leviathan", "S predicted", "S achieved", "efficiency"):
@@ -75,31 +97,55 @@ def render(report: dict, console) -> None:
         req = f"{c['requests']}" + (f" [red]({c['errors']} failed)[/]" if c["errors"] else "")
         speed = _fmt(c["speedup"], ".2f", "x") if c["k"] else "1.00x"
         label = cell_label(c["k"], c.get("adaptive", False))
-        perf.add_row(str(c["concurrency"]), label, req,
-                     f"{_p(c['ttft_ms'], 'p50')}/{_p(c['ttft_ms'], 'p99')}",
-                     _fmt(c.get("ttft_ratio"), ".2f", "x") if c["k"] else "-",
-                     f"{_p(c['itl_ms'], 'p50')}/{_p(c['itl_ms'], 'p99')}",
-                     f"{_p(c['e2e_ms'], 'p50')}/{_p(c['e2e_ms'], 'p90')}/{_p(c['e2e_ms'], 'p99')}",
-                     _p(c["tokens_per_s"], "p50", ".1f"), _fmt(c["tokens_per_s_aggregate"]), speed)
+        perf.add_row(
+            str(c["concurrency"]),
+            label,
+            req,
+            f"{_p(c['ttft_ms'], 'p50')}/{_p(c['ttft_ms'], 'p99')}",
+            _fmt(c.get("ttft_ratio"), ".2f", "x") if c["k"] else "-",
+            f"{_p(c['itl_ms'], 'p50')}/{_p(c['itl_ms'], 'p99')}",
+            f"{_p(c['e2e_ms'], 'p50')}/{_p(c['e2e_ms'], 'p90')}/{_p(c['e2e_ms'], 'p99')}",
+            _p(c["tokens_per_s"], "p50", ".1f"),
+            _fmt(c["tokens_per_s_aggregate"]),
+            speed,
+        )
         split = c.get("time_split") or {}
         split_text = "/".join(_fmt(split.get(x), ".0%") for x in ("draft", "verify", "other"))
         positions = " ".join(_fmt(p, ".0%") for p in c["position_acceptance"][:8])
-        spec.add_row(str(c["concurrency"]), label, _fmt(c["acceptance_rate"], ".0%"), _fmt(c["alpha"], ".2f"),
-                     _fmt(c["accepted_per_iteration"], ".2f"), _fmt(c["tokens_per_iteration"], ".2f"), split_text,
-                     positions or "-", _fallback_text(c))
+        spec.add_row(
+            str(c["concurrency"]),
+            label,
+            _fmt(c["acceptance_rate"], ".0%"),
+            _fmt(c["alpha"], ".2f"),
+            _fmt(c["accepted_per_iteration"], ".2f"),
+            _fmt(c["tokens_per_iteration"], ".2f"),
+            split_text,
+            positions or "-",
+            _fallback_text(c),
+        )
         if c["k"] and not c.get("adaptive"):
             b = c.get("bound") or {}
-            model.add_row(str(c["concurrency"]), label, _fmt(b.get("expected_tokens_per_iteration"), ".2f"),
-                          _fmt(b.get("draft_cost_ratio"), ".2f"), _fmt(b.get("verify_cost"), ".2f"),
-                          _fmt(b.get("leviathan_speedup"), ".2f", "x"), _fmt(b.get("predicted_speedup"), ".2f", "x"),
-                          speed, _fmt(b.get("efficiency"), ".0%"))
+            model.add_row(
+                str(c["concurrency"]),
+                label,
+                _fmt(b.get("expected_tokens_per_iteration"), ".2f"),
+                _fmt(b.get("draft_cost_ratio"), ".2f"),
+                _fmt(b.get("verify_cost"), ".2f"),
+                _fmt(b.get("leviathan_speedup"), ".2f", "x"),
+                _fmt(b.get("predicted_speedup"), ".2f", "x"),
+                speed,
+                _fmt(b.get("efficiency"), ".0%"),
+            )
     console.print(perf)
     console.print(spec)
     console.print(model)
-    console.print("α: per-token acceptance (i.i.d. model). c: one draft step / one target step; verify: one verification "
-                  "/ one target step (a target step: one decoding step at K=0, same concurrency). S Leviathan = E/(K·c+1); "
-                  "S predicted: end to end from α, c, verify and the measured prefill; efficiency = achieved / predicted.",
-                  style="dim", highlight=False)
+    console.print(
+        "α: per-token acceptance (i.i.d. model). c: one draft step / one target step; verify: one verification "
+        "/ one target step (a target step: one decoding step at K=0, same concurrency). S Leviathan = E/(K·c+1); "
+        "S predicted: end to end from α, c, verify and the measured prefill; efficiency = achieved / predicted.",
+        style="dim",
+        highlight=False,
+    )
     t = report["tuning"]
     tuning = Table(title="tuning", show_header=False)
     tuning.add_column(justify="left")
@@ -127,27 +173,46 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
     for conc in sorted({c["concurrency"] for c in cells}):
         row = sorted((c for c in cells if c["concurrency"] == conc and not c.get("adaptive")), key=lambda c: c["k"])
         ks = [c["k"] for c in row if c["speedup"] is not None]
-        line, = left.plot(ks, [c["speedup"] for c in row if c["speedup"] is not None], marker="o", label=f"C={conc}")
-        adaptive = [(c["k"], c["speedup"]) for c in cells
-                    if c["concurrency"] == conc and c.get("adaptive") and c["speedup"] is not None]
+        (line,) = left.plot(ks, [c["speedup"] for c in row if c["speedup"] is not None], marker="o", label=f"C={conc}")
+        adaptive = [
+            (c["k"], c["speedup"])
+            for c in cells
+            if c["concurrency"] == conc and c.get("adaptive") and c["speedup"] is not None
+        ]
         if adaptive:  # the adaptive draft length at its bound K, as separate points
-            left.plot(*zip(*sorted(adaptive)), linestyle="none", marker="D", color=line.get_color(),
-                      label=f"C={conc} adaptive (≤K)")
+            left.plot(
+                *zip(*sorted(adaptive)),
+                linestyle="none",
+                marker="D",
+                color=line.get_color(),
+                label=f"C={conc} adaptive (≤K)",
+            )
         predicted = [(c["k"], c["bound"]["predicted_speedup"]) for c in row if c.get("bound")]
         if predicted:
-            left.plot(*zip((0, 1.0), *predicted), linestyle="--", marker="x", color=line.get_color(), alpha=0.6,
-                      label=f"C={conc} predicted")
+            left.plot(
+                *zip((0, 1.0), *predicted),
+                linestyle="--",
+                marker="x",
+                color=line.get_color(),
+                alpha=0.6,
+                label=f"C={conc} predicted",
+            )
         for c in (c for c in cells if c["concurrency"] == conc):
             if c["k"] > 0 and c["position_acceptance"]:
-                right.plot(range(1, len(c["position_acceptance"]) + 1),
-                           [p if p is not None else float("nan") for p in c["position_acceptance"]],
-                           marker=".", label=f"C={conc} K={cell_label(c['k'], c.get('adaptive', False))}")
+                right.plot(
+                    range(1, len(c["position_acceptance"]) + 1),
+                    [p if p is not None else float("nan") for p in c["position_acceptance"]],
+                    marker=".",
+                    label=f"C={conc} K={cell_label(c['k'], c.get('adaptive', False))}",
+                )
     left.axhline(1.0, color="grey", linewidth=0.8)
     left.set_xticks(sorted({c["k"] for c in cells}))
     right.xaxis.get_major_locator().set_params(integer=True)
     left.set(xlabel="draft tokens K", ylabel="speedup vs K=0 (output tokens/s)", title="speedup")
     left.legend(fontsize=8)
-    right.set(xlabel="draft position", ylabel="accepted / drafted", title="acceptance by draft position", ylim=(0, 1.05))
+    right.set(
+        xlabel="draft position", ylabel="accepted / drafted", title="acceptance by draft position", ylim=(0, 1.05)
+    )
     if right.lines:
         right.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -158,28 +223,41 @@ def write_plot(report: dict, path: str | os.PathLike) -> Path:
     return path
 
 
-
-
 # ---- the summary: each speculative cell against target-only, in one table --------------------------------------
+
 
 def summary_rows(report: dict, workload: str, identical: dict[int, bool] | None = None) -> list[dict]:
     """One row per speculative cell of `report` (fixed K, or the adaptive draft length bounded by K): its figures
-    against the target-only cell of its concurrency, and a sentence on why it paid or did not. `identical`: concurrency -> whether greedy outputs matched target-only
+    against the target-only cell of its concurrency, and a sentence on why it paid or did not. `identical`:
+    concurrency -> whether greedy outputs matched target-only
     there (a row of a concurrency not in it says "not checked")."""
     cells = report["cells"]
     base = {c["concurrency"]: c for c in cells if c["k"] == 0}
     rows = []
-    for c in sorted((c for c in cells if c["k"] > 0), key=lambda c: (c["concurrency"], c["k"], c.get("adaptive", False))):
+    for c in sorted(
+        (c for c in cells if c["k"] > 0), key=lambda c: (c["concurrency"], c["k"], c.get("adaptive", False))
+    ):
         b0 = base.get(c["concurrency"]) or {}
-        rows.append({
-            "workload": workload, "speculation": report["settings"].get("speculation") or "deployment default",
-            "concurrency": c["concurrency"], "k": c["k"], "adaptive": c.get("adaptive", False), "requests": c["requests"],
-            "target_only_tokens_per_s": b0.get("tokens_per_s_aggregate"), "speculative_tokens_per_s": c["tokens_per_s_aggregate"],
-            "speedup": c["speedup"], "acceptance": c["acceptance_rate"], "tokens_per_call": c["tokens_per_iteration"],
-            "bound": (c.get("bound") or {}).get("predicted_speedup"),
-            "ttft_ms": [(b0.get("ttft_ms") or {}).get("p50"), (c.get("ttft_ms") or {}).get("p50")],
-            "identical": (identical or {}).get(c["concurrency"]), "errors": c["errors"] + b0.get("errors", 0), "why": _why(c),
-        })
+        rows.append(
+            {
+                "workload": workload,
+                "speculation": report["settings"].get("speculation") or "deployment default",
+                "concurrency": c["concurrency"],
+                "k": c["k"],
+                "adaptive": c.get("adaptive", False),
+                "requests": c["requests"],
+                "target_only_tokens_per_s": b0.get("tokens_per_s_aggregate"),
+                "speculative_tokens_per_s": c["tokens_per_s_aggregate"],
+                "speedup": c["speedup"],
+                "acceptance": c["acceptance_rate"],
+                "tokens_per_call": c["tokens_per_iteration"],
+                "bound": (c.get("bound") or {}).get("predicted_speedup"),
+                "ttft_ms": [(b0.get("ttft_ms") or {}).get("p50"), (c.get("ttft_ms") or {}).get("p50")],
+                "identical": (identical or {}).get(c["concurrency"]),
+                "errors": c["errors"] + b0.get("errors", 0),
+                "why": _why(c),
+            }
+        )
     return rows
 
 
@@ -193,19 +271,25 @@ def _why(c: dict) -> str:
     sources = c.get("sources") or {}
     if len(sources) > 1:
         total = sum(sources.values())
-        drafted_calls += " (" + ", ".join(f"{SOURCE_NAMES.get(s, s)} {n / total:.0%}" for s, n in sorted(sources.items())) + ")"
+        drafted_calls += (
+            " (" + ", ".join(f"{SOURCE_NAMES.get(s, s)} {n / total:.0%}" for s, n in sorted(sources.items())) + ")"
+        )
     if c.get("requests_with_fallback"):
         drafted_calls += f" ({_fallback_text(c)} fell back)"
     tokens, paid = c["tokens_per_iteration"] or 0.0, (c["speedup"] or 0.0) >= 1.0
     if not b:
-        return (f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} "
-                f"tokens per call, {'so it paid' if paid else 'so it did not pay'}: {_fmt(c['speedup'], '.2f', 'x')}.")
+        return (
+            f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} "
+            f"tokens per call, {'so it paid' if paid else 'so it did not pay'}: {_fmt(c['speedup'], '.2f', 'x')}."
+        )
     cost = b["verify_cost"] + b["mean_draft_length"] * b["draft_cost_ratio"]
     verdict = "so it paid" if paid else "so it did not pay"
-    return (f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} tokens "
-            f"per call, and a call cost {cost:.2f} target steps ({b['verify_cost']:.2f} to verify, "
-            f"{b['mean_draft_length'] * b['draft_cost_ratio']:.2f} to draft), {verdict}: "
-            f"{_fmt(c['speedup'], '.2f', 'x')} of a bound of {_fmt(b['predicted_speedup'], '.2f', 'x')}.")
+    return (
+        f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} tokens "
+        f"per call, and a call cost {cost:.2f} target steps ({b['verify_cost']:.2f} to verify, "
+        f"{b['mean_draft_length'] * b['draft_cost_ratio']:.2f} to draft), {verdict}: "
+        f"{_fmt(c['speedup'], '.2f', 'x')} of a bound of {_fmt(b['predicted_speedup'], '.2f', 'x')}."
+    )
 
 
 SOURCE_NAMES = {"draft_model": "draft model", "prompt_lookup": "prompt lookup"}
@@ -216,19 +300,42 @@ def render_summary(rows: list[dict], console, title: str = "speculative vs targe
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("workload", "C", "K", "target-only\ntok/s", "speculative\ntok/s", "speed-up", "accepted", "tokens\n/call",
-                "bound", "TTFT ms\nt.-only/spec.", "identical"):
+    for col in (
+        "workload",
+        "C",
+        "K",
+        "target-only\ntok/s",
+        "speculative\ntok/s",
+        "speed-up",
+        "accepted",
+        "tokens\n/call",
+        "bound",
+        "TTFT ms\nt.-only/spec.",
+        "identical",
+    ):
         table.add_column(col, justify="left" if col == "workload" else "right")
     for r in rows:
         ttft = "/".join(_fmt(x, ".0f") for x in r["ttft_ms"])
         identical = {None: "not checked", True: "yes", False: "[red]NO[/]"}[r["identical"]]
-        table.add_row(f"{r['workload']}\n{SOURCE_NAMES.get(r['speculation'], r['speculation'])}", str(r["concurrency"]),
-                      cell_label(r["k"], r.get("adaptive", False)), _fmt(r["target_only_tokens_per_s"]), _fmt(r["speculative_tokens_per_s"]),
-                      _fmt(r["speedup"], ".2f", "x"), _fmt(r["acceptance"], ".0%"), _fmt(r["tokens_per_call"], ".2f"),
-                      _fmt(r["bound"], ".2f", "x"), ttft, identical + (f" [red]({r['errors']} failed)[/]" if r["errors"] else ""))
+        table.add_row(
+            f"{r['workload']}\n{SOURCE_NAMES.get(r['speculation'], r['speculation'])}",
+            str(r["concurrency"]),
+            cell_label(r["k"], r.get("adaptive", False)),
+            _fmt(r["target_only_tokens_per_s"]),
+            _fmt(r["speculative_tokens_per_s"]),
+            _fmt(r["speedup"], ".2f", "x"),
+            _fmt(r["acceptance"], ".0%"),
+            _fmt(r["tokens_per_call"], ".2f"),
+            _fmt(r["bound"], ".2f", "x"),
+            ttft,
+            identical + (f" [red]({r['errors']} failed)[/]" if r["errors"] else ""),
+        )
     console.print(table)
-    console.print("accepted: drafted tokens the target accepted; tokens/call: tokens per speculative target call; bound: "
-                  "the speed-up predicted from the measured acceptance and costs (trtspec/bench/__init__.py).",
-                  style="dim", highlight=False)
+    console.print(
+        "accepted: drafted tokens the target accepted; tokens/call: tokens per speculative target call; bound: "
+        "the speed-up predicted from the measured acceptance and costs (trtspec/bench/__init__.py).",
+        style="dim",
+        highlight=False,
+    )
     for r in rows:
         console.print(f"  {r['workload']}, {r['why']}", highlight=False, markup=False)

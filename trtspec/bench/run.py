@@ -1,7 +1,6 @@
 """Running a benchmark: the interleaved schedule of blocks, the clients that send them, the environment
 record, and the report of a run."""
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +11,9 @@ import random
 import shlex
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Callable, Mapping, Sequence
 
 from trtspec import __version__
 from trtspec.bench.cells import (
@@ -61,8 +60,15 @@ class Block:
     adaptive: bool = False
 
 
-def schedule(concurrencies: Sequence[int], cells: Sequence[tuple[int, bool]], requests: int, num_prompts: int,
-             seed: int = 0, *, probes: bool = True) -> list[Block]:
+def schedule(
+    concurrencies: Sequence[int],
+    cells: Sequence[tuple[int, bool]],
+    requests: int,
+    num_prompts: int,
+    seed: int = 0,
+    *,
+    probes: bool = True,
+) -> list[Block]:
     """The interleaved plan: round r holds one block of every (K, adaptive) cell of each concurrency C that has
     more than r rounds (ceil(requests / C) rounds, so each cell gets `requests` rounded up to a multiple of C)
     and, with `probes`, a prefill probe block per concurrency, in an order shuffled with `seed` + r. Within a
@@ -91,11 +97,11 @@ class BenchSettings:
     tokenizer: str | None = None
     concurrencies: tuple[int, ...] = (1, 4, 8)
     ks: tuple[int, ...] = (0, 2, 4, 6, 8)
-    draft_length: str = "fixed"       # K > 0 cells: "fixed" K, "adaptive" with K as its bound, or "both"
+    draft_length: str = "fixed"  # K > 0 cells: "fixed" K, "adaptive" with K as its bound, or "both"
     max_tokens: int = 64
     requests: int = 8
     stream: bool = False
-    speculation: str | None = None    # the draft source of K > 0 cells; None: the deployment's default
+    speculation: str | None = None  # the draft source of K > 0 cells; None: the deployment's default
     numbered: bool = True
     seed: int = 0
     timeout: float = 600.0
@@ -136,10 +142,17 @@ class _Numbers:
             return self._next
 
 
-def run_block(clients: _Clients, block: Block, prompts: Prompts, settings: BenchSettings, *, numbers: _Numbers,
-              request_fields: Mapping[str, object] | None = None,
-              on_done: Callable[[RequestRecord], None] | None = None,
-              keep_ids: bool = False) -> tuple[list[RequestRecord], float]:
+def run_block(
+    clients: _Clients,
+    block: Block,
+    prompts: Prompts,
+    settings: BenchSettings,
+    *,
+    numbers: _Numbers,
+    request_fields: Mapping[str, object] | None = None,
+    on_done: Callable[[RequestRecord], None] | None = None,
+    keep_ids: bool = False,
+) -> tuple[list[RequestRecord], float]:
     """Send the block's requests at once (one thread and client each); return their records and the wall time.
     `keep_ids`: record a fingerprint of each output's token ids."""
     from trtspec.client import ClientError
@@ -158,10 +171,22 @@ def run_block(clients: _Clients, block: Block, prompts: Prompts, settings: Bench
         index = block.prompts[slot]
         try:
             completion = clients.get(slot).generate(
-                texts[slot], max_tokens=1 if probe else settings.max_tokens, num_draft_tokens=k, stream=stream,
-                return_perf_metrics=True, **fields)
-            rec = record_from_completion(completion, concurrency=block.concurrency, k=block.k, round=block.round,
-                                         prompt=index, streamed=stream, adaptive=block.adaptive)
+                texts[slot],
+                max_tokens=1 if probe else settings.max_tokens,
+                num_draft_tokens=k,
+                stream=stream,
+                return_perf_metrics=True,
+                **fields,
+            )
+            rec = record_from_completion(
+                completion,
+                concurrency=block.concurrency,
+                k=block.k,
+                round=block.round,
+                prompt=index,
+                streamed=stream,
+                adaptive=block.adaptive,
+            )
             if keep_ids:
                 rec.output_digest = output_digest(completion.token_ids)
         except ClientError as exc:
@@ -186,8 +211,9 @@ def deployment_info(client) -> dict:
     try:
         config = client.model_config(client.model)
         info["inputs"] = [i.get("name") for i in config.get("input", [])]
-        info["parameters"] = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()
-                              if k != "tokenizer_dir"}
+        info["parameters"] = {
+            k: v.get("string_value", "") for k, v in config.get("parameters", {}).items() if k != "tokenizer_dir"
+        }
     except (ClientError, AttributeError) as exc:
         info["config_error"] = str(exc)
     try:
@@ -202,8 +228,12 @@ def environment() -> dict:
     import numpy
 
     env = {
-        "trtspec": __version__, "python": platform.python_version(), "platform": platform.platform(),
-        "machine": platform.machine(), "cpus": os.cpu_count(), "numpy": numpy.__version__,
+        "trtspec": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "numpy": numpy.__version__,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     try:
@@ -225,7 +255,9 @@ def finish_environment(env: dict, started: float) -> dict:
     return env
 
 
-def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, command: Sequence[str] | None = None) -> dict:
+def run_bench(
+    settings: BenchSettings, prompts: Prompts, *, progress=None, command: Sequence[str] | None = None
+) -> dict:
     """Measure every cell, interleaved (see `schedule`), and return the report (a JSON-able dict).
 
     `progress`: a rich Progress (or None); a task on it advances by one per finished request."""
@@ -245,18 +277,28 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
         info = deployment_info(clients.get(0))
         inputs = info.get("inputs") or []
         if settings.speculation and inputs and "speculation" not in inputs:
-            raise BenchError(f"{settings.model} has no `speculation` input: this deployment cannot choose the draft source")
+            raise BenchError(
+                f"{settings.model} has no `speculation` input: this deployment cannot choose the draft source"
+            )
         # Each cell says whether K is fixed or the bound of an adaptive draft length; a deployment without that
         # input (NVIDIA's BLS) always keeps K fixed.
         adaptive_input = "adaptive_draft_length" in inputs
         if not adaptive_input and inputs and any(adaptive for _, adaptive in cell_kinds):
-            raise BenchError(f"{settings.model} has no `adaptive_draft_length` input: measure it with --draft-length fixed")
+            raise BenchError(
+                f"{settings.model} has no `adaptive_draft_length` input: measure it with --draft-length fixed"
+            )
         fields = {"adaptive_draft_length": False} if adaptive_input else {}
         if settings.warmup:  # the first requests of a fresh server pay for its warm-up: keep them out
             for k, adaptive in cell_kinds:
                 block = Block(-1, 1, k, (0,), adaptive)
-                recs, _ = run_block(clients, block, prompts, dataclasses.replace(settings, max_tokens=min(settings.max_tokens, 8)),
-                                    numbers=numbers, request_fields=fields)
+                recs, _ = run_block(
+                    clients,
+                    block,
+                    prompts,
+                    dataclasses.replace(settings, max_tokens=min(settings.max_tokens, 8)),
+                    numbers=numbers,
+                    request_fields=fields,
+                )
                 if recs[0].error:
                     raise BenchError(f"warm-up request of cell {cell_label(k, adaptive)} failed: {recs[0].error}")
         total = sum(b.concurrency for b in blocks)
@@ -273,7 +315,9 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
                 what = "prefill probes" if block.k == PROBE else f"K={block.k}"
                 progress.update(task, description=f"round {block.round + 1}: C={block.concurrency} {what}")
             block_start = time.perf_counter() - started
-            recs, wall = run_block(clients, block, prompts, settings, numbers=numbers, request_fields=fields, on_done=done)
+            recs, wall = run_block(
+                clients, block, prompts, settings, numbers=numbers, request_fields=fields, on_done=done
+            )
             for rec in recs:
                 rec.started_s = block_start
             if block.k == PROBE:
@@ -287,19 +331,32 @@ def run_bench(settings: BenchSettings, prompts: Prompts, *, progress=None, comma
         for r in recs:
             r.first_ms = probes.get((r.concurrency, r.round, r.prompt))
     finish_environment(env, started)
-    cells = analyse([summarize_cell(records[key], walls[key], concurrency=key[0], k=key[1], adaptive=key[2])
-                     for key in keys])
+    cells = analyse(
+        [summarize_cell(records[key], walls[key], concurrency=key[0], k=key[1], adaptive=key[2]) for key in keys]
+    )
     for cell in cells:
         cell["request_records"] = [_record_json(r) for r in records[(cell["concurrency"], cell["k"], cell["adaptive"])]]
     s = settings
     return {
         "command": shlex.join(command) if command else None,
-        "settings": {"url": s.url, "protocol": s.protocol, "model": s.model, "prompts": s.prompts_source,
-                     "num_prompts": len(prompts), "chat_template_from": s.tokenizer, "numbered_prompts": s.numbered,
-                     "concurrency": list(s.concurrencies), "num_draft_tokens": list(s.ks), "max_tokens": s.max_tokens,
-                     "draft_length": s.draft_length, "requests": s.requests, "stream": s.stream,
-                     "speculation": s.speculation, "seed": s.seed,
-                     "order": "interleaved rounds with prefill probes (trtspec.bench.schedule)"},
+        "settings": {
+            "url": s.url,
+            "protocol": s.protocol,
+            "model": s.model,
+            "prompts": s.prompts_source,
+            "num_prompts": len(prompts),
+            "chat_template_from": s.tokenizer,
+            "numbered_prompts": s.numbered,
+            "concurrency": list(s.concurrencies),
+            "num_draft_tokens": list(s.ks),
+            "max_tokens": s.max_tokens,
+            "draft_length": s.draft_length,
+            "requests": s.requests,
+            "stream": s.stream,
+            "speculation": s.speculation,
+            "seed": s.seed,
+            "order": "interleaved rounds with prefill probes (trtspec.bench.schedule)",
+        },
         "environment": env,
         "deployment": info,
         "cells": cells,
@@ -316,9 +373,9 @@ def _record_json(r: RequestRecord) -> dict:
     return d
 
 
-
 def command_line(ctx) -> list[str]:
-    """The command as given: `trtspec`, the subcommand and each option that did not come from its default (click context)."""
+    """The command as given: `trtspec`, the subcommand and each option that did not come from its default (click
+    context)."""
     from click.core import ParameterSource
 
     names, node = [], ctx

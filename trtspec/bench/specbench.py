@@ -29,9 +29,9 @@ import random
 import shlex
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from trtspec.bench.arithmetic import _ratio
 from trtspec.bench.prompts import Prompts
@@ -42,8 +42,14 @@ from trtspec.errors import BenchError
 PREFIX = "spec-bench:"
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 TASKS = ("multi-turn conversation", "translation", "summarization", "qa", "math_reasoning", "rag")
-TASK_LABELS = {"multi-turn conversation": "MT-bench", "translation": "Trans.", "summarization": "Sum.", "qa": "QA",
-               "math_reasoning": "Math", "rag": "RAG"}
+TASK_LABELS = {
+    "multi-turn conversation": "MT-bench",
+    "translation": "Trans.",
+    "summarization": "Sum.",
+    "qa": "QA",
+    "math_reasoning": "Math",
+    "rag": "RAG",
+}
 METHODS = ("none", "draft_model", "prompt_lookup", "auto")  # none: target-only, the baseline
 
 
@@ -51,7 +57,7 @@ METHODS = ("none", "draft_model", "prompt_lookup", "auto")  # none: target-only,
 class Question:
     id: str
     task: str
-    text: str   # the first turn
+    text: str  # the first turn
 
 
 def task_of(category: str) -> str:
@@ -64,8 +70,10 @@ def load_questions(path: str | Path) -> list[Question]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise BenchError(f"{PREFIX}{path}: cannot read it ({exc.strerror}); give the path of Spec-Bench's "
-                         "data/spec_bench/question.jsonl") from None
+        raise BenchError(
+            f"{PREFIX}{path}: cannot read it ({exc.strerror}); give the path of Spec-Bench's "
+            "data/spec_bench/question.jsonl"
+        ) from None
     questions = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -76,8 +84,10 @@ def load_questions(path: str | Path) -> list[Question]:
             if not (isinstance(turns, list) and turns and isinstance(turns[0], str) and isinstance(category, str)):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
-            raise BenchError(f"{path}, line {number}: not a Spec-Bench question (a JSON object with `category` and "
-                             "`turns`, a list of strings)") from None
+            raise BenchError(
+                f"{path}, line {number}: not a Spec-Bench question (a JSON object with `category` and "
+                "`turns`, a list of strings)"
+            ) from None
         questions.append(Question(str(item.get("question_id", number)), task_of(category), turns[0]))
     if not questions:
         raise BenchError(f"{path}: no questions")
@@ -94,7 +104,9 @@ def select(questions: list[Question], per_task: int | None) -> list[Question]:
     return [lst[i] for i in range(max(map(len, lists), default=0)) for lst in lists if i < len(lst)]
 
 
-def fit(questions: list[Question], prompts: Prompts, count_tokens, max_input_len: int | None) -> tuple[list[Question], dict[str, int]]:
+def fit(
+    questions: list[Question], prompts: Prompts, count_tokens, max_input_len: int | None
+) -> tuple[list[Question], dict[str, int]]:
     """The questions whose templated first turn fits max_input_len, and the skipped count per task."""
     kept, skipped = [], {}
     for i, q in enumerate(questions):
@@ -108,8 +120,19 @@ def fit(questions: list[Question], prompts: Prompts, count_tokens, max_input_len
 
 # ---- the run ------------------------------------------------------------------------------------------------
 
-def run_spec_bench(settings, questions: list[Question], prompts: Prompts, *, methods: tuple[str, ...], k: int,
-                   adaptive: bool, skipped: dict[str, int], progress=None, command: Sequence[str] | None = None) -> dict:
+
+def run_spec_bench(
+    settings,
+    questions: list[Question],
+    prompts: Prompts,
+    *,
+    methods: tuple[str, ...],
+    k: int,
+    adaptive: bool,
+    skipped: dict[str, int],
+    progress=None,
+    command: Sequence[str] | None = None,
+) -> dict:
     """Measure every method on every question at each concurrency of `settings` (a BenchSettings), interleaved;
     `prompts` holds the questions' first turns in the same order. Returns the report (JSON-able)."""
     env = environment()
@@ -122,8 +145,10 @@ def run_spec_bench(settings, questions: list[Question], prompts: Prompts, *, met
             order = list(methods)
             rng.shuffle(order)
             number = first + len(plan) * 100  # each method's requests of this block get the same request numbers
-            plan += [(Block(start // c, len(indices), 0 if m == "none" else k, indices, adaptive), m, c, number)
-                     for m in order]
+            plan += [
+                (Block(start // c, len(indices), 0 if m == "none" else k, indices, adaptive), m, c, number)
+                for m in order
+            ]
     rows: list[dict] = []
     walls: dict[tuple[int, str], float] = {}
     started = time.perf_counter()
@@ -142,26 +167,51 @@ def run_spec_bench(settings, questions: list[Question], prompts: Prompts, *, met
             if progress is not None:
                 progress.update(task, description=f"Spec-Bench C={c} {method}")
             s = dataclasses.replace(settings, speculation=method)
-            records, wall = run_block(clients, block, prompts, s, numbers=_Numbers(number), request_fields=fields,
-                                      on_done=done, keep_ids=True)
+            records, wall = run_block(
+                clients, block, prompts, s, numbers=_Numbers(number), request_fields=fields, on_done=done, keep_ids=True
+            )
             walls[(c, method)] = walls.get((c, method), 0.0) + wall
             for rec in records:
                 q = questions[rec.prompt]
-                rows.append({"concurrency": c, "method": method, "question": q.id, "task": q.task,
-                             "tokens": rec.tokens, "seconds": rec.seconds, "accepted": rec.accepted,
-                             "drafted": rec.drafted, "iterations": rec.iterations, "output": rec.output_digest,
-                             "sources": rec.sources, "error": rec.error})
+                rows.append(
+                    {
+                        "concurrency": c,
+                        "method": method,
+                        "question": q.id,
+                        "task": q.task,
+                        "tokens": rec.tokens,
+                        "seconds": rec.seconds,
+                        "accepted": rec.accepted,
+                        "drafted": rec.drafted,
+                        "iterations": rec.iterations,
+                        "output": rec.output_digest,
+                        "sources": rec.sources,
+                        "error": rec.error,
+                    }
+                )
     finally:
         clients.close()
     finish_environment(env, started)
     return {
-        "command": shlex.join(command) if command else None, "benchmark": "Spec-Bench",
-        "settings": {"url": settings.url, "protocol": settings.protocol, "model": settings.model,
-                     "prompts": settings.prompts_source, "questions": len(questions), "skipped": skipped,
-                     "concurrency": list(settings.concurrencies), "methods": list(methods), "num_draft_tokens": k,
-                     "adaptive_draft_length": adaptive, "max_tokens": settings.max_tokens, "seed": settings.seed,
-                     "chat_template_from": settings.tokenizer},
-        "environment": env, "deployment": info,
+        "command": shlex.join(command) if command else None,
+        "benchmark": "Spec-Bench",
+        "settings": {
+            "url": settings.url,
+            "protocol": settings.protocol,
+            "model": settings.model,
+            "prompts": settings.prompts_source,
+            "questions": len(questions),
+            "skipped": skipped,
+            "concurrency": list(settings.concurrencies),
+            "methods": list(methods),
+            "num_draft_tokens": k,
+            "adaptive_draft_length": adaptive,
+            "max_tokens": settings.max_tokens,
+            "seed": settings.seed,
+            "chat_template_from": settings.tokenizer,
+        },
+        "environment": env,
+        "deployment": info,
         "summary": summarize(rows, walls, settings.concurrencies, methods),
         "requests": rows,
     }
@@ -175,10 +225,16 @@ def summarize(rows: list[dict], walls: dict, concurrencies, methods) -> list[dic
         for m in methods:
             mine = [r for r in rows if r["concurrency"] == c and r["method"] == m]
             ok = [r for r in mine if not r["error"] and r["question"] in base_ok]
-            entry = {"concurrency": c, "method": m, "requests": len(mine), "errors": sum(bool(r["error"]) for r in mine),
-                     "identical": sum(r["output"] == base_ok[r["question"]]["output"] for r in ok), "compared": len(ok),
-                     "throughput_ratio": _ratio(_rate_wall(rows, walls, c, m), _rate_wall(rows, walls, c, "none")),
-                     "tasks": {}}
+            entry = {
+                "concurrency": c,
+                "method": m,
+                "requests": len(mine),
+                "errors": sum(bool(r["error"]) for r in mine),
+                "identical": sum(r["output"] == base_ok[r["question"]]["output"] for r in ok),
+                "compared": len(ok),
+                "throughput_ratio": _ratio(_rate_wall(rows, walls, c, m), _rate_wall(rows, walls, c, "none")),
+                "tasks": {},
+            }
             sources: dict[str, int] = {}
             for r in ok:
                 for name, n in (r["sources"] or {}).items():
@@ -205,14 +261,20 @@ def _rate(rows: list[dict]) -> float | None:
 
 
 def _rate_wall(rows, walls, c, method) -> float | None:
-    return _ratio(sum(r["tokens"] for r in rows if r["concurrency"] == c and r["method"] == method and not r["error"]),
-                  walls.get((c, method), 0.0))
+    return _ratio(
+        sum(r["tokens"] for r in rows if r["concurrency"] == c and r["method"] == method and not r["error"]),
+        walls.get((c, method), 0.0),
+    )
 
 
 # ---- the table ----------------------------------------------------------------------------------------------
 
-NAMES = {"none": "target-only", "draft_model": "draft model (SpS)", "prompt_lookup": "prompt lookup (PLD)",
-         "auto": "auto"}
+NAMES = {
+    "none": "target-only",
+    "draft_model": "draft model (SpS)",
+    "prompt_lookup": "prompt lookup (PLD)",
+    "auto": "auto",
+}
 
 
 def render(report: dict, console) -> None:
@@ -224,9 +286,11 @@ def render(report: dict, console) -> None:
     for c in s["concurrency"]:
         entries = [e for e in report["summary"] if e["concurrency"] == c]
         tasks = [t for t in TASKS if any(t in e["tasks"] for e in entries)]
-        table = Table(title=f"Spec-Bench, C={c}: {s['questions']} questions ({skipped} skipped: longer than "
-                            f"max_input_len), {s['max_tokens']} tokens, greedy, K≤{s['num_draft_tokens']}"
-                            f"{' adaptive' if s['adaptive_draft_length'] else ''}")
+        table = Table(
+            title=f"Spec-Bench, C={c}: {s['questions']} questions ({skipped} skipped: longer than "
+            f"max_input_len), {s['max_tokens']} tokens, greedy, K≤{s['num_draft_tokens']}"
+            f"{' adaptive' if s['adaptive_draft_length'] else ''}"
+        )
         table.add_column("method")
         for t in tasks:
             table.add_column(TASK_LABELS.get(t, t), justify="right")
@@ -235,15 +299,27 @@ def render(report: dict, console) -> None:
         for e in entries:
             overall = e["tasks"].get("overall", {})
             total = sum(e["sources"].values())
-            drafted_by = ", ".join(f"{SOURCE_NAMES.get(name, name)} {n / total:.0%}" for name, n in sorted(e["sources"].items())) if total else "-"
+            drafted_by = (
+                ", ".join(f"{SOURCE_NAMES.get(name, name)} {n / total:.0%}" for name, n in sorted(e["sources"].items()))
+                if total
+                else "-"
+            )
             identical = f"{e['identical']}/{e['compared']}" if e["method"] != "none" else "-"
             if e["errors"]:
                 identical += f" [red]({e['errors']} failed)[/]"
-            table.add_row(NAMES.get(e["method"], e["method"]),
-                          *(_fmt(e["tasks"].get(t, {}).get("speedup"), ".2f", "x") for t in tasks),
-                          _fmt(overall.get("speedup"), ".2f", "x"), _fmt(overall.get("mean_accepted_tokens"), ".2f"),
-                          _fmt(e["throughput_ratio"], ".2f", "x"), identical, drafted_by)
+            table.add_row(
+                NAMES.get(e["method"], e["method"]),
+                *(_fmt(e["tasks"].get(t, {}).get("speedup"), ".2f", "x") for t in tasks),
+                _fmt(overall.get("speedup"), ".2f", "x"),
+                _fmt(overall.get("mean_accepted_tokens"), ".2f"),
+                _fmt(e["throughput_ratio"], ".2f", "x"),
+                identical,
+                drafted_by,
+            )
         console.print(table)
-    console.print("speed-up: tokens per request-second against target-only on the same questions; mean accepted "
-                  "tokens: tokens per target forward pass; drafted by: the speculative iterations each source drafted.",
-                  style="dim", highlight=False)
+    console.print(
+        "speed-up: tokens per request-second against target-only on the same questions; mean accepted "
+        "tokens: tokens per target forward pass; drafted by: the speculative iterations each source drafted.",
+        style="dim",
+        highlight=False,
+    )

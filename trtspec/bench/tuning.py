@@ -1,15 +1,14 @@
 """The tuning of a run (best K per concurrency, the speculation limit, the adaptive controller's costs) and
 writing it into a deployed repository's BLS config (`trtspec bench --apply`)."""
 
-
 from __future__ import annotations
 
 import os
 import re
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from trtspec.bench.arithmetic import best_k, fit_verify_cost, speculation_limit
 from trtspec.errors import BenchError
@@ -40,17 +39,16 @@ def tune(cells: Sequence[dict]) -> dict:
     }
 
 
-
 # ---- applying the tuning to a deployed repository -----------------------------------------------------------
 
 _PARAM = r'\{\s*key\s*:\s*"%s"\s*value\s*:?\s*\{\s*string_value\s*:\s*"((?:[^"\\]|\\.)*)"\s*\}\s*\}'
-_ANY_PARAM_LINE = re.compile(r'^\s*parameters\s*:?\s*\{\s*key\s*:.*$', re.MULTILINE)
+_ANY_PARAM_LINE = re.compile(r"^\s*parameters\s*:?\s*\{\s*key\s*:.*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
 class Change:
     parameter: str
-    old: str | None   # None: the parameter was not there
+    old: str | None  # None: the parameter was not there
     new: str
 
 
@@ -65,15 +63,13 @@ def set_parameters(text: str, values: Mapping[str, str]) -> tuple[str, list[Chan
         if match:
             old = match.group(1)
             if old != escaped:
-                text = text[:match.start(1)] + escaped + text[match.end(1):]
+                text = text[: match.start(1)] + escaped + text[match.end(1) :]
                 changes.append(Change(name, old, value))
             continue
         line = f'parameters: {{ key: "{name}" value: {{ string_value: "{escaped}" }} }}'
-        last = None
-        for last in _ANY_PARAM_LINE.finditer(text):
-            pass
+        last = next(reversed(list(_ANY_PARAM_LINE.finditer(text))), None)
         if last is not None:
-            text = text[:last.end()] + "\n" + line + text[last.end():]
+            text = text[: last.end()] + "\n" + line + text[last.end() :]
         else:
             text = text.rstrip("\n") + "\n" + line + "\n"
         changes.append(Change(name, None, value))
@@ -96,7 +92,7 @@ def tuned_values(tuning: Mapping, max_draft_len: int | None = None) -> dict[str,
 @dataclass
 class Applied:
     changes: list[Change]
-    problems: list          # the repository's problems that were there before the edit (the edit added none)
+    problems: list  # the repository's problems that were there before the edit (the edit added none)
 
 
 def apply_tuning(repo: str | os.PathLike, tuning: Mapping) -> Applied:
@@ -132,8 +128,10 @@ def apply_tuning(repo: str | os.PathLike, tuning: Mapping) -> Applied:
             raise BenchError(f"the edited {path} does not hold the new value of {', '.join(wrong)}")
         after = [p for p in validate_repository(repo) if str(p) not in before]
         if after:
-            raise BenchError(f"the edited repository {repo} does not validate; it was left as it was:\n"
-                             + "\n".join(f"  - {p}" for p in after))
+            raise BenchError(
+                f"the edited repository {repo} does not validate; it was left as it was:\n"
+                + "\n".join(f"  - {p}" for p in after)
+            )
     except BaseException:
         _write_atomic(path, old_text)
         raise
@@ -150,5 +148,3 @@ def _write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-

@@ -13,14 +13,15 @@ from trtspec import __version__
 from trtspec.errors import TrtspecError
 from trtspec.interfaces import SPECULATION_METHODS
 
-
 console = Console(stderr=True)
 
 URL_ENV = "TRTSPEC_URL"  # the server address of every client command, unless --url (or --triton-url) is given
 
+
 def _fail(exc: Exception) -> None:
     console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     sys.exit(2)
+
 
 class _Command(click.Command):
     """A command whose renamed options still answer to their old spellings: hidden from --help, with a one-line
@@ -33,11 +34,13 @@ class _Command(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, _rename_options(ctx, self, args) if self.renamed else args)
 
+
 def _rename_options(ctx: click.Context, command: _Command, args: list[str]) -> list[str]:
     """`args` with each old option name (alone or as `--old=value`) replaced by its new one. An option's value is
     never renamed, even when it reads like an old name, and nothing after `--` is."""
-    takes_value = {name for p in command.params if isinstance(p, click.Option) and not p.is_flag and not p.count
-                   for name in p.opts}
+    takes_value = {
+        name for p in command.params if isinstance(p, click.Option) and not p.is_flag and not p.count for name in p.opts
+    }
     out: list[str] = []
     i = 0
     while i < len(args):
@@ -58,6 +61,7 @@ def _rename_options(ctx: click.Context, command: _Command, args: list[str]) -> l
         i += 1
     return out
 
+
 class Group(click.Group):
     """Prints trtspec's own errors as messages, not tracebacks; its commands accept renamed options' old names."""
 
@@ -69,11 +73,13 @@ class Group(click.Group):
         except TrtspecError as exc:
             _fail(exc)
 
+
 def speculation_option(help: str, *, plain: bool = False):
     """--speculation with the same choices in every command (trtspec.interfaces.SPECULATION_METHODS); `none`
     only where plain decoding is a choice of its own, not where K=0 already is the target alone."""
     choices = [m for m in SPECULATION_METHODS if plain or m != "none"]
     return click.option("--speculation", type=click.Choice(choices), help=help)
+
 
 @click.group(cls=Group)
 @click.version_option(__version__, prog_name="trtspec")
@@ -88,20 +94,30 @@ def cli() -> None:
       trtspec generate "Explain KV-cache reuse." --stream
     """
 
+
 def report_problems(what: str, problems: list) -> None:
     """Print every problem and exit 1 when there is any."""
     if not problems:
         return
-    console.print(f"[bold red]{escape(what)}: {len(problems)} problem{'s' if len(problems) != 1 else ''}[/]", highlight=False, soft_wrap=True)
+    console.print(
+        f"[bold red]{escape(what)}: {len(problems)} problem{'s' if len(problems) != 1 else ''}[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
     for problem in problems:
         console.print(f"  - {escape(str(problem))}", highlight=False, soft_wrap=True)
     sys.exit(1)
 
+
 PROTOCOL_OPTION = click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)
 
-URL_OPTION = click.option("--url", envvar=URL_ENV, show_envvar=True,
-                    help=f"host:port of the server [default: ${URL_ENV}, else 127.0.0.1:8000 for http, 127.0.0.1:8001 "
-                         "for grpc].")
+URL_OPTION = click.option(
+    "--url",
+    envvar=URL_ENV,
+    show_envvar=True,
+    help=f"host:port of the server [default: ${URL_ENV}, else 127.0.0.1:8000 for http, 127.0.0.1:8001 for grpc].",
+)
+
 
 def main() -> None:
     cli(prog_name="trtspec")

@@ -21,6 +21,7 @@ def validate() -> None:
       trtspec validate outputs --ks 1,4,8
     """
 
+
 @validate.command("repo")
 @click.argument("path", type=click.Path())
 def validate_repo(path: str) -> None:
@@ -36,6 +37,7 @@ def validate_repo(path: str) -> None:
     report_problems(f"repository {path}", validate_repository(path))
     console.print(f"[green]ok[/]: {escape(path)}", highlight=False, soft_wrap=True)
 
+
 @validate.command("monitoring")
 @click.argument("path", type=click.Path(file_okay=False))
 def validate_monitoring(path: str) -> None:
@@ -50,18 +52,34 @@ def validate_monitoring(path: str) -> None:
 
     stale = stale_monitoring(path)
     if stale:
-        console.print(f"[red]stale[/]: {escape(', '.join(stale))} in {escape(path)} differ from what this trtspec "
-                      f"writes; regenerate them: trtspec deploy ... --monitoring {escape(path)}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]stale[/]: {escape(', '.join(stale))} in {escape(path)} differ from what this trtspec "
+            f"writes; regenerate them: trtspec deploy ... --monitoring {escape(path)}",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise SystemExit(1)
     console.print(f"[green]ok[/]: {escape(path)}", highlight=False, soft_wrap=True)
+
 
 @validate.command("engines")
 @click.option("--target", required=True, type=click.Path(file_okay=False), help="Target engine dir.")
 @click.option("--draft", type=click.Path(file_okay=False), help="Draft engine dir.")
-@click.option("--num-draft-tokens", type=click.IntRange(min=1), help="Draft length K the target must verify [default: 1].")
-@click.option("--use-draft-logits", is_flag=True, help="Draft logits will be used: both engines gather generation logits, equal vocabs.")
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="Also check the quantization this build config asks for.")
+@click.option(
+    "--num-draft-tokens", type=click.IntRange(min=1), help="Draft length K the target must verify [default: 1]."
+)
+@click.option(
+    "--use-draft-logits",
+    is_flag=True,
+    help="Draft logits will be used: both engines gather generation logits, equal vocabs.",
+)
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Also check the quantization this build config asks for.",
+)
 def validate_engines_cmd(target, draft, num_draft_tokens, use_draft_logits, config_path) -> None:
     """Check a target (and draft) engine dir without loading them: layout, ranks, speculative decoding, KV cache,
     FP8, version.
@@ -80,9 +98,14 @@ def validate_engines_cmd(target, draft, num_draft_tokens, use_draft_logits, conf
 
         loaded = load_config(config_path, plan_only=True)
         expect = {role: expected_from_spec(spec) for role, spec, _ in loaded.models()}
-    problems = validate_engines(target, draft, num_draft_tokens=num_draft_tokens, use_draft_logits=use_draft_logits, expect=expect)
+    problems = validate_engines(
+        target, draft, num_draft_tokens=num_draft_tokens, use_draft_logits=use_draft_logits, expect=expect
+    )
     report_problems("engines", problems)
-    console.print(f"[green]ok[/]: {escape(target)}" + (f" + {escape(draft)}" if draft else ""), highlight=False, soft_wrap=True)
+    console.print(
+        f"[green]ok[/]: {escape(target)}" + (f" + {escape(draft)}" if draft else ""), highlight=False, soft_wrap=True
+    )
+
 
 @cli.command()
 @click.argument("prompt")
@@ -91,14 +114,25 @@ def validate_engines_cmd(target, draft, num_draft_tokens, use_draft_logits, conf
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model to ask.")
 @click.option("--stream", is_flag=True, help="Print the text as each iteration's tokens arrive.")
 @click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(min=1))
-@click.option("--num-draft-tokens", type=click.IntRange(min=0), help="Draft length K; 0: the target alone [default: the deployment's].")
-@click.option("--temperature", type=float, help="Sampling temperature; 0 (the default) is greedy. With neither --top-k "
-              "nor --top-p it samples from the whole distribution (top_p 1.0: TensorRT-LLM reads top_k 0 with top_p 0 as greedy).")
+@click.option(
+    "--num-draft-tokens",
+    type=click.IntRange(min=0),
+    help="Draft length K; 0: the target alone [default: the deployment's].",
+)
+@click.option(
+    "--temperature",
+    type=float,
+    help="Sampling temperature; 0 (the default) is greedy. With neither --top-k "
+    "nor --top-p it samples from the whole distribution (top_p 1.0: TensorRT-LLM reads top_k 0 with top_p 0 as "
+    "greedy).",
+)
 @click.option("--top-k", type=click.IntRange(min=0))
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0))
 @click.option("--seed", type=click.IntRange(min=0))
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds the request may take.")
-def generate(prompt, url, protocol, model, stream, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed, timeout) -> None:
+def generate(
+    prompt, url, protocol, model, stream, max_tokens, num_draft_tokens, temperature, top_k, top_p, seed, timeout
+) -> None:
     """Generate from PROMPT with the speculative model; text to stdout, statistics to stderr.
 
     \b
@@ -117,13 +151,23 @@ def generate(prompt, url, protocol, model, stream, max_tokens, num_draft_tokens,
         sys.stdout.flush()
 
     with SpecClient(url, protocol=protocol, model=model, timeout=timeout) as client:
-        result = client.generate(prompt, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens, temperature=temperature,
-                                 top_k=top_k, top_p=top_p, seed=seed, stream=stream, on_chunk=show if stream else None)
+        result = client.generate(
+            prompt,
+            max_tokens=max_tokens,
+            num_draft_tokens=num_draft_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stream=stream,
+            on_chunk=show if stream else None,
+        )
     if not stream:
         sys.stdout.write(result.text)
     sys.stdout.write("\n")
     sys.stdout.flush()
     _print_completion(result)
+
 
 def _print_completion(result) -> None:
     from rich.table import Table
@@ -145,24 +189,61 @@ def _print_completion(result) -> None:
         table.add_row(f"[bold]{name}[/]", escape(value))
     console.print(table)
 
+
 @validate.command("outputs", renamed={"--num-draft-tokens": "--ks"})
 @URL_OPTION
 @PROTOCOL_OPTION
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model.")
-@click.option("--engine-model", default="tensorrt_llm", show_default=True, help="The target engine model (asked for logits at a difference).")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False, exists=True), help="JSONL with {\"prompt\": ...} per line, or one prompt per line [default: 8 built-in prompts].")
-@click.option("--ks", metavar="K,...",
-              help="Draft lengths K to check, e.g. 1,4,8 [default: 1,4,8 up to the deployment's max_draft_len].")
+@click.option(
+    "--engine-model",
+    default="tensorrt_llm",
+    show_default=True,
+    help="The target engine model (asked for logits at a difference).",
+)
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(dir_okay=False, exists=True),
+    help='JSONL with {"prompt": ...} per line, or one prompt per line [default: 8 built-in prompts].',
+)
+@click.option(
+    "--ks",
+    metavar="K,...",
+    help="Draft lengths K to check, e.g. 1,4,8 [default: 1,4,8 up to the deployment's max_draft_len].",
+)
 @click.option("--max-tokens", default=32, show_default=True, type=click.IntRange(min=1))
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
-              help="The target's tokenizer on this machine (e.g. the target engine dir), for the prompt ids [default: "
-                   "the deployment's preprocessing model].")
-@click.option("--tie-tolerance", default=1e-2, show_default=True, type=click.FloatRange(min=0.0), help="A difference is a near-tie when the logit gap <= this x max(1, max |logit|).")
+@click.option(
+    "--tokenizer",
+    "tokenizer_dir",
+    type=click.Path(file_okay=False, exists=True),
+    metavar="DIR",
+    help="The target's tokenizer on this machine (e.g. the target engine dir), for the prompt ids [default: "
+    "the deployment's preprocessing model].",
+)
+@click.option(
+    "--tie-tolerance",
+    default=1e-2,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="A difference is a near-tie when the logit gap <= this x max(1, max |logit|).",
+)
 @click.option("--allow-near-ties", is_flag=True, help="Pass when the only differences are near-ties.")
 @speculation_option("Draft source of the speculative requests [default: the deployment's].")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
-def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_tokens, tokenizer_dir, tie_tolerance, allow_near_ties,
-                     speculation, timeout) -> None:
+def validate_outputs(
+    url,
+    protocol,
+    model,
+    engine_model,
+    prompts_file,
+    ks,
+    max_tokens,
+    tokenizer_dir,
+    tie_tolerance,
+    allow_near_ties,
+    speculation,
+    timeout,
+) -> None:
     """Check that speculative greedy outputs are the target's own, token for token.
 
     \b
@@ -173,8 +254,16 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
       trtspec validate outputs --prompts prompts.jsonl --tokenizer engines/demo/target --allow-near-ties
     """
     from trtspec.client import SpecClient
-    from trtspec.validate import (DEFAULT_KS, DEFAULT_PROMPTS, Tokens, deployment_max_draft_len, load_prompts, parse_ks,
-                                  render_report, run_validation)
+    from trtspec.validate import (
+        DEFAULT_KS,
+        DEFAULT_PROMPTS,
+        Tokens,
+        deployment_max_draft_len,
+        load_prompts,
+        parse_ks,
+        render_report,
+        run_validation,
+    )
 
     prompts = load_prompts(prompts_file) if prompts_file else list(DEFAULT_PROMPTS)
     with SpecClient(url, protocol=protocol, model=model, timeout=timeout) as client:
@@ -190,12 +279,23 @@ def validate_outputs(url, protocol, model, engine_model, prompts_file, ks, max_t
             if not draft_lengths:
                 raise click.UsageError(f"the deployment's max_draft_len is {limit}: there is no draft length to check")
         tokens = Tokens(client, tokenizer_dir)
-        console.print(f"{len(prompts)} prompts, K = {', '.join(map(str, draft_lengths))}, {max_tokens} tokens, "
-                      f"prompt ids from the {tokens.source}", highlight=False)
+        console.print(
+            f"{len(prompts)} prompts, K = {', '.join(map(str, draft_lengths))}, {max_tokens} tokens, "
+            f"prompt ids from the {tokens.source}",
+            highlight=False,
+        )
         with console.status("validating…") as status:
-            report = run_validation(client, prompts, draft_lengths, max_tokens=max_tokens, tokens=tokens,
-                                    tolerance=tie_tolerance, engine_model=engine_model, speculation=speculation,
-                                    progress=lambda msg: status.update(f"validating: {msg}"))
+            report = run_validation(
+                client,
+                prompts,
+                draft_lengths,
+                max_tokens=max_tokens,
+                tokens=tokens,
+                tolerance=tie_tolerance,
+                engine_model=engine_model,
+                speculation=speculation,
+                progress=lambda msg: status.update(f"validating: {msg}"),
+            )
         report.skipped_ks = skipped
     render_report(report, console, allow_near_ties=allow_near_ties)
     sys.exit(0 if report.passed(allow_near_ties) else 1)

@@ -13,7 +13,9 @@ from trtspec.cli.app import URL_ENV, cli, console, report_problems, speculation_
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False), help="Build config YAML.")
+@click.option(
+    "-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False), help="Build config YAML."
+)
 @click.option("-o", "--output", type=click.Path(file_okay=False), help="Engine output dir [default: engines/<name>].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 def build(config_path: str, output: str | None, dry_run: bool) -> None:
@@ -28,6 +30,7 @@ def build(config_path: str, output: str | None, dry_run: bool) -> None:
     from trtspec.compile import run_build
 
     run_build(config_path, Path(output) if output else None, dry_run=dry_run, console=console)
+
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -49,29 +52,79 @@ def doctor(as_json: bool) -> None:
     else:
         render(report, Console())
 
+
 @cli.command()
-@click.option("--repo", required=True, type=click.Path(file_okay=False, exists=True), help="Model repository (from `trtspec deploy`).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the server to the network.")
+@click.option(
+    "--repo",
+    required=True,
+    type=click.Path(file_okay=False, exists=True),
+    help="Model repository (from `trtspec deploy`).",
+)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the server to the network."
+)
 @click.option("--http-port", default=8000, show_default=True)
 @click.option("--grpc-port", default=8001, show_default=True)
 @click.option("--metrics-port", default=8002, show_default=True)
-@click.option("--tritonserver", "binary", type=click.Path(dir_okay=False), help="tritonserver binary [default: container, PATH, then the nvidia-pytriton wheel].")
+@click.option(
+    "--tritonserver",
+    "binary",
+    type=click.Path(dir_okay=False),
+    help="tritonserver binary [default: container, PATH, then the nvidia-pytriton wheel].",
+)
 @click.option("--log-file", type=click.Path(dir_okay=False), help="Where the server log goes [default: a temp file].")
-@click.option("--print-command", is_flag=True, help="Print the command (with its environment) that starts the server, and exit.")
-@click.option("--start-timeout", type=click.FloatRange(min=1), help="Seconds to wait for every model to load "
-              "[default: 180 for the embedded backend, 600 for TensorRT-LLM, plus the engines' size at 250 MB/s].")
-@click.option("--openai-port", type=click.IntRange(1, 65535), help="Also serve an OpenAI-compatible API "
-              "(/v1/completions, /v1/chat/completions) on this port of --host, e.g. 9000 [default: off].")
-@click.option("--served-model-name", help="Model id of the OpenAI API [default: the build config's name, from the repository's marker].")
-@click.option("--control-port", type=click.IntRange(0, 65535),
-              help="Also run the speculation control receiver on this port: POST /control forces plain, reduced or full "
-                   "speculation for a time, POST /alertmanager takes Alertmanager's webhook (docs/metrics.md).")
-@click.option("--control-host", default="127.0.0.1", show_default=True,
-              help="Address of the control receiver; beyond loopback it needs --control-token-file.")
-@click.option("--control-token-file", type=click.Path(dir_okay=False, exists=True),
-              help="A file holding the token every control request must send as `Authorization: Bearer <token>`.")
-def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, print_command, start_timeout, openai_port,
-          served_model_name, control_port, control_host, control_token_file) -> None:
+@click.option(
+    "--print-command", is_flag=True, help="Print the command (with its environment) that starts the server, and exit."
+)
+@click.option(
+    "--start-timeout",
+    type=click.FloatRange(min=1),
+    help="Seconds to wait for every model to load "
+    "[default: 180 for the embedded backend, 600 for TensorRT-LLM, plus the engines' size at 250 MB/s].",
+)
+@click.option(
+    "--openai-port",
+    type=click.IntRange(1, 65535),
+    help="Also serve an OpenAI-compatible API "
+    "(/v1/completions, /v1/chat/completions) on this port of --host, e.g. 9000 [default: off].",
+)
+@click.option(
+    "--served-model-name",
+    help="Model id of the OpenAI API [default: the build config's name, from the repository's marker].",
+)
+@click.option(
+    "--control-port",
+    type=click.IntRange(0, 65535),
+    help="Also run the speculation control receiver on this port: POST /control forces plain, reduced or full "
+    "speculation for a time, POST /alertmanager takes Alertmanager's webhook (docs/metrics.md).",
+)
+@click.option(
+    "--control-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of the control receiver; beyond loopback it needs --control-token-file.",
+)
+@click.option(
+    "--control-token-file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="A file holding the token every control request must send as `Authorization: Bearer <token>`.",
+)
+def serve(
+    repo,
+    host,
+    http_port,
+    grpc_port,
+    metrics_port,
+    binary,
+    log_file,
+    print_command,
+    start_timeout,
+    openai_port,
+    served_model_name,
+    control_port,
+    control_host,
+    control_token_file,
+) -> None:
     """Run tritonserver on a model repository in the foreground (Ctrl-C stops it).
 
     A trtllm repository with a draft, or with a model over several GPUs, runs under mpirun in TensorRT-LLM's
@@ -99,13 +152,26 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
         token = Path(control_token_file).read_text().strip() if control_token_file else None
         control_file = Path(tempfile.mkdtemp(prefix="trtspec-control-")) / "force.json"
         try:
-            control = ControlServer(control_file, control_host, control_port, token,
-                                    log=lambda line: out.print(line, highlight=False, markup=False))
+            control = ControlServer(
+                control_file,
+                control_host,
+                control_port,
+                token,
+                log=lambda line: out.print(line, highlight=False, markup=False),
+            )
         except (ControlError, OSError) as exc:
             raise click.ClickException(f"--control-port {control_port}: {exc}") from exc
-    server = TritonServer(repo, host=host, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          binary=binary, log_file=log_file, launch=repository_launch(repo),
-                          control_file=control.path if control else None)
+    server = TritonServer(
+        repo,
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        binary=binary,
+        log_file=log_file,
+        launch=repository_launch(repo),
+        control_file=control.path if control else None,
+    )
     if print_command:
         from trtspec.launch import server_command_line
 
@@ -113,7 +179,9 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
         return
     if control is not None:
         control.start()
-        out.print(f"speculation control on http://{control_host}:{control.port}/control (and /alertmanager)", highlight=False)
+        out.print(
+            f"speculation control on http://{control_host}:{control.port}/control (and /alertmanager)", highlight=False
+        )
     try:
         if openai_port is not None:
             from trtspec.marker import read_marker
@@ -130,17 +198,31 @@ def serve(repo, host, http_port, grpc_port, metrics_port, binary, log_file, prin
             shutil.rmtree(control.path.parent, ignore_errors=True)
     sys.exit(code)
 
+
 @cli.command()
-@click.option("--triton-url", default="127.0.0.1:8000", show_default=True, envvar=URL_ENV, show_envvar=True,
-              help=f"HTTP host:port of the deployment's Triton (its generate endpoints are what the front reads); "
-                   f"${URL_ENV} when set.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the API to the network.")
+@click.option(
+    "--triton-url",
+    default="127.0.0.1:8000",
+    show_default=True,
+    envvar=URL_ENV,
+    show_envvar=True,
+    help=f"HTTP host:port of the deployment's Triton (its generate endpoints are what the front reads); "
+    f"${URL_ENV} when set.",
+)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the API to the network."
+)
 @click.option("--port", default=9000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model behind the API.")
 @click.option("--served-model-name", help="Model id of the API [default: the target engine's name].")
-@click.option("--tokenizer", "tokenizer_dir", type=click.Path(file_okay=False, exists=True), metavar="DIR",
-              help="The target's tokenizer on this machine (e.g. the target engine dir) [default: the BLS's "
-                   "tokenizer_dir, which must then exist here].")
+@click.option(
+    "--tokenizer",
+    "tokenizer_dir",
+    type=click.Path(file_okay=False, exists=True),
+    metavar="DIR",
+    help="The target's tokenizer on this machine (e.g. the target engine dir) [default: the BLS's "
+    "tokenizer_dir, which must then exist here].",
+)
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds a request may take.")
 def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, timeout) -> None:
     """Serve an OpenAI-compatible API in front of a running deployment's tensorrt_llm_bls (Ctrl-C stops it).
@@ -153,14 +235,48 @@ def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, time
     """
     from trtspec.openai_api import serve_front
 
-    sys.exit(serve_front(triton_url, host=host, port=port, console=Console(), model=model,
-                         served_model_name=served_model_name, tokenizer_dir=tokenizer_dir, timeout=timeout))
+    sys.exit(
+        serve_front(
+            triton_url,
+            host=host,
+            port=port,
+            console=Console(),
+            model=model,
+            served_model_name=served_model_name,
+            tokenizer_dir=tokenizer_dir,
+            timeout=timeout,
+        )
+    )
+
 
 @cli.command()
-@click.option("-c", "--config", "config_path", default="build_configs/demo.yaml", show_default=True, type=click.Path(dir_okay=False))
-@click.option("--workdir", default="demo-output", show_default=True, type=click.Path(file_okay=False), help="Engines, repository and report go here.")
-@click.option("--max-tokens", default=64, show_default=True, help="Tokens per chat answer (code-editing answers get twice as many).")
-@click.option("--num-draft-tokens", type=int, help="Draft length K of the draft model [default: the config's speculation.num_draft_tokens]; prompt lookup drafts max_draft_len.")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    default="build_configs/demo.yaml",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+)
+@click.option(
+    "--workdir",
+    default="demo-output",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Engines, repository and report go here.",
+)
+@click.option(
+    "--max-tokens",
+    default=64,
+    show_default=True,
+    help="Tokens per chat answer (code-editing answers get twice as many).",
+)
+@click.option(
+    "--num-draft-tokens",
+    type=int,
+    help="Draft length K of the draft model [default: the config's speculation.num_draft_tokens]; prompt lookup "
+    "drafts max_draft_len.",
+)
 def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
     """Build, deploy and serve the demo pair, stream answers, and measure speculation against target-only in one table.
 
@@ -173,33 +289,86 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
 
     sys.exit(run_demo(config_path, Path(workdir), max_tokens=max_tokens, num_draft_tokens=num_draft_tokens))
 
+
 @cli.command()
-@click.option("-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False), help="Build config YAML.")
-@click.option("--engines", type=click.Path(file_okay=False), help="Engine dir of `trtspec build` [default: engines/<name>].")
+@click.option(
+    "-c", "--config", "config_path", required=True, type=click.Path(dir_okay=False), help="Build config YAML."
+)
+@click.option(
+    "--engines", type=click.Path(file_okay=False), help="Engine dir of `trtspec build` [default: engines/<name>]."
+)
 @click.option("--repo", required=True, type=click.Path(file_okay=False), help="Model repository to write.")
-@click.option("--device", default="auto", show_default=True, help="Where the engine models run: auto, cpu, cuda, cuda:N.")
+@click.option(
+    "--device", default="auto", show_default=True, help="Where the engine models run: auto, cpu, cuda, cuda:N."
+)
 @click.option("--force", is_flag=True, help="Replace --repo even if it is not a repository written by trtspec.")
-@click.option("--default-num-draft-tokens", type=click.IntRange(0),
-              help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding unless a "
-                   "request asks, as NVIDIA's BLS) [default: the build config's speculation.num_draft_tokens].")
-@speculation_option("Draft source of requests that name none (none: plain decoding) [default: the build config's "
-              "speculation.method].", plain=True)
-@click.option("--portable", is_flag=True, help="Write engine and tokenizer dirs as given (relative paths resolve against "
-              "the directory the server starts in) and keep the engines' configs in the marker: a repository to check in.")
-@click.option("--decoupled-mode", type=click.BOOL, default=True, show_default=True, metavar="true|false",
-              help="Deploy tensorrt_llm and tensorrt_llm_draft decoupled, as NVIDIA's decoupled_mode: they stream "
-              "(streaming: true; the BLS reads each plain stretch from one call) and answer over gRPC streams only. "
-              "false: unary engine models, for clients that call them with plain infer (NVIDIA's "
-              "e2e_grpc_speculative_decoding_client.py); streamed requests then cost one engine call per token.")
-@click.option("--k8s", "k8s_dir", type=click.Path(file_okay=False), help="Also write Kubernetes manifests (Deployment, Service, HPA) here.")
-@click.option("--monitoring", "monitoring_dir", type=click.Path(file_okay=False),
-              help="Also write Prometheus recording and alerting rules, a Grafana dashboard and an Alertmanager example "
-                   "for the deployment's metrics here.")
-@click.option("--image", default="trtspec:latest", show_default=True, help="Container image the Kubernetes Deployment runs (docker/Dockerfile).")
-@click.option("--pvc", default="trtspec-engines", show_default=True, help="PersistentVolumeClaim holding the engines and the repository.")
-def deploy(config_path: str, engines: str | None, repo: str, device: str, force: bool, default_num_draft_tokens: int | None,
-           speculation: str | None, portable: bool, decoupled_mode: bool, k8s_dir: str | None,
-           monitoring_dir: str | None, image: str, pvc: str) -> None:
+@click.option(
+    "--default-num-draft-tokens",
+    type=click.IntRange(0),
+    help="K for requests that name neither num_draft_tokens nor speculation (0: plain decoding unless a "
+    "request asks, as NVIDIA's BLS) [default: the build config's speculation.num_draft_tokens].",
+)
+@speculation_option(
+    "Draft source of requests that name none (none: plain decoding) [default: the build config's speculation.method].",
+    plain=True,
+)
+@click.option(
+    "--portable",
+    is_flag=True,
+    help="Write engine and tokenizer dirs as given (relative paths resolve against "
+    "the directory the server starts in) and keep the engines' configs in the marker: a repository to check in.",
+)
+@click.option(
+    "--decoupled-mode",
+    type=click.BOOL,
+    default=True,
+    show_default=True,
+    metavar="true|false",
+    help="Deploy tensorrt_llm and tensorrt_llm_draft decoupled, as NVIDIA's decoupled_mode: they stream "
+    "(streaming: true; the BLS reads each plain stretch from one call) and answer over gRPC streams only. "
+    "false: unary engine models, for clients that call them with plain infer (NVIDIA's "
+    "e2e_grpc_speculative_decoding_client.py); streamed requests then cost one engine call per token.",
+)
+@click.option(
+    "--k8s",
+    "k8s_dir",
+    type=click.Path(file_okay=False),
+    help="Also write Kubernetes manifests (Deployment, Service, HPA) here.",
+)
+@click.option(
+    "--monitoring",
+    "monitoring_dir",
+    type=click.Path(file_okay=False),
+    help="Also write Prometheus recording and alerting rules, a Grafana dashboard and an Alertmanager example "
+    "for the deployment's metrics here.",
+)
+@click.option(
+    "--image",
+    default="trtspec:latest",
+    show_default=True,
+    help="Container image the Kubernetes Deployment runs (docker/Dockerfile).",
+)
+@click.option(
+    "--pvc",
+    default="trtspec-engines",
+    show_default=True,
+    help="PersistentVolumeClaim holding the engines and the repository.",
+)
+def deploy(
+    config_path: str,
+    engines: str | None,
+    repo: str,
+    device: str,
+    force: bool,
+    default_num_draft_tokens: int | None,
+    speculation: str | None,
+    portable: bool,
+    decoupled_mode: bool,
+    k8s_dir: str | None,
+    monitoring_dir: str | None,
+    image: str,
+    pvc: str,
+) -> None:
     """Check the built engines, write the Triton model repository for them, then validate it.
 
     \b
@@ -222,9 +391,13 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
         overrides["default_num_draft_tokens"] = default_num_draft_tokens
     if speculation:
         if speculation == "draft_model" and loaded.config.draft is None:
-            raise click.UsageError("--speculation draft_model: the build config has no draft; use prompt_lookup or none")
+            raise click.UsageError(
+                "--speculation draft_model: the build config has no draft; use prompt_lookup or none"
+            )
         overrides["default_speculation"] = speculation
-    out = write_repository(loaded, engines_dir, repo, force=force, device=device, overrides=overrides, portable=portable)
+    out = write_repository(
+        loaded, engines_dir, repo, force=force, device=device, overrides=overrides, portable=portable
+    )
     problems = validate_repository(out)
     report_problems(f"repository {out}", problems)
     if k8s_dir:
@@ -237,39 +410,136 @@ def deploy(config_path: str, engines: str | None, repo: str, device: str, force:
 
         for path in write_monitoring(monitoring_dir):
             console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
-    console.print(f"model repository in {escape(str(out))}; serve it with `trtspec serve --repo {escape(str(out))}`",
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"model repository in {escape(str(out))}; serve it with `trtspec serve --repo {escape(str(out))}`",
+        highlight=False,
+        soft_wrap=True,
+    )
+
 
 @cli.command()
 @click.option("--target", required=True, help="Target checkpoint: HF dir, .gguf file, or pkg:<package>/<file>.")
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Where the draft goes (new or empty dir, or an earlier run with --resume).")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Where the draft goes (new or empty dir, or an earlier run with --resume).",
+)
 @click.option("--layers", default=2, show_default=True, type=click.IntRange(min=1), help="Decoder layers of the draft.")
-@click.option("--init", "init", default="from-target", show_default=True, type=click.Choice(["from-target", "random"]),
-              help="Start from target layers (the first N-1 and the last) or from random weights.")
-@click.option("--data", "data", multiple=True, default=("builtin:assistant",), show_default=True,
-              help="Repeatable. builtin:assistant (chat prompts the target answers), a JSONL file of {\"prompt\"|\"text\"|\"messages\": ...}, or a .txt file used as written.")
-@click.option("--tokens", default=300_000, show_default=True, type=click.IntRange(min=0), help="Tokens to train on (passes over the data as needed).")
-@click.option("--seed", default=0, show_default=True, help="Seed of prompt sampling, generation, initialisation and data order.")
-@click.option("--resume", is_flag=True, help="Continue the run in --output from its last checkpoint (raise --tokens to train further).")
-@click.option("--head-tokens", default=8192, show_default=True, type=click.IntRange(min=0),
-              help="Rows of the draft's output head: the target's most frequent tokens (0: the whole vocabulary).")
+@click.option(
+    "--init",
+    "init",
+    default="from-target",
+    show_default=True,
+    type=click.Choice(["from-target", "random"]),
+    help="Start from target layers (the first N-1 and the last) or from random weights.",
+)
+@click.option(
+    "--data",
+    "data",
+    multiple=True,
+    default=("builtin:assistant",),
+    show_default=True,
+    help="Repeatable. builtin:assistant (chat prompts the target answers), a JSONL file of "
+    '{"prompt"|"text"|"messages": ...}, or a .txt file used as written.',
+)
+@click.option(
+    "--tokens",
+    default=300_000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Tokens to train on (passes over the data as needed).",
+)
+@click.option(
+    "--seed", default=0, show_default=True, help="Seed of prompt sampling, generation, initialisation and data order."
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run in --output from its last checkpoint (raise --tokens to train further).",
+)
+@click.option(
+    "--head-tokens",
+    default=8192,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Rows of the draft's output head: the target's most frequent tokens (0: the whole vocabulary).",
+)
 @click.option("--prompts", type=click.IntRange(min=1), help="At most this many prompts from each prompt source.")
-@click.option("--samples", default=2, show_default=True, type=click.IntRange(min=1), help="Answers per prompt: one greedy, the others sampled.")
-@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0.0), help="Temperature of the sampled answers.")
-@click.option("--max-new-tokens", default=192, show_default=True, type=click.IntRange(min=1), help="Longest generated answer.")
-@click.option("--target-quantization", default="none", show_default=True, type=click.Choice(["none", "fp8", "fp8-per-channel"]),
-              help="Round the target's weights as the engine will (match the build config's quantization).")
-@click.option("--eval-every", default=25_000, show_default=True, type=click.IntRange(min=1), help="Tokens between evaluations and checkpoints.")
-@click.option("--lr", default=5e-4, show_default=True, type=click.FloatRange(min=0.0, min_open=True), help="Peak learning rate.")
-@click.option("--generate-batch", default=32, show_default=True, type=click.IntRange(min=1),
-              help="Answers the target decodes at once (rows of one engine step).")
+@click.option(
+    "--samples",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Answers per prompt: one greedy, the others sampled.",
+)
+@click.option(
+    "--temperature",
+    default=0.8,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="Temperature of the sampled answers.",
+)
+@click.option(
+    "--max-new-tokens", default=192, show_default=True, type=click.IntRange(min=1), help="Longest generated answer."
+)
+@click.option(
+    "--target-quantization",
+    default="none",
+    show_default=True,
+    type=click.Choice(["none", "fp8", "fp8-per-channel"]),
+    help="Round the target's weights as the engine will (match the build config's quantization).",
+)
+@click.option(
+    "--eval-every",
+    default=25_000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Tokens between evaluations and checkpoints.",
+)
+@click.option(
+    "--lr", default=5e-4, show_default=True, type=click.FloatRange(min=0.0, min_open=True), help="Peak learning rate."
+)
+@click.option(
+    "--generate-batch",
+    default=32,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Answers the target decodes at once (rows of one engine step).",
+)
 @click.option("--device", default="auto", show_default=True, help="cpu, cuda, cuda:N, or auto.")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads for torch [default: torch's].")
-@click.option("--answers-by", default="auto", show_default=True, type=click.Choice(["auto", "engine", "transformers"]),
-              help="Who decodes the target's answers: the embedded engine's forward (auto on a CPU), or the transformers "
-                   "model on the same weights in padded batches (auto on CUDA: far faster there).")
-def distill(target, output, layers, init, data, tokens, seed, resume, head_tokens, prompts, samples, temperature,
-            max_new_tokens, target_quantization, eval_every, lr, generate_batch, device, threads, answers_by) -> None:
+@click.option(
+    "--answers-by",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "engine", "transformers"]),
+    help="Who decodes the target's answers: the embedded engine's forward (auto on a CPU), or the transformers "
+    "model on the same weights in padded batches (auto on CUDA: far faster there).",
+)
+def distill(
+    target,
+    output,
+    layers,
+    init,
+    data,
+    tokens,
+    seed,
+    resume,
+    head_tokens,
+    prompts,
+    samples,
+    temperature,
+    max_new_tokens,
+    target_quantization,
+    eval_every,
+    lr,
+    generate_batch,
+    device,
+    threads,
+    answers_by,
+) -> None:
     """Train a draft for a target: a few of its layers, on its own answers, to match its next-token distribution.
 
     \b
@@ -280,8 +550,28 @@ def distill(target, output, layers, init, data, tokens, seed, resume, head_token
     """
     from trtspec.distill import DistillOptions, run_distill
 
-    run_distill(DistillOptions(
-        target=target, output=Path(output), layers=layers, init=init, data=list(data), tokens=tokens, seed=seed,
-        resume=resume, head_tokens=head_tokens, prompts=prompts, samples=samples, temperature=temperature,
-        max_new_tokens=max_new_tokens, target_quantization=target_quantization, eval_every=eval_every, lr=lr,
-        generate_batch=generate_batch, device=device, threads=threads, answers_by=answers_by), console)
+    run_distill(
+        DistillOptions(
+            target=target,
+            output=Path(output),
+            layers=layers,
+            init=init,
+            data=list(data),
+            tokens=tokens,
+            seed=seed,
+            resume=resume,
+            head_tokens=head_tokens,
+            prompts=prompts,
+            samples=samples,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            target_quantization=target_quantization,
+            eval_every=eval_every,
+            lr=lr,
+            generate_batch=generate_batch,
+            device=device,
+            threads=threads,
+            answers_by=answers_by,
+        ),
+        console,
+    )

@@ -20,7 +20,9 @@ def default_output(loaded: LoadedConfig) -> Path:
     return Path("engines") / loaded.config.name
 
 
-def run_build(config_path: str | Path, output: Path | None, *, dry_run: bool = False, console: Console | None = None) -> Path:
+def run_build(
+    config_path: str | Path, output: Path | None, *, dry_run: bool = False, console: Console | None = None
+) -> Path:
     """Build every engine of the config that is not already built from the same inputs; returns the output dir."""
     console = console or Console(stderr=True)
     loaded = load_config(config_path, plan_only=dry_run)
@@ -36,7 +38,13 @@ def run_build(config_path: str | Path, output: Path | None, *, dry_run: bool = F
     for col in ("role", "checkpoint", "architecture", "output", "action"):
         table.add_column(col)
     for b in builds:
-        table.add_row(b.role, escape(str(b.info.path)), b.info.architecture, escape(str(b.output)), "skip (up to date)" if b.up_to_date else "build")
+        table.add_row(
+            b.role,
+            escape(str(b.info.path)),
+            b.info.architecture,
+            escape(str(b.output)),
+            "skip (up to date)" if b.up_to_date else "build",
+        )
     console.print(table)
     if dry_run:
         for b in builds:
@@ -52,7 +60,9 @@ def run_build(config_path: str | Path, output: Path | None, *, dry_run: bool = F
             task = progress.add_task(f"{b.role}: starting", total=None)
             start = time.perf_counter()
             backend.build_model(b, loaded.config, progress=lambda text, t=task: progress.update(t, description=text))
-            progress.update(task, description=f"{b.role}: built in {time.perf_counter() - start:.1f}s", completed=1, total=1)
+            progress.update(
+                task, description=f"{b.role}: built in {time.perf_counter() - start:.1f}s", completed=1, total=1
+            )
     _validate_built(loaded, output)
     console.print(f"engines in {output}")
     return output
@@ -64,9 +74,13 @@ def _validate_built(loaded: LoadedConfig, output: Path) -> None:
 
     config = loaded.config
     draft = output / "draft" if config.draft is not None else None
-    problems = validate_engines(output / "target", draft, num_draft_tokens=config.speculation.num_draft_tokens,
-                                use_draft_logits=config.speculation.use_draft_logits and draft is not None,
-                                expect={role: expected_from_spec(spec) for role, spec, _ in loaded.models()},
-                                runtime_version=None)
+    problems = validate_engines(
+        output / "target",
+        draft,
+        num_draft_tokens=config.speculation.num_draft_tokens,
+        use_draft_logits=config.speculation.use_draft_logits and draft is not None,
+        expect={role: expected_from_spec(spec) for role, spec, _ in loaded.models()},
+        runtime_version=None,
+    )
     if problems:
         raise TrtspecError("the built engines fail validation:\n" + "\n".join(f"  - {p}" for p in problems))

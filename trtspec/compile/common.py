@@ -81,7 +81,8 @@ def is_up_to_date(engine_dir: Path, expected: str) -> bool:
 def describe_outputs(engine_dir: Path, *, hash_limit: int | None = None) -> list[dict]:
     return [
         describe_file(p, p.relative_to(engine_dir).as_posix(), hash_limit=hash_limit)
-        for p in sorted(engine_dir.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE
+        for p in sorted(engine_dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_FILE
     ]
 
 
@@ -107,6 +108,7 @@ def write_json(path: Path, data: dict) -> None:
 
 # ---- steps that run as subprocesses ---------------------------------------------------------------------------
 
+
 class StepFailed(TrtspecError):
     """A build step's command failed: names the step, the command and the end of its log."""
 
@@ -122,8 +124,16 @@ class StepFailed(TrtspecError):
         super().__init__("\n".join(lines))
 
 
-def run_logged(step: str, argv: list[str], *, log_path: Path, cwd: Path | None = None, env: dict | None = None,
-               on_line=None, tail_lines: int = 30) -> None:
+def run_logged(
+    step: str,
+    argv: list[str],
+    *,
+    log_path: Path,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    on_line=None,
+    tail_lines: int = 30,
+) -> None:
     """Run `argv`, writing its output (stdout and stderr) to `log_path` and passing each line to `on_line` as it
     arrives; raises StepFailed with the last `tail_lines` lines when it cannot start or exits non-zero.
     Progress bars that redraw with carriage returns count as lines."""
@@ -133,8 +143,15 @@ def run_logged(step: str, argv: list[str], *, log_path: Path, cwd: Path | None =
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env={**os.environ, **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         except OSError as exc:
             log.write(f"{exc}\n")
             raise StepFailed(step, argv, None, [str(exc)], log_path) from exc

@@ -54,7 +54,7 @@ class ModelShape:
     max_position_embeddings: int | None = None
 
     @classmethod
-    def from_hf_config(cls, cfg: dict) -> "ModelShape":
+    def from_hf_config(cls, cfg: dict) -> ModelShape:
         text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
         try:
             hidden, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
@@ -135,9 +135,9 @@ class EngineMemory:
 @dataclass
 class Calibration:
     role: str
-    needed: int           # bytes over all GPUs together
+    needed: int  # bytes over all GPUs together
     gpu_total: int
-    host: int | None      # CPU memory it may spill to, when known
+    host: int | None  # CPU memory it may spill to, when known
 
     @property
     def fits_on_gpus(self) -> bool:
@@ -153,7 +153,7 @@ class MemoryPlan:
     engines: list[EngineMemory]
     gpus: list[Gpu]
     calibrations: list[Calibration] = field(default_factory=list)
-    gpu_source: str = ""                 # where the GPU list came from
+    gpu_source: str = ""  # where the GPU list came from
 
     def used(self, device: int) -> int:
         return sum(e.total for e in self.engines if device in e.devices)
@@ -168,7 +168,9 @@ class MemoryPlan:
         for device in self.devices():
             gpu = by_index.get(device)
             if gpu is None:
-                problems.append(f"GPU {device} is needed but only {len(self.gpus)} GPU(s) are available ({self.gpu_source})")
+                problems.append(
+                    f"GPU {device} is needed but only {len(self.gpus)} GPU(s) are available ({self.gpu_source})"
+                )
                 continue
             budget = gpu.memory_gib * GIB * USABLE_FRACTION
             used = self.used(device)
@@ -176,51 +178,92 @@ class MemoryPlan:
                 parts = ", ".join(
                     f"{e.role}: weights {gib(e.weights)} + KV cache {gib(e.kv_cache)} ({e.kv_tokens} tokens) + "
                     f"activations {gib(e.activations + e.logits)} + runtime {gib(e.overhead)}"
-                    for e in self.engines if device in e.devices)
-                problems.append(f"GPU {device} ({gpu.name}, {gpu.memory_gib:.1f} GiB) needs {gib(used)} but holds "
-                                f"{gib(budget)} ({USABLE_FRACTION:.0%} of it): {parts}. Raise tp_size, lower "
-                                f"engine.max_batch_size or engine.max_seq_len, use FP8, or plan for larger GPUs")
+                    for e in self.engines
+                    if device in e.devices
+                )
+                problems.append(
+                    f"GPU {device} ({gpu.name}, {gpu.memory_gib:.1f} GiB) needs {gib(used)} but holds "
+                    f"{gib(budget)} ({USABLE_FRACTION:.0%} of it): {parts}. Raise tp_size, lower "
+                    f"engine.max_batch_size or engine.max_seq_len, use FP8, or plan for larger GPUs"
+                )
         for c in self.calibrations:
             if not c.fits:
-                host = f" + {gib(c.host)} CPU memory" if c.host is not None else " (CPU memory unknown: set gpu.host_memory_gb)"
-                problems.append(f"{c.role} calibration needs {gib(c.needed)} (BF16 weights + the FP8 copy) but the GPUs hold "
-                                f"{gib(c.gpu_total)}{host}. Calibrate on more GPUs, or quantize elsewhere and build from there")
+                host = (
+                    f" + {gib(c.host)} CPU memory"
+                    if c.host is not None
+                    else " (CPU memory unknown: set gpu.host_memory_gb)"
+                )
+                problems.append(
+                    f"{c.role} calibration needs {gib(c.needed)} (BF16 weights + the FP8 copy) but the GPUs hold "
+                    f"{gib(c.gpu_total)}{host}. Calibrate on more GPUs, or quantize elsewhere and build from there"
+                )
         return problems
 
     def warnings(self) -> list[str]:
-        return [f"{c.role} calibration needs {gib(c.needed)}, more than the GPUs' {gib(c.gpu_total)}: part of the model is "
-                "placed in CPU memory during calibration (slow)"
-                for c in self.calibrations if c.fits and not c.fits_on_gpus]
+        return [
+            f"{c.role} calibration needs {gib(c.needed)}, more than the GPUs' {gib(c.gpu_total)}: part of the model is "
+            "placed in CPU memory during calibration (slow)"
+            for c in self.calibrations
+            if c.fits and not c.fits_on_gpus
+        ]
 
 
 def gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.1f} GiB"
 
 
-def engine_memory(role: str, shape: ModelShape, *, devices: list[int], tp_size: int, pp_size: int, dtype: str,
-                  quantization: str, kv_cache_dtype: str, max_batch_size: int, max_seq_len: int,
-                  max_num_tokens: int, gather_generation_logits: bool, max_draft_len: int) -> EngineMemory:
+def engine_memory(
+    role: str,
+    shape: ModelShape,
+    *,
+    devices: list[int],
+    tp_size: int,
+    pp_size: int,
+    dtype: str,
+    quantization: str,
+    kv_cache_dtype: str,
+    max_batch_size: int,
+    max_seq_len: int,
+    max_num_tokens: int,
+    gather_generation_logits: bool,
+    max_draft_len: int,
+) -> EngineMemory:
     """One engine's memory on each of its GPUs. `max_seq_len` is the engine's (the target's includes the draft
     allowance)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     linear_bytes = 1 if quantization == "fp8" else dtype_bytes
     ranks = tp_size * pp_size
-    weights = (math.ceil(shape.linear_params / ranks) * linear_bytes
-               + math.ceil(shape.small_params / pp_size) * dtype_bytes
-               + shape.embedding_params * dtype_bytes                      # replicated on every rank
-               + math.ceil(shape.embedding_params / tp_size) * dtype_bytes)  # lm_head, split over tp (even when tied)
+    weights = (
+        math.ceil(shape.linear_params / ranks) * linear_bytes
+        + math.ceil(shape.small_params / pp_size) * dtype_bytes
+        + shape.embedding_params * dtype_bytes  # replicated on every rank
+        + math.ceil(shape.embedding_params / tp_size) * dtype_bytes
+    )  # lm_head, split over tp (even when tied)
     kv_bytes = 1 if kv_cache_dtype == "fp8" else dtype_bytes
     kv_heads = math.ceil(shape.num_kv_heads / tp_size)
     kv_per_token = 2 * math.ceil(shape.num_layers / pp_size) * kv_heads * shape.head_dim * kv_bytes
     tokens = max_batch_size * math.ceil(max_seq_len / TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
     activations = max_num_tokens * (2 * math.ceil(shape.intermediate_size / tp_size) + 4 * shape.hidden_size) * 4
     logits = max_batch_size * (max_draft_len + 1 if gather_generation_logits else 1) * shape.vocab_size * 4
-    return EngineMemory(role, list(devices), tp_size, pp_size, weights, kv_per_token * tokens, tokens, kv_per_token,
-                        activations, logits, int(RUNTIME_OVERHEAD_GIB * GIB), kv_cache_dtype)
+    return EngineMemory(
+        role,
+        list(devices),
+        tp_size,
+        pp_size,
+        weights,
+        kv_per_token * tokens,
+        tokens,
+        kv_per_token,
+        activations,
+        logits,
+        int(RUNTIME_OVERHEAD_GIB * GIB),
+        kv_cache_dtype,
+    )
 
 
-def calibration_memory(role: str, shape: ModelShape, *, dtype: str, quantization: str, gpus: list[Gpu],
-                       host_bytes: int | None) -> Calibration:
+def calibration_memory(
+    role: str, shape: ModelShape, *, dtype: str, quantization: str, gpus: list[Gpu], host_bytes: int | None
+) -> Calibration:
     copy = 1 if quantization == "fp8" else 0
     needed = shape.param_count * (DTYPE_BYTES[dtype] + copy) + int(CALIBRATION_OVERHEAD_GIB * GIB) * max(len(gpus), 1)
     return Calibration(role, needed, int(sum(g.memory_gib for g in gpus) * GIB), host_bytes)

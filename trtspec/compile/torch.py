@@ -16,14 +16,23 @@ import torch
 from safetensors.torch import save_file
 
 from trtspec import __version__
-from trtspec.compile.common import (
-    atomic_dir, describe_outputs, describe_sources, fingerprint, is_up_to_date, write_json,
-)
 from trtspec.checkpoint import GENERATION_CONFIG, CheckpointInfo, load_model, load_tokenizer
+from trtspec.compile.common import (
+    atomic_dir,
+    describe_outputs,
+    describe_sources,
+    fingerprint,
+    is_up_to_date,
+    write_json,
+)
 from trtspec.config import BuildConfig, LoadedConfig, ModelSpec
 from trtspec.engine import fp8
 from trtspec.engine.manifest import (
-    CONFIG_FILE, MANIFEST_FILE, SPEC_MODE_DRAFT_TOKENS_EXTERNAL, SPEC_MODE_NONE, read_manifest,
+    CONFIG_FILE,
+    MANIFEST_FILE,
+    SPEC_MODE_DRAFT_TOKENS_EXTERNAL,
+    SPEC_MODE_NONE,
+    read_manifest,
 )
 from trtspec.errors import TrtspecError
 
@@ -35,7 +44,7 @@ TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 class ModelBuild:
     """One engine to build: what goes in, where it goes, and whether it is already there."""
 
-    role: str                    # "target" or "draft"
+    role: str  # "target" or "draft"
     spec: ModelSpec
     info: CheckpointInfo
     output: Path
@@ -53,7 +62,9 @@ def plan(loaded: LoadedConfig, output_dir: Path, *, check_existing: bool = True)
     for role, spec, info in loaded.models():
         out = output_dir / role
         if out.exists() and read_manifest(out) is None and any(out.iterdir()):
-            raise TrtspecError(f"{out} exists and is not an engine dir written by trtspec; choose another --output or remove it")
+            raise TrtspecError(
+                f"{out} exists and is not an engine dir written by trtspec; choose another --output or remove it"
+            )
         build = ModelBuild(role, spec, info, out, engine_settings(loaded.config, role))
         if check_existing:
             build.sources = describe_sources(info)
@@ -66,7 +77,9 @@ def engine_settings(config: BuildConfig, role: str) -> dict:
     """Everything of the config that changes this role's engine (the rebuild key)."""
     spec = getattr(config, role)
     return {
-        "backend": "torch", "role": role, "trtspec": __version__,
+        "backend": "torch",
+        "role": role,
+        "trtspec": __version__,
         "model": spec.model_dump(exclude={"checkpoint"}),
         "engine": config.engine.model_dump(),
         "speculation": config.speculation.model_dump(),
@@ -92,25 +105,36 @@ def build_model(build: ModelBuild, config: BuildConfig, progress=None) -> dict:
     model = step("load checkpoint", lambda: load_model(build.info, dtype, trust_remote_code=spec.trust_remote_code))
     state = _unique_state_dict(model)
     if spec.quantization == "fp8":
-        state = step("quantize fp8", lambda: fp8.quantize_state_dict(state, per_channel=spec.fp8_scaling == "per_channel"))
+        state = step(
+            "quantize fp8", lambda: fp8.quantize_state_dict(state, per_channel=spec.fp8_scaling == "per_channel")
+        )
     tokenizer = _maybe_tokenizer(build.info, spec)
     with atomic_dir(build.output) as scratch:
+
         def write():
-            save_file({k: v.contiguous() for k, v in state.items()}, str(scratch / WEIGHTS_FILE),
-                      metadata={"format": "pt", "quantization": spec.quantization, "fp8_scaling": spec.fp8_scaling})
+            save_file(
+                {k: v.contiguous() for k, v in state.items()},
+                str(scratch / WEIGHTS_FILE),
+                metadata={"format": "pt", "quantization": spec.quantization, "fp8_scaling": spec.fp8_scaling},
+            )
             write_json(scratch / CONFIG_FILE, engine_config(build, config, model.config, tokenizer))
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(scratch))
             generation = Path(build.info.path) / GENERATION_CONFIG
             if generation.is_file():  # its end ids, which the BLS stops on (trtspec.checkpoint.declared_end_ids)
                 shutil.copyfile(generation, scratch / GENERATION_CONFIG)
+
         step("write engine", write)
         manifest = {
-            "trtspec": __version__, "backend": "torch", "role": build.role,
+            "trtspec": __version__,
+            "backend": "torch",
+            "role": build.role,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "fingerprint": fingerprint(build.sources, build.settings),
-            "settings": build.settings, "sources": build.sources,
-            "outputs": describe_outputs(scratch), "durations_s": durations,
+            "settings": build.settings,
+            "sources": build.sources,
+            "outputs": describe_outputs(scratch),
+            "durations_s": durations,
         }
         write_json(scratch / MANIFEST_FILE, manifest)
     return manifest
@@ -158,8 +182,15 @@ def engine_config(build: ModelBuild, config: BuildConfig, hf_config, tokenizer) 
             "num_key_value_heads": getattr(hf_config, "num_key_value_heads", hf_config.num_attention_heads),
             "max_position_embeddings": hf_config.max_position_embeddings,
             "hidden_act": getattr(hf_config, "hidden_act", None),
-            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1, "cp_size": 1, "gpus_per_node": 8,
-                        "moe_tp_size": 1, "moe_ep_size": 1},
+            "mapping": {
+                "world_size": 1,
+                "tp_size": 1,
+                "pp_size": 1,
+                "cp_size": 1,
+                "gpus_per_node": 8,
+                "moe_tp_size": 1,
+                "moe_ep_size": 1,
+            },
             "quantization": {
                 "quant_algo": "FP8" if fp8_weights else None,
                 "kv_cache_quant_algo": "FP8" if fp8_kv else None,

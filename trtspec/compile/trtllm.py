@@ -1,7 +1,8 @@
 """The production backend's build: the steps TensorRT-LLM documents for draft-target speculative decoding, per model.
 
     1. checkpoint  FP8: ModelOpt quantization (quantize.py's `--qformat fp8 --kv_cache_dtype fp8 --calib_dataset D
-                   --calib_size N --tp_size T --pp_size P`); `quantization: none`: plain conversion (convert_checkpoint.py)
+                   --calib_size N --tp_size T --pp_size P`); `quantization: none`: plain conversion
+                   (convert_checkpoint.py)
     2. engine      trtllm-build --use_paged_context_fmha enable ... ; the target adds --speculative_decoding_mode
                    draft_tokens_external --max_draft_len N; FP8 adds --gemm_plugin fp8 --use_fp8_context_fmha enable
                    --use_fused_mlp enable; both gather generation logits when draft logits are used; never
@@ -36,23 +37,42 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trtspec import __version__
+from trtspec.checkpoint import CheckpointInfo
 from trtspec.compile.common import (
-    StepFailed, describe_outputs, describe_sources, fingerprint, is_up_to_date, run_logged, write_json,
+    StepFailed,
+    describe_outputs,
+    describe_sources,
+    fingerprint,
+    is_up_to_date,
+    run_logged,
+    write_json,
 )
 from trtspec.compile.memory import (
-    GIB, MemoryPlan, ModelShape, calibration_memory, engine_memory, gib, host_memory_bytes,
+    GIB,
+    MemoryPlan,
+    ModelShape,
+    calibration_memory,
+    engine_memory,
+    gib,
+    host_memory_bytes,
 )
-from trtspec.checkpoint import CheckpointInfo
 from trtspec.config import BuildConfig, LoadedConfig, ModelSpec, is_hub_calibration_set
 from trtspec.engine.manifest import CONFIG_FILE, MANIFEST_FILE, read_manifest
 from trtspec.environment import available_gpus
 from trtspec.errors import TrtspecError
 
-BUILDING_MARKER = ".trtspec-building"   # in an output dir while its step runs: a dir with it is ours to replace
-SOURCE_HASH_LIMIT = 64 * 2**20          # checkpoint files above this are fingerprinted by size and mtime
-OUTPUT_HASH_LIMIT = 0                   # engine and checkpoint outputs: size and mtime (tens of GB)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "generation_config.json")
+BUILDING_MARKER = ".trtspec-building"  # in an output dir while its step runs: a dir with it is ours to replace
+SOURCE_HASH_LIMIT = 64 * 2**20  # checkpoint files above this are fingerprinted by size and mtime
+OUTPUT_HASH_LIMIT = 0  # engine and checkpoint outputs: size and mtime (tens of GB)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
 TRTLLM_BUILD = "trtllm-build"
 CHECKPOINT_RUNNER = "trtspec.compile.trtllm_checkpoint"
 
@@ -66,10 +86,10 @@ class Step:
     """One subprocess of the build."""
 
     role: str
-    kind: str            # "checkpoint" or "engine"
+    kind: str  # "checkpoint" or "engine"
     argv: list[str]
     output: Path
-    label: str           # what the step does, for the plan and the progress display
+    label: str  # what the step does, for the plan and the progress display
     settings: dict = field(default_factory=dict)
     up_to_date: bool = False
 
@@ -108,7 +128,10 @@ class Plan:
 
 # ---- planning -----------------------------------------------------------------------------------------------
 
-def plan(loaded: LoadedConfig, output: Path, *, gpus=None, gpu_source: str | None = None, check_existing: bool = True) -> Plan:
+
+def plan(
+    loaded: LoadedConfig, output: Path, *, gpus=None, gpu_source: str | None = None, check_existing: bool = True
+) -> Plan:
     """The steps and the memory plan of a build. `gpus`: what to plan against (default: the GPUs present, else those
     the config names)."""
     config = loaded.config
@@ -148,22 +171,59 @@ def checkpoint_step(config: BuildConfig, role: str, spec: ModelSpec, info: Check
     model_dir = str(info.model_dir)
     if spec.quantization == "fp8" or spec.kv_cache_dtype == "fp8":
         cal = config.calibration
-        runner = ([sys.executable, config.trtllm.quantize_script] if config.trtllm.quantize_script
-                  else [sys.executable, "-m", CHECKPOINT_RUNNER, "quantize"])
-        argv = runner + ["--model_dir", model_dir, "--dtype", spec.dtype,
-                         "--qformat", "fp8" if spec.quantization == "fp8" else "full_prec"]
+        runner = (
+            [sys.executable, config.trtllm.quantize_script]
+            if config.trtllm.quantize_script
+            else [sys.executable, "-m", CHECKPOINT_RUNNER, "quantize"]
+        )
+        argv = runner + [
+            "--model_dir",
+            model_dir,
+            "--dtype",
+            spec.dtype,
+            "--qformat",
+            "fp8" if spec.quantization == "fp8" else "full_prec",
+        ]
         if spec.kv_cache_dtype == "fp8":
             argv += ["--kv_cache_dtype", "fp8"]
-        argv += ["--calib_dataset", cal.dataset, "--calib_size", str(cal.size),
-                 "--calib_max_seq_length", str(cal.max_seq_length), "--batch_size", str(cal.batch_size),
-                 "--tp_size", str(spec.tp_size), "--pp_size", str(spec.pp_size), "--output_dir", str(out)]
-        label = (f"quantize ({'FP8' if spec.quantization == 'fp8' else spec.dtype} weights, "
-                 f"{'FP8' if spec.kv_cache_dtype == 'fp8' else spec.dtype} KV; {cal.size} samples of {cal.dataset})")
+        argv += [
+            "--calib_dataset",
+            cal.dataset,
+            "--calib_size",
+            str(cal.size),
+            "--calib_max_seq_length",
+            str(cal.max_seq_length),
+            "--batch_size",
+            str(cal.batch_size),
+            "--tp_size",
+            str(spec.tp_size),
+            "--pp_size",
+            str(spec.pp_size),
+            "--output_dir",
+            str(out),
+        ]
+        label = (
+            f"quantize ({'FP8' if spec.quantization == 'fp8' else spec.dtype} weights, "
+            f"{'FP8' if spec.kv_cache_dtype == 'fp8' else spec.dtype} KV; {cal.size} samples of {cal.dataset})"
+        )
     else:
-        runner = ([sys.executable, config.trtllm.convert_script] if config.trtllm.convert_script
-                  else [sys.executable, "-m", CHECKPOINT_RUNNER, "convert"])
-        argv = runner + ["--model_dir", model_dir, "--output_dir", str(out), "--dtype", spec.dtype,
-                         "--tp_size", str(spec.tp_size), "--pp_size", str(spec.pp_size)]
+        runner = (
+            [sys.executable, config.trtllm.convert_script]
+            if config.trtllm.convert_script
+            else [sys.executable, "-m", CHECKPOINT_RUNNER, "convert"]
+        )
+        argv = runner + [
+            "--model_dir",
+            model_dir,
+            "--output_dir",
+            str(out),
+            "--dtype",
+            spec.dtype,
+            "--tp_size",
+            str(spec.tp_size),
+            "--pp_size",
+            str(spec.pp_size),
+        ]
         label = f"convert ({spec.dtype})"
     return Step(role, "checkpoint", argv, out, f"{label}, tp {spec.tp_size} pp {spec.pp_size}")
 
@@ -174,18 +234,40 @@ def engine_step(config: BuildConfig, role: str, spec: ModelSpec, checkpoint: Pat
     argv = [TRTLLM_BUILD, "--checkpoint_dir", str(checkpoint), "--output_dir", str(out)]
     for key, value in limits.items():
         argv += [f"--{key}", str(value)]
-    argv += ["--max_beam_width", "1", "--kv_cache_type", "paged", "--use_paged_context_fmha", "enable",
-             "--remove_input_padding", "enable", "--context_fmha", "enable", "--gpt_attention_plugin", spec.dtype]
+    argv += [
+        "--max_beam_width",
+        "1",
+        "--kv_cache_type",
+        "paged",
+        "--use_paged_context_fmha",
+        "enable",
+        "--remove_input_padding",
+        "enable",
+        "--context_fmha",
+        "enable",
+        "--gpt_attention_plugin",
+        spec.dtype,
+    ]
     if fp8:
         # The FP8 engine flags of TensorRT-LLM's perf-benchmarking recipe; FP8 context FMHA with paged context FMHA
         # needs an FP8 KV cache (build() turns it off otherwise, so ask for it only then).
-        argv += ["--gemm_plugin", "fp8", "--use_fp8_context_fmha", "enable" if spec.kv_cache_dtype == "fp8" else "disable",
-                 "--use_fused_mlp", "enable"]
+        argv += [
+            "--gemm_plugin",
+            "fp8",
+            "--use_fp8_context_fmha",
+            "enable" if spec.kv_cache_dtype == "fp8" else "disable",
+            "--use_fused_mlp",
+            "enable",
+        ]
     else:
         argv += ["--gemm_plugin", spec.dtype]
     if role == "target":
-        argv += ["--speculative_decoding_mode", "draft_tokens_external",
-                 "--max_draft_len", str(config.speculation.max_draft_len)]
+        argv += [
+            "--speculative_decoding_mode",
+            "draft_tokens_external",
+            "--max_draft_len",
+            str(config.speculation.max_draft_len),
+        ]
     if config.gathers_generation_logits(role):
         # FP32 logits whatever the checkpoint says: ModelOpt's export writes logits_dtype float16 for bf16 models,
         # trtllm-build keeps it unless told, and the served models declare FP32 (the backend checks the match)
@@ -193,27 +275,52 @@ def engine_step(config: BuildConfig, role: str, spec: ModelSpec, checkpoint: Pat
     argv += ["--workers", str(spec.tp_size * spec.pp_size)]
     quant = "FP8" if fp8 else spec.dtype
     spec_text = f", verifies up to {config.speculation.max_draft_len} draft tokens" if role == "target" else ""
-    return Step(role, "engine", argv, out, f"trtllm-build ({quant}, batch {limits['max_batch_size']}, "
-                f"seq {config.engine.max_seq_len} + {config.speculation.max_draft_len}{spec_text})")
+    return Step(
+        role,
+        "engine",
+        argv,
+        out,
+        f"trtllm-build ({quant}, batch {limits['max_batch_size']}, "
+        f"seq {config.engine.max_seq_len} + {config.speculation.max_draft_len}{spec_text})",
+    )
 
 
 def memory_plan(config: BuildConfig, models: list[ModelPlan], gpus, source: str) -> MemoryPlan:
     engines, calibrations = [], []
     detected = bool(gpus) and gpus[0].source != "config"
-    host = (int(config.gpu.host_memory_gb * 2**30) if config.gpu.host_memory_gb
-            else host_memory_bytes() if detected else None)
+    host = (
+        int(config.gpu.host_memory_gb * 2**30)
+        if config.gpu.host_memory_gb
+        else host_memory_bytes()
+        if detected
+        else None
+    )
     for m in models:
         limits = engine_limits(config, m.role)
         engine_seq = limits["max_seq_len"] + (config.speculation.max_draft_len if m.role == "target" else 0)
-        engines.append(engine_memory(
-            m.role, m.shape, devices=m.devices, tp_size=m.spec.tp_size, pp_size=m.spec.pp_size, dtype=m.spec.dtype,
-            quantization=m.spec.quantization, kv_cache_dtype=m.spec.kv_cache_dtype,
-            max_batch_size=limits["max_batch_size"], max_seq_len=engine_seq, max_num_tokens=limits["max_num_tokens"],
-            gather_generation_logits=config.gathers_generation_logits(m.role),
-            max_draft_len=config.speculation.max_draft_len))
+        engines.append(
+            engine_memory(
+                m.role,
+                m.shape,
+                devices=m.devices,
+                tp_size=m.spec.tp_size,
+                pp_size=m.spec.pp_size,
+                dtype=m.spec.dtype,
+                quantization=m.spec.quantization,
+                kv_cache_dtype=m.spec.kv_cache_dtype,
+                max_batch_size=limits["max_batch_size"],
+                max_seq_len=engine_seq,
+                max_num_tokens=limits["max_num_tokens"],
+                gather_generation_logits=config.gathers_generation_logits(m.role),
+                max_draft_len=config.speculation.max_draft_len,
+            )
+        )
         if m.spec.quantization == "fp8" or m.spec.kv_cache_dtype == "fp8":
-            calibrations.append(calibration_memory(m.role, m.shape, dtype=m.spec.dtype, quantization=m.spec.quantization,
-                                                   gpus=gpus, host_bytes=host))
+            calibrations.append(
+                calibration_memory(
+                    m.role, m.shape, dtype=m.spec.dtype, quantization=m.spec.quantization, gpus=gpus, host_bytes=host
+                )
+            )
     return MemoryPlan(engines, list(gpus), calibrations, source)
 
 
@@ -254,6 +361,7 @@ def mark_up_to_date(p: Plan) -> None:
 
 # ---- showing the plan ---------------------------------------------------------------------------------------
 
+
 def plan_table(p: Plan) -> Table:
     table = Table(title=f"build plan: {p.config.name} (trtllm)")
     for col in ("step", "what", "output", "action"):
@@ -272,8 +380,14 @@ def memory_table(p: Plan) -> Table:
     for device in mem.devices():
         gpu = by_index.get(device)
         for e in (e for e in mem.engines if device in e.devices):
-            table.add_row(str(device), f"{e.role} tp{e.tp_size}", f"{e.weights / GIB:.1f}", f"{e.kv_cache / GIB:.1f}",
-                          f"{(e.activations + e.logits + e.overhead) / GIB:.1f}", f"{e.total / GIB:.1f}")
+            table.add_row(
+                str(device),
+                f"{e.role} tp{e.tp_size}",
+                f"{e.weights / GIB:.1f}",
+                f"{e.kv_cache / GIB:.1f}",
+                f"{(e.activations + e.logits + e.overhead) / GIB:.1f}",
+                f"{e.total / GIB:.1f}",
+            )
         capacity = f"of {gpu.memory_gib:.1f}" if gpu else "[red]no such GPU[/]"
         table.add_row("", "", "", "", "", f"[bold]{mem.used(device) / GIB:.1f}[/] {capacity}")
     return table
@@ -283,14 +397,22 @@ def print_plan(p: Plan, console: Console) -> None:
     console.print(plan_table(p))
     console.print(memory_table(p))
     if p.memory.calibrations and is_hub_calibration_set(p.config.calibration.dataset):
-        console.print(f"[yellow]note:[/] calibration reads '{escape(p.config.calibration.dataset)}' from the Hugging Face Hub "
-                      "(or its cache): the build host needs to reach it, or give calibration.dataset a local directory "
-                      "(train.jsonl with a \"text\" field per line)", highlight=False)
+        console.print(
+            f"[yellow]note:[/] calibration reads '{escape(p.config.calibration.dataset)}' from the Hugging Face Hub "
+            "(or its cache): the build host needs to reach it, or give calibration.dataset a local directory "
+            '(train.jsonl with a "text" field per line)',
+            highlight=False,
+        )
     for c in p.memory.calibrations:
-        console.print(f"calibration of the {c.role}: {gib(c.needed)} (BF16 weights + FP8 copy) on GPUs holding "
-                      f"{gib(c.gpu_total)}", highlight=False)
+        console.print(
+            f"calibration of the {c.role}: {gib(c.needed)} (BF16 weights + FP8 copy) on GPUs holding "
+            f"{gib(c.gpu_total)}",
+            highlight=False,
+        )
     fractions = kv_cache_fractions(p.memory)
-    console.print("kv_cache_free_gpu_mem_fraction: " + ", ".join(f"{r} {f}" for r, f in fractions.items()), highlight=False)
+    console.print(
+        "kv_cache_free_gpu_mem_fraction: " + ", ".join(f"{r} {f}" for r, f in fractions.items()), highlight=False
+    )
     for w in p.memory.warnings():
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
 
@@ -302,6 +424,7 @@ def print_commands(p: Plan, console: Console) -> None:
 
 
 # ---- running ------------------------------------------------------------------------------------------------
+
 
 def run(loaded: LoadedConfig, output: Path, *, dry_run: bool = False, console: Console | None = None) -> Path:
     """`trtspec build` for backend: trtllm. Returns the output dir (engines in <output>/target and <output>/draft)."""
@@ -330,7 +453,9 @@ def run(loaded: LoadedConfig, output: Path, *, dry_run: bool = False, console: C
                 task = progress.add_task(f"{step.name}: {escape(step.label)}", total=None)
                 start = time.perf_counter()
                 run_step(p, m, step, progress, task)
-                progress.update(task, description=f"{step.name}: done in {time.perf_counter() - start:.0f}s", completed=1, total=1)
+                progress.update(
+                    task, description=f"{step.name}: done in {time.perf_counter() - start:.0f}s", completed=1, total=1
+                )
     final_check(p)
     console.print(f"engines in {p.output}")
     return p.output
@@ -348,11 +473,15 @@ def check_environment(p: Plan) -> None:
         raise BuildPlanError(str(exc)) from exc
     needs_build = any(s.kind == "engine" and not s.up_to_date for s in p.steps)
     if needs_build and shutil.which(TRTLLM_BUILD) is None:
-        raise BuildPlanError(f"{TRTLLM_BUILD} is not on PATH although tensorrt_llm is installed; run in the environment "
-                             "that installed it (e.g. NVIDIA's tritonserver trtllm container)")
+        raise BuildPlanError(
+            f"{TRTLLM_BUILD} is not on PATH although tensorrt_llm is installed; run in the environment "
+            "that installed it (e.g. NVIDIA's tritonserver trtllm container)"
+        )
     if not p.memory.gpus or p.memory.gpus[0].source == "config":
-        raise BuildPlanError(f"no GPU detected on this machine ({p.memory.gpu_source}); TensorRT-LLM builds on the GPUs "
-                             "it serves on. Plan here with --dry-run, build on the GPU host")
+        raise BuildPlanError(
+            f"no GPU detected on this machine ({p.memory.gpu_source}); TensorRT-LLM builds on the GPUs "
+            "it serves on. Plan here with --dry-run, build on the GPU host"
+        )
 
 
 def _check_destination(path: Path) -> None:
@@ -378,12 +507,19 @@ def run_step(p: Plan, m: ModelPlan, step: Step, progress: Progress, task) -> Non
         copy_tokenizer(m.info, out)
     (out / BUILDING_MARKER).unlink()
     if not (out / CONFIG_FILE).is_file():
-        raise StepFailed(step.name, step.argv, 0, [f"the command succeeded but wrote no {CONFIG_FILE} into {out}"], log_path)
+        raise StepFailed(
+            step.name, step.argv, 0, [f"the command succeeded but wrote no {CONFIG_FILE} into {out}"], log_path
+        )
     manifest = {
-        "trtspec": __version__, "backend": "trtllm", "role": m.role, "step": step.kind,
+        "trtspec": __version__,
+        "backend": "trtllm",
+        "role": m.role,
+        "step": step.kind,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "fingerprint": step.settings.get("fingerprint"),
-        "settings": step.settings, "command": step.argv, "limits": p.limits,
+        "settings": step.settings,
+        "command": step.argv,
+        "limits": p.limits,
         "outputs": describe_outputs(out, hash_limit=OUTPUT_HASH_LIMIT),
     }
     write_json(out / MANIFEST_FILE, manifest)
@@ -402,8 +538,11 @@ def final_check(p: Plan) -> None:
 
     dirs = {m.role: m.engine_dir for m in p.models}
     problems = validate_engines(
-        dirs["target"], dirs.get("draft"), num_draft_tokens=p.config.speculation.num_draft_tokens,
+        dirs["target"],
+        dirs.get("draft"),
+        num_draft_tokens=p.config.speculation.num_draft_tokens,
         use_draft_logits=p.config.speculation.use_draft_logits and "draft" in dirs,
-        expect={m.role: expected_from_spec(m.spec) for m in p.models})
+        expect={m.role: expected_from_spec(m.spec) for m in p.models},
+    )
     if problems:
         raise BuildPlanError("the built engines fail validation:\n" + "\n".join(f"  - {x}" for x in problems))

@@ -1,6 +1,7 @@
 """HF checkpoint -> TensorRT-LLM checkpoint, through TensorRT-LLM's own Python API; run as a build step:
 
-    python -m trtspec.compile.trtllm_checkpoint quantize --model_dir M --qformat fp8 --kv_cache_dtype fp8 ... --output_dir C
+    python -m trtspec.compile.trtllm_checkpoint quantize --model_dir M --qformat fp8 --kv_cache_dtype fp8 ... \\
+        --output_dir C
     python -m trtspec.compile.trtllm_checkpoint convert --model_dir M --dtype bfloat16 --tp_size 4 --output_dir C
 
 `quantize` takes the flags of TensorRT-LLM's examples/quantization/quantize.py and calls the function that script
@@ -23,14 +24,28 @@ from pathlib import Path
 
 # quantize.py's flags and defaults (examples/quantization/quantize.py, 0.2x-1.x).
 QUANTIZE_DEFAULTS = {
-    "device": "cuda", "device_map": "auto", "calib_dataset": "cnn_dailymail", "dtype": "auto", "qformat": "full_prec",
-    "kv_cache_dtype": None, "calib_size": 512, "batch_size": 1, "calib_max_seq_length": 512, "awq_block_size": 128,
-    "tp_size": 1, "pp_size": 1, "cp_size": 1, "seed": 1234, "tokenizer_max_seq_length": 2048,
+    "device": "cuda",
+    "device_map": "auto",
+    "calib_dataset": "cnn_dailymail",
+    "dtype": "auto",
+    "qformat": "full_prec",
+    "kv_cache_dtype": None,
+    "calib_size": 512,
+    "batch_size": 1,
+    "calib_max_seq_length": 512,
+    "awq_block_size": 128,
+    "tp_size": 1,
+    "pp_size": 1,
+    "cp_size": 1,
+    "seed": 1234,
+    "tokenizer_max_seq_length": 2048,
 }
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trtspec.compile.trtllm_checkpoint", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trtspec.compile.trtllm_checkpoint", description=__doc__.splitlines()[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     q = commands.add_parser("quantize", help="ModelOpt quantization (quantize.py's flags)")
     q.add_argument("--model_dir", required=True)
@@ -39,8 +54,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     q.add_argument("--qformat", default="full_prec")
     q.add_argument("--kv_cache_dtype", default=None, choices=["int8", "fp8"])
     q.add_argument("--calib_dataset", default=QUANTIZE_DEFAULTS["calib_dataset"])
-    for name in ("calib_size", "batch_size", "calib_max_seq_length", "tp_size", "pp_size", "cp_size", "seed",
-                 "tokenizer_max_seq_length", "awq_block_size"):
+    for name in (
+        "calib_size",
+        "batch_size",
+        "calib_max_seq_length",
+        "tp_size",
+        "pp_size",
+        "cp_size",
+        "seed",
+        "tokenizer_max_seq_length",
+        "awq_block_size",
+    ):
         q.add_argument(f"--{name}", type=int, default=QUANTIZE_DEFAULTS[name])
     q.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     q.add_argument("--device_map", default="auto", choices=["auto", "sequential", "cpu", "gpu"])
@@ -65,8 +89,10 @@ def quantize_kwargs(args: argparse.Namespace, signature: inspect.Signature) -> d
         elif param.default is inspect.Parameter.empty and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
             missing.append(name)
     if missing:
-        raise SystemExit(f"this TensorRT-LLM's quantize_and_export needs {', '.join(missing)}, which trtspec does not "
-                         "know how to fill: set trtllm.quantize_script to its examples/quantization/quantize.py")
+        raise SystemExit(
+            f"this TensorRT-LLM's quantize_and_export needs {', '.join(missing)}, which trtspec does not "
+            "know how to fill: set trtllm.quantize_script to its examples/quantization/quantize.py"
+        )
     return kwargs
 
 

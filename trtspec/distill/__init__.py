@@ -29,7 +29,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from trtspec import __version__
-from trtspec.checkpoint import PACKAGE_SCHEME, SHARED_FILE, inspect_checkpoint, load_model, load_tokenizer, resolve_checkpoint_path
+from trtspec.checkpoint import (
+    PACKAGE_SCHEME,
+    SHARED_FILE,
+    inspect_checkpoint,
+    load_model,
+    load_tokenizer,
+    resolve_checkpoint_path,
+)
 from trtspec.distill import data as D
 from trtspec.distill import draft as M
 from trtspec.distill import train as T
@@ -43,8 +50,23 @@ INIT_CHOICES = ("from-target", "random")
 QUANT_CHOICES = ("none", "fp8", "fp8-per-channel")
 
 # Options that define what is trained; a --resume must keep them (the others may change between runs).
-DEFINING = ("target", "layers", "init", "data", "seed", "head_tokens", "prompts", "samples", "temperature",
-            "max_new_tokens", "top_k", "target_quantization", "eval_prompts", "eval_tokens", "answers_by")
+DEFINING = (
+    "target",
+    "layers",
+    "init",
+    "data",
+    "seed",
+    "head_tokens",
+    "prompts",
+    "samples",
+    "temperature",
+    "max_new_tokens",
+    "top_k",
+    "target_quantization",
+    "eval_prompts",
+    "eval_tokens",
+    "answers_by",
+)
 # Who decodes the target's answers: the embedded engine's compact forward (what the deployment runs; one attention
 # call per row, fine on a CPU), or the transformers model on the same rounded weights in padded batches (a GPU's
 # way: a few hundred launches a step whatever the batch). auto: the engine on a CPU, transformers on CUDA.
@@ -58,15 +80,15 @@ class DistillOptions:
     layers: int = 2
     init: str = "from-target"
     data: list[str] = field(default_factory=lambda: ["builtin:assistant"])
-    tokens: int = 300_000             # supervised tokens to train on (several passes over the data if needed)
+    tokens: int = 300_000  # supervised tokens to train on (several passes over the data if needed)
     seed: int = 0
     resume: bool = False
-    head_tokens: int = 8192           # rows of the draft's head (the most frequent target tokens); 0: all
-    prompts: int | None = None        # at most this many prompts of each prompt source
-    samples: int = 2                  # answers per prompt: one greedy, the others sampled at `temperature`
+    head_tokens: int = 8192  # rows of the draft's head (the most frequent target tokens); 0: all
+    prompts: int | None = None  # at most this many prompts of each prompt source
+    samples: int = 2  # answers per prompt: one greedy, the others sampled at `temperature`
     temperature: float = 0.8
     max_new_tokens: int = 192
-    top_k: int = 32                   # target logits kept per position
+    top_k: int = 32  # target logits kept per position
     target_quantization: str = "none"  # round the teacher's weights as the engine will (FP8)
     eval_prompts: int = 32
     eval_tokens: int = 128
@@ -85,6 +107,7 @@ class DistillOptions:
 
 # ---- checks -----------------------------------------------------------------------------------------------------
 
+
 def check_options(o: DistillOptions) -> None:
     if o.init not in INIT_CHOICES:
         raise DistillError(f"--init {o.init!r}: choose one of {', '.join(INIT_CHOICES)}")
@@ -92,7 +115,16 @@ def check_options(o: DistillOptions) -> None:
         raise DistillError(f"--answers-by {o.answers_by!r}: choose one of {', '.join(ANSWERS_BY)}")
     if o.target_quantization not in QUANT_CHOICES:
         raise DistillError(f"--target-quantization {o.target_quantization!r}: choose one of {', '.join(QUANT_CHOICES)}")
-    for name in ("tokens", "eval_prompts", "eval_every", "batch_tokens", "generate_batch", "max_new_tokens", "top_k", "samples"):
+    for name in (
+        "tokens",
+        "eval_prompts",
+        "eval_every",
+        "batch_tokens",
+        "generate_batch",
+        "max_new_tokens",
+        "top_k",
+        "samples",
+    ):
         if getattr(o, name) < (0 if name == "tokens" else 1):
             raise DistillError(f"--{name.replace('_', '-')} must be positive, got {getattr(o, name)}")
     if not o.data:
@@ -108,15 +140,24 @@ def check_output(output: Path, resume: bool) -> None:
     entries = sorted(p.name for p in output.iterdir()) if output.is_dir() else []
     if (output / WORK_DIR / STATE_FILE).is_file():
         if not resume:
-            raise DistillError(f"--output {output} holds an earlier distillation; pass --resume to continue it, "
-                               "or choose another --output")
+            raise DistillError(
+                f"--output {output} holds an earlier distillation; pass --resume to continue it, "
+                "or choose another --output"
+            )
         return
     if resume:
-        raise DistillError(f"--resume: {output} holds no distillation to continue ({output / WORK_DIR / STATE_FILE} is missing)")
+        raise DistillError(
+            f"--resume: {output} holds no distillation to continue ({output / WORK_DIR / STATE_FILE} is missing)"
+        )
     if entries:
-        what = "a draft without its work state (.distill/)" if SHARED_FILE in entries else \
-            f"other files ({', '.join(entries[:4])}{', ...' if len(entries) > 4 else ''})"
-        raise DistillError(f"--output {output} is not empty: it holds {what}; nothing was changed. Choose a new or empty directory")
+        what = (
+            "a draft without its work state (.distill/)"
+            if SHARED_FILE in entries
+            else f"other files ({', '.join(entries[:4])}{', ...' if len(entries) > 4 else ''})"
+        )
+        raise DistillError(
+            f"--output {output} is not empty: it holds {what}; nothing was changed. Choose a new or empty directory"
+        )
 
 
 def _target_spec_for(output: Path, spec: str, path: Path) -> str:
@@ -131,6 +172,7 @@ def _target_spec_for(output: Path, spec: str, path: Path) -> str:
 
 # ---- the run ----------------------------------------------------------------------------------------------------
 
+
 def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     console = console or Console(stderr=True)
     check_options(o)
@@ -138,7 +180,9 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     check_output(output, o.resume)
     if o.threads:
         torch.set_num_threads(o.threads)
-    device = torch.device("cuda" if o.device == "auto" and torch.cuda.is_available() else ("cpu" if o.device == "auto" else o.device))
+    device = torch.device(
+        "cuda" if o.device == "auto" and torch.cuda.is_available() else ("cpu" if o.device == "auto" else o.device)
+    )
     if o.answers_by == "auto":  # recorded as resolved, so that the recipe names who decoded the answers
         o = replace(o, answers_by="transformers" if device.type == "cuda" else "engine")
 
@@ -156,9 +200,12 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     work = output / WORK_DIR
     work.mkdir(parents=True, exist_ok=True)
     _check_state(work, o)
-    console.print(f"target {escape(str(info.path))} ({info.architecture}, {info.config['num_hidden_layers']} layers); "
-                  f"draft: {len(layers)} layers from target layers {layers} ({o.init}); device {device}, "
-                  f"{torch.get_num_threads()} threads", highlight=False)
+    console.print(
+        f"target {escape(str(info.path))} ({info.architecture}, {info.config['num_hidden_layers']} layers); "
+        f"draft: {len(layers)} layers from target layers {layers} ({o.init}); device {device}, "
+        f"{torch.get_num_threads()} threads",
+        highlight=False,
+    )
 
     # 2. the target's outputs
     fingerprint = _fingerprint(info)
@@ -174,30 +221,56 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
             seqs = []
             for sample in range(o.samples if prompt_ids else 0):
                 temperature = 0.0 if sample == 0 else o.temperature
-                seqs += _answers(answerer, prompt_ids, work, fingerprint, o, temperature, o.seed + sample, o.max_new_tokens,
-                                 eos, progress, f"{src.spec}: answers {sample + 1}/{o.samples}")
+                seqs += _answers(
+                    answerer,
+                    prompt_ids,
+                    work,
+                    fingerprint,
+                    o,
+                    temperature,
+                    o.seed + sample,
+                    o.max_new_tokens,
+                    eos,
+                    progress,
+                    f"{src.spec}: answers {sample + 1}/{o.samples}",
+                )
             if text_ids:
-                key = D.cache_key(kind="text", target=fingerprint, ids=text_ids, top_k=o.top_k, quant=o.target_quantization)
+                key = D.cache_key(
+                    kind="text", target=fingerprint, ids=text_ids, top_k=o.top_k, quant=o.target_quantization
+                )
                 task = progress.add_task(f"{src.spec}: target logits", total=None)
-                seqs += D.teacher_texts(target, text_ids, D.ShardStore(work / "data" / key), window=256,
-                                        batch_size=o.generate_batch, top_k=o.top_k,
-                                        progress=lambda i, n, t=task: progress.update(t, completed=i, total=n))
+                seqs += D.teacher_texts(
+                    target,
+                    text_ids,
+                    D.ShardStore(work / "data" / key),
+                    window=256,
+                    batch_size=o.generate_batch,
+                    top_k=o.top_k,
+                    progress=lambda i, n, t=task: progress.update(t, completed=i, total=n),
+                )
             stats[src.spec] = {"sequences": len(seqs), "tokens": sum(s.supervised for s in seqs)}
             train_seqs += seqs
-        heldout_seqs = _answers(answerer, heldout, work, fingerprint, o, 0.0, 0, o.eval_tokens, eos, progress,
-                                f"{HELDOUT}: answers")
+        heldout_seqs = _answers(
+            answerer, heldout, work, fingerprint, o, 0.0, 0, o.eval_tokens, eos, progress, f"{HELDOUT}: answers"
+        )
         del answerer
     if not train_seqs or not sum(s.supervised for s in train_seqs):
         raise DistillError("the data gave no tokens to learn from")
-    console.print("data: " + ", ".join(f"{escape(k)} {v['sequences']} sequences / {v['tokens']:,} tokens" for k, v in stats.items())
-                  + f"; held out: {len(heldout_seqs)} answers / {sum(s.supervised for s in heldout_seqs):,} tokens", highlight=False)
+    console.print(
+        "data: "
+        + ", ".join(f"{escape(k)} {v['sequences']} sequences / {v['tokens']:,} tokens" for k, v in stats.items())
+        + f"; held out: {len(heldout_seqs)} answers / {sum(s.supervised for s in heldout_seqs):,} tokens",
+        highlight=False,
+    )
 
     # 3. the draft
     head_file = work / "head.pt"
     if head_file.is_file():
         head_ids = torch.load(head_file, weights_only=True)["head_ids"]
     else:
-        head_ids = M.choose_head(D.token_counts(train_seqs, info.vocab_size), o.head_tokens, [t for t in (eos,) if t is not None])
+        head_ids = M.choose_head(
+            D.token_counts(train_seqs, info.vocab_size), o.head_tokens, [t for t in (eos,) if t is not None]
+        )
         torch.save({"head_ids": head_ids}, head_file)
     draft = M.make_draft(target, layers, init=o.init, head_ids=head_ids, seed=o.seed).to(device)
     del target
@@ -207,16 +280,35 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     # 4. training
     examples = T.prepare(train_seqs, head_ids, info.vocab_size)
     heldout_examples = T.prepare(heldout_seqs, head_ids, info.vocab_size)
-    meta = {"trtspec": __version__, "command": reproduce_command(o), "target": o.target, "layers_from_target": layers,
-            "head_tokens": int(head_ids.numel()) if head_ids is not None else info.vocab_size,
-            "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items() if k not in ("output", "resume")},
-            "data": stats, "heldout": {"prompts": len(heldout_seqs), "tokens": sum(s.supervised for s in heldout_seqs)}}
+    meta = {
+        "trtspec": __version__,
+        "command": reproduce_command(o),
+        "target": o.target,
+        "layers_from_target": layers,
+        "head_tokens": int(head_ids.numel()) if head_ids is not None else info.vocab_size,
+        "options": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items() if k not in ("output", "resume")
+        },
+        "data": stats,
+        "heldout": {"prompts": len(heldout_seqs), "tokens": sum(s.supervised for s in heldout_seqs)},
+    }
     spec = _target_spec_for(output, o.target, target_path)
-    history = _train(draft, examples, heldout_examples, o, work, device, console,
-                     save=lambda hist: M.write_asset(draft, output, spec, metadata=meta | {"history": hist}))
+    history = _train(
+        draft,
+        examples,
+        heldout_examples,
+        o,
+        work,
+        device,
+        console,
+        save=lambda hist: M.write_asset(draft, output, spec, metadata=meta | {"history": hist}),
+    )
     _report(history, console)
-    console.print(f"draft in {escape(str(output))}: build it with `draft: {{checkpoint: {escape(str(output))}}}` in a build config",
-                  highlight=False)
+    console.print(
+        f"draft in {escape(str(output))}: build it with `draft: {{checkpoint: {escape(str(output))}}}` in a build "
+        "config",
+        highlight=False,
+    )
     return output
 
 
@@ -234,12 +326,30 @@ def compact_forward(target, architecture: str, device):
 
 def _answers(model, prompt_ids, work, fingerprint, o, temperature, seed, max_new_tokens, eos, progress, label):
     kind = "engine-answers" if o.answers_by == "engine" else "padded-answers"
-    key = D.cache_key(kind=kind, target=fingerprint, ids=prompt_ids, temperature=temperature, seed=seed,
-                      max_new_tokens=max_new_tokens, top_k=o.top_k, quant=o.target_quantization, batch=o.generate_batch)
+    key = D.cache_key(
+        kind=kind,
+        target=fingerprint,
+        ids=prompt_ids,
+        temperature=temperature,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        top_k=o.top_k,
+        quant=o.target_quantization,
+        batch=o.generate_batch,
+    )
     task = progress.add_task(label, total=None)
-    return D.generate_answers(model, prompt_ids, D.ShardStore(work / "data" / key), temperature=temperature,
-                              max_new_tokens=max_new_tokens, batch_size=o.generate_batch, top_k=o.top_k, seed=seed,
-                              eos_id=eos, progress=lambda i, n: progress.update(task, completed=i, total=n))
+    return D.generate_answers(
+        model,
+        prompt_ids,
+        D.ShardStore(work / "data" / key),
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        batch_size=o.generate_batch,
+        top_k=o.top_k,
+        seed=seed,
+        eos_id=eos,
+        progress=lambda i, n: progress.update(task, completed=i, total=n),
+    )
 
 
 def _train(draft, examples, heldout, o: DistillOptions, work: Path, device, console, save) -> list[dict]:
@@ -251,7 +361,9 @@ def _train(draft, examples, heldout, o: DistillOptions, work: Path, device, cons
         saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
         missing = set(saved["model"]) ^ set(M.own_state(draft))
         if missing:
-            raise DistillError(f"{checkpoint} does not match this draft ({sorted(missing)[:3]}); remove {work} to start over")
+            raise DistillError(
+                f"{checkpoint} does not match this draft ({sorted(missing)[:3]}); remove {work} to start over"
+            )
         draft.load_state_dict(saved["model"], strict=False)
         optimizer.load_state_dict(saved["optimizer"])
         run = saved["run"]
@@ -264,12 +376,22 @@ def _train(draft, examples, heldout, o: DistillOptions, work: Path, device, cons
         run["history"].append(entry)
         run["last_eval"] = run["tokens"]
         k4 = next((r for r in result.by_k if r["k"] == 4), result.by_k[-1])
-        console.print(f"eval @ {run['tokens']:>9,} tokens: greedy acceptance {result.by_k[0]['acceptance']:.3f} (K=1), "
-                      f"{k4['acceptance']:.3f} (K={k4['k']}, {k4['tokens_per_call']:.2f} tokens/call); held-out KL {result.kl:.3f}",
-                      highlight=False)
+        console.print(
+            f"eval @ {run['tokens']:>9,} tokens: greedy acceptance {result.by_k[0]['acceptance']:.3f} (K=1), "
+            f"{k4['acceptance']:.3f} (K={k4['k']}, {k4['tokens_per_call']:.2f} tokens/call); held-out KL "
+            f"{result.kl:.3f}",
+            highlight=False,
+        )
         tmp = checkpoint.with_suffix(".tmp")
-        torch.save({"model": M.own_state(draft), "optimizer": optimizer.state_dict(), "run": run,
-                    "torch_rng": torch.get_rng_state()}, tmp)
+        torch.save(
+            {
+                "model": M.own_state(draft),
+                "optimizer": optimizer.state_dict(),
+                "run": run,
+                "torch_rng": torch.get_rng_state(),
+            },
+            tmp,
+        )
         os.replace(tmp, checkpoint)
         save(run["history"])
 
@@ -296,8 +418,11 @@ def _train(draft, examples, heldout, o: DistillOptions, work: Path, device, cons
                 run["steps"] += 1
                 run["cursor"] += 1
                 run["seconds"] += time.perf_counter() - start
-                progress.update(task, completed=min(run["tokens"], o.tokens),
-                                description=f"training: KL {kl_avg:.3f}, {run['tokens'] / max(run['seconds'], 1e-9):.0f} tokens/s")
+                progress.update(
+                    task,
+                    completed=min(run["tokens"], o.tokens),
+                    description=f"training: KL {kl_avg:.3f}, {run['tokens'] / max(run['seconds'], 1e-9):.0f} tokens/s",
+                )
                 if run["tokens"] - run["last_eval"] >= o.eval_every:
                     evaluate_and_save()
             if run["cursor"] >= len(epoch):
@@ -316,19 +441,39 @@ def _report(history: list[dict], console: Console) -> None:
         table.add_column(col, justify="right")
     for h in history:
         by_k = {r["k"]: r for r in h["by_k"]}
-        table.add_row(f"{h['tokens']:,}", f"{h['kl']:.3f}", *(f"{by_k[k]['acceptance']:.3f}" if k in by_k else "-" for k in (1, 2, 4, 6)),
-                      f"{by_k[4]['tokens_per_call']:.2f}" if 4 in by_k else "-")
+        table.add_row(
+            f"{h['tokens']:,}",
+            f"{h['kl']:.3f}",
+            *(f"{by_k[k]['acceptance']:.3f}" if k in by_k else "-" for k in (1, 2, 4, 6)),
+            f"{by_k[4]['tokens_per_call']:.2f}" if 4 in by_k else "-",
+        )
     console.print(table)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
 
+
 def reproduce_command(o: DistillOptions) -> str:
     """The `trtspec distill` command line that makes this draft again (options that differ from the defaults)."""
     defaults = DistillOptions(target=o.target, output=o.output)
     parts = ["trtspec", "distill", "--target", o.target, "--output", str(o.output)]
-    for key in ("layers", "init", "tokens", "seed", "head_tokens", "prompts", "samples", "temperature", "max_new_tokens",
-                "target_quantization", "eval_every", "lr", "generate_batch", "answers_by", "threads"):
+    for key in (
+        "layers",
+        "init",
+        "tokens",
+        "seed",
+        "head_tokens",
+        "prompts",
+        "samples",
+        "temperature",
+        "max_new_tokens",
+        "target_quantization",
+        "eval_every",
+        "lr",
+        "generate_batch",
+        "answers_by",
+        "threads",
+    ):
         value = getattr(o, key)
         if value != getattr(defaults, key) or key == "seed":
             parts += [f"--{key.replace('_', '-')}", str(value)]
@@ -339,8 +484,15 @@ def reproduce_command(o: DistillOptions) -> str:
 
 
 def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
 
 
 def _check_state(work: Path, o: DistillOptions) -> None:
@@ -352,9 +504,11 @@ def _check_state(work: Path, o: DistillOptions) -> None:
         saved.setdefault("answers_by", "engine")  # runs from before the option decoded with the engine
         changed = [k for k in DEFINING if saved.get(k) != mine.get(k)]
         if changed:
-            raise DistillError("--resume with other settings than the run it continues: "
-                               + ", ".join(f"{k} was {saved.get(k)!r}, now {mine.get(k)!r}" for k in changed)
-                               + "; use the same ones, or another --output")
+            raise DistillError(
+                "--resume with other settings than the run it continues: "
+                + ", ".join(f"{k} was {saved.get(k)!r}, now {mine.get(k)!r}" for k in changed)
+                + "; use the same ones, or another --output"
+            )
         return
     path.write_text(json.dumps({"trtspec": __version__, "options": mine}, indent=2) + "\n")
 
@@ -362,7 +516,9 @@ def _check_state(work: Path, o: DistillOptions) -> None:
 def _fingerprint(info) -> str:
     from trtspec.compile.common import describe_sources
 
-    return D.cache_key(sources=[(s["file"].rsplit("/", 1)[-1], s["bytes"], s["sha256"]) for s in describe_sources(info)])
+    return D.cache_key(
+        sources=[(s["file"].rsplit("/", 1)[-1], s["bytes"], s["sha256"]) for s in describe_sources(info)]
+    )
 
 
 def round_like_engine(model, quantization: str) -> None:
@@ -377,4 +533,3 @@ def round_like_engine(model, quantization: str) -> None:
             if fp8.is_quantizable(name, param):
                 q, scale = fp8.quantize(param, per_channel=per_channel)
                 param.copy_(fp8.dequantize(q, scale, param.dtype))
-

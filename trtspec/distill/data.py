@@ -49,9 +49,9 @@ class Source:
 class Sequence:
     """Token ids; the target's top-k logits for predicting ids[first:] (row i predicts ids[first + i])."""
 
-    ids: torch.Tensor          # int32 [L]
+    ids: torch.Tensor  # int32 [L]
     first: int
-    topk_ids: torch.Tensor     # int32 [L - first, k]
+    topk_ids: torch.Tensor  # int32 [L - first, k]
     topk_logits: torch.Tensor  # float16 [L - first, k]
 
     @property
@@ -61,14 +61,19 @@ class Sequence:
 
 # ---- sources ----------------------------------------------------------------------------------------------------
 
+
 def builtin_prompts(name: str, *, limit: int | None = None, seed: int = 0) -> list[str]:
     """A shipped prompt set: every template x topic of each category (held-out topics for `assistant-heldout`),
     then a seeded sample of `limit` prompts."""
     if name not in BUILTIN_SETS:
-        raise DistillError(f"unknown prompt set '{BUILTIN}{name}'; choose one of {', '.join(BUILTIN + n for n in BUILTIN_SETS)}")
+        raise DistillError(
+            f"unknown prompt set '{BUILTIN}{name}'; choose one of {', '.join(BUILTIN + n for n in BUILTIN_SETS)}"
+        )
     spec = json.loads((resources.files("trtspec") / "data" / "distill" / PROMPT_FILE).read_text())
     key = "heldout_topics" if name.endswith("-heldout") else "topics"
-    prompts = [t.format(x=topic) for cat in spec["categories"].values() for t, topic in product(cat["templates"], cat[key])]
+    prompts = [
+        t.format(x=topic) for cat in spec["categories"].values() for t, topic in product(cat["templates"], cat[key])
+    ]
     random.Random(seed).shuffle(prompts)
     return prompts[:limit] if limit else prompts
 
@@ -76,14 +81,16 @@ def builtin_prompts(name: str, *, limit: int | None = None, seed: int = 0) -> li
 def read_source(spec: str, *, limit: int | None = None, seed: int = 0) -> Source:
     """Read one `--data` entry; raises DistillError naming the file and line that is wrong."""
     if spec.startswith(BUILTIN):
-        return Source(spec, builtin_prompts(spec[len(BUILTIN):], limit=limit, seed=seed), [], [])
+        return Source(spec, builtin_prompts(spec[len(BUILTIN) :], limit=limit, seed=seed), [], [])
     path = Path(spec).expanduser()
     if not path.is_file():
         raise DistillError(f"--data {spec}: no such file (give a .txt or .jsonl file, or builtin:NAME)")
     try:
         content = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DistillError(f"--data {spec}: not UTF-8 text (byte {exc.start}); give a .txt or .jsonl text file") from exc
+        raise DistillError(
+            f"--data {spec}: not UTF-8 text (byte {exc.start}); give a .txt or .jsonl text file"
+        ) from exc
     if "\x00" in content:
         raise DistillError(f"--data {spec}: holds NUL bytes, which is binary data, not text")
     if not content.strip():
@@ -105,24 +112,35 @@ def read_source(spec: str, *, limit: int | None = None, seed: int = 0) -> Source
         elif isinstance(item, dict) and _is_chat(item.get("messages")):
             source.chats.append(item["messages"])
         else:
-            raise DistillError(f"--data {spec}, line {number}: expected an object with a non-empty \"prompt\" or \"text\" "
-                               "string, or \"messages\": [{\"role\": ..., \"content\": ...}, ...]")
+            raise DistillError(
+                f'--data {spec}, line {number}: expected an object with a non-empty "prompt" or "text" '
+                'string, or "messages": [{"role": ..., "content": ...}, ...]'
+            )
     if limit:
         source.prompts = source.prompts[:limit]
     return source
 
 
 def _is_chat(messages) -> bool:
-    return isinstance(messages, list) and bool(messages) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    )
 
 
 # ---- tokenizing -------------------------------------------------------------------------------------------------
 
+
 def chat_ids(tokenizer, prompt: str) -> list[int]:
     """The prompt as the user turn of the tokenizer's chat template, ready for the assistant's answer."""
     if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
         ids = out["input_ids"] if hasattr(out, "keys") else out
         return [int(t) for t in ids]
     return [int(t) for t in tokenizer(prompt)["input_ids"]]
@@ -130,22 +148,33 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
 
 def tokenize_source(source: Source, tokenizer, vocab_size: int) -> tuple[list[list[int]], list[list[int]]]:
     """(prompt ids, text ids) of a source; raises DistillError when something does not tokenize into the vocabulary."""
+
     def check(what: str, text: str, ids: list[int]) -> list[int]:
         if not ids:
             raise DistillError(f"--data {source.spec}: {what} {_preview(text)} gives no tokens")
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise DistillError(f"--data {source.spec}: {what} {_preview(text)} gives token id {bad}, outside the "
-                               f"target's vocabulary [0, {vocab_size}): the tokenizer does not belong to this target")
+            raise DistillError(
+                f"--data {source.spec}: {what} {_preview(text)} gives token id {bad}, outside the "
+                f"target's vocabulary [0, {vocab_size}): the tokenizer does not belong to this target"
+            )
         return ids
 
     try:
         prompts = [check("prompt", p, chat_ids(tokenizer, p)) for p in source.prompts]
-        texts = [check("text", t, [int(i) for i in tokenizer(t, add_special_tokens=False)["input_ids"]]) for t in source.texts]
+        texts = [
+            check("text", t, [int(i) for i in tokenizer(t, add_special_tokens=False)["input_ids"]])
+            for t in source.texts
+        ]
         for chat in source.chats:
-            rendered = tokenizer.apply_chat_template(chat, tokenize=False) if getattr(tokenizer, "chat_template", None) \
+            rendered = (
+                tokenizer.apply_chat_template(chat, tokenize=False)
+                if getattr(tokenizer, "chat_template", None)
                 else "\n".join(m["content"] for m in chat)
-            texts.append(check("chat", rendered, [int(i) for i in tokenizer(rendered, add_special_tokens=False)["input_ids"]]))
+            )
+            texts.append(
+                check("chat", rendered, [int(i) for i in tokenizer(rendered, add_special_tokens=False)["input_ids"]])
+            )
     except DistillError:
         raise
     except Exception as exc:  # tokenizers raise many kinds on input they cannot handle
@@ -159,6 +188,7 @@ def _preview(text: str) -> str:
 
 
 # ---- the target's outputs, cached in shards -------------------------------------------------------------------------
+
 
 def cache_key(**parts) -> str:
     blob = json.dumps(parts, sort_keys=True, default=str)
@@ -183,8 +213,12 @@ class ShardStore:
 
     def save(self, index: int, sequences: list[Sequence]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        data = {"ids": [s.ids for s in sequences], "first": [s.first for s in sequences],
-                "topk_ids": [s.topk_ids for s in sequences], "topk_logits": [s.topk_logits for s in sequences]}
+        data = {
+            "ids": [s.ids for s in sequences],
+            "first": [s.first for s in sequences],
+            "topk_ids": [s.topk_ids for s in sequences],
+            "topk_logits": [s.topk_logits for s in sequences],
+        }
         tmp = self.path(index).with_suffix(".tmp")
         torch.save(data, tmp)
         os.replace(tmp, self.path(index))
@@ -198,9 +232,19 @@ def _topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 SHARD_BATCHES = 4  # batches' worth of answers per shard file
 
 
-def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temperature: float, max_new_tokens: int,
-                     batch_size: int, top_k: int, seed: int, eos_id: int | None,
-                     progress: Callable[[int, int], None] | None = None) -> list[Sequence]:
+def generate_answers(
+    model,
+    prompts: list[list[int]],
+    store: ShardStore,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+    top_k: int,
+    seed: int,
+    eos_id: int | None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Sequence]:
     """The target's answers to `prompts` (greedy when temperature is 0), with the raw logits of each answer token.
 
     `model` is the embedded engine's compact forward (`trtspec.engine.model.CompactModel`): answers are what the
@@ -217,9 +261,20 @@ def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temp
     for index, shard in enumerate(shards):
         if not store.has(index):
             decode = decode_answers if isinstance(model, CompactModel) else decode_answers_padded
-            store.save(index, decode(model, [prompts[i] for i in shard], shard, temperature=temperature,
-                                     max_new_tokens=max_new_tokens, batch_size=batch_size, top_k=top_k,
-                                     seed=seed, eos_id=eos_id))
+            store.save(
+                index,
+                decode(
+                    model,
+                    [prompts[i] for i in shard],
+                    shard,
+                    temperature=temperature,
+                    max_new_tokens=max_new_tokens,
+                    batch_size=batch_size,
+                    top_k=top_k,
+                    seed=seed,
+                    eos_id=eos_id,
+                ),
+            )
         out += store.load(index)
         if progress:
             progress(index + 1, len(shards))
@@ -227,8 +282,18 @@ def generate_answers(model, prompts: list[list[int]], store: ShardStore, *, temp
 
 
 @torch.inference_mode()
-def decode_answers(model, prompts: list[list[int]], numbers: list[int], *, temperature: float, max_new_tokens: int,
-                   batch_size: int, top_k: int, seed: int, eos_id: int | None) -> list[Sequence]:
+def decode_answers(
+    model,
+    prompts: list[list[int]],
+    numbers: list[int],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+    top_k: int,
+    seed: int,
+    eos_id: int | None,
+) -> list[Sequence]:
     """Decode the prompts `batch_size` rows at a time, one token per row and step, each until its end token (kept,
     with its logits: the draft learns to end too) or `max_new_tokens`."""
     from trtspec.engine.model import Segment
@@ -262,14 +327,30 @@ def decode_answers(model, prompts: list[list[int]], numbers: list[int], *, tempe
         segments = [Segment([answers[r][-1]], len(prompts[r]) + len(answers[r]) - 1, kvs[r], 1) for r in running]
     sequences = []
     for ids, answer, top in zip(prompts, answers, kept):
-        sequences.append(Sequence(torch.tensor(ids + answer, dtype=torch.int32), len(ids),
-                                  torch.stack([i for i, _ in top]), torch.stack([v for _, v in top])))
+        sequences.append(
+            Sequence(
+                torch.tensor(ids + answer, dtype=torch.int32),
+                len(ids),
+                torch.stack([i for i, _ in top]),
+                torch.stack([v for _, v in top]),
+            )
+        )
     return sequences
 
 
 @torch.inference_mode()
-def decode_answers_padded(model, prompts: list[list[int]], numbers: list[int], *, temperature: float,
-                          max_new_tokens: int, batch_size: int, top_k: int, seed: int, eos_id: int | None) -> list[Sequence]:
+def decode_answers_padded(
+    model,
+    prompts: list[list[int]],
+    numbers: list[int],
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    batch_size: int,
+    top_k: int,
+    seed: int,
+    eos_id: int | None,
+) -> list[Sequence]:
     """The same answers as `decode_answers`, decoded by the transformers model in left-padded batches: every row
     of a batch steps until all have ended, so a GPU runs `batch_size` rows per step with a few hundred kernel
     launches whatever the batch (the compact forward's attention is one call per row). Sampled answers draw from
@@ -280,22 +361,34 @@ def decode_answers_padded(model, prompts: list[list[int]], numbers: list[int], *
     device = model.device
     sequences: list[Sequence] = []
     for at in range(0, len(prompts), batch_size):
-        batch = prompts[at:at + batch_size]
+        batch = prompts[at : at + batch_size]
         width = max(map(len, batch))
         ids = torch.zeros((len(batch), width), dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, prompt in enumerate(batch):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + numbers[at]) if temperature > 0 else None
+        generator = (
+            torch.Generator(device=device).manual_seed(seed * 1_000_003 + numbers[at]) if temperature > 0 else None
+        )
         cache = DynamicCache()
         chosen, top_ids, top_values = [], [], []
         ended = torch.zeros(len(batch), dtype=torch.bool, device=device)
         for _ in range(max_new_tokens):
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                           use_cache=True, logits_to_keep=1).logits[:, -1].float()
+            logits = (
+                model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                .logits[:, -1]
+                .float()
+            )
             if generator is None:
                 token = logits.argmax(-1)
             else:
@@ -315,17 +408,31 @@ def decode_answers_padded(model, prompts: list[list[int]], numbers: list[int], *
         for row, prompt in enumerate(batch):
             answer = chosen_t[row].tolist()
             length = answer.index(eos_id) + 1 if eos_id in answer else len(answer)  # the end token is kept
-            sequences.append(Sequence(torch.tensor(prompt + answer[:length], dtype=torch.int32), len(prompt),
-                                      top_ids_t[row, :length].contiguous(), top_values_t[row, :length].contiguous()))
+            sequences.append(
+                Sequence(
+                    torch.tensor(prompt + answer[:length], dtype=torch.int32),
+                    len(prompt),
+                    top_ids_t[row, :length].contiguous(),
+                    top_values_t[row, :length].contiguous(),
+                )
+            )
     return sequences
 
 
-def teacher_texts(model, texts: list[list[int]], store: ShardStore, *, window: int, batch_size: int, top_k: int,
-                  progress: Callable[[int, int], None] | None = None) -> list[Sequence]:
+def teacher_texts(
+    model,
+    texts: list[list[int]],
+    store: ShardStore,
+    *,
+    window: int,
+    batch_size: int,
+    top_k: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Sequence]:
     """Texts as written, cut into windows of `window` tokens, with the target's logits at every position."""
-    windows = [ids[i:i + window] for ids in texts for i in range(0, max(len(ids) - 1, 1), window - 1)]
+    windows = [ids[i : i + window] for ids in texts for i in range(0, max(len(ids) - 1, 1), window - 1)]
     windows = [w for w in windows if len(w) >= 2]
-    batches = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+    batches = [windows[i : i + batch_size] for i in range(0, len(windows), batch_size)]
     out: list[Sequence] = []
     for index, batch in enumerate(batches):
         if not store.has(index):
@@ -342,12 +449,12 @@ def _teacher_batch(model, batch: list[list[int]], top_k: int) -> list[Sequence]:
     input_ids = torch.zeros((len(batch), width), dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
     for row, ids in enumerate(batch):
-        input_ids[row, :len(ids)] = torch.tensor(ids)
-        mask[row, :len(ids)] = 1
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        mask[row, : len(ids)] = 1
     logits = model(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device)).logits
     sequences = []
     for row, ids in enumerate(batch):
-        top_ids, top_values = _topk(logits[row, :len(ids) - 1], top_k)
+        top_ids, top_values = _topk(logits[row, : len(ids) - 1], top_k)
         sequences.append(Sequence(torch.tensor(ids, dtype=torch.int32), 1, top_ids, top_values))
     return sequences
 
@@ -356,6 +463,6 @@ def token_counts(sequences: Iterable[Sequence], vocab_size: int) -> torch.Tensor
     """How often the target emits each token: the supervised tokens and, where they differ, its top-1 choices."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in sequences:
-        counts += torch.bincount(s.ids[s.first:].long(), minlength=vocab_size)
+        counts += torch.bincount(s.ids[s.first :].long(), minlength=vocab_size)
         counts += torch.bincount(s.topk_ids[:, 0].long(), minlength=vocab_size)
     return counts

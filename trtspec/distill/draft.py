@@ -20,7 +20,10 @@ from pathlib import Path
 import torch
 
 from trtspec.checkpoint import (
-    SHARED_FILE, SHARED_FORMAT, SUPPORTED_ARCHITECTURES, CheckpointInfo,
+    SHARED_FILE,
+    SHARED_FORMAT,
+    SUPPORTED_ARCHITECTURES,
+    CheckpointInfo,
 )
 from trtspec.distill.data import DistillError
 from trtspec.engine import subset_head
@@ -32,11 +35,15 @@ ASSET_WEIGHTS = "model.safetensors"
 def check_distillable(info: CheckpointInfo, config) -> None:
     """A target the draft can be made from: a supported decoder-only architecture with the Llama module layout."""
     if info.shared is not None:
-        raise DistillError(f"--target {info.path} is itself a draft that takes weights from another checkpoint; "
-                           "distill from a complete checkpoint")
+        raise DistillError(
+            f"--target {info.path} is itself a draft that takes weights from another checkpoint; "
+            "distill from a complete checkpoint"
+        )
     if info.architecture not in SUPPORTED_ARCHITECTURES:
-        raise DistillError(f"--target {info.path}: architecture {info.architecture} cannot be distilled; "
-                           f"trtspec distills {', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise DistillError(
+            f"--target {info.path}: architecture {info.architecture} cannot be distilled; "
+            f"trtspec distills {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     for key in ("num_hidden_layers", "hidden_size", "vocab_size"):
         if not getattr(config, key, None):
             raise DistillError(f"--target {info.path}: its config has no {key}")
@@ -47,7 +54,9 @@ def default_layers(num_target_layers: int, num_layers: int) -> list[int]:
     if num_layers < 1:
         raise DistillError(f"--layers must be at least 1, got {num_layers}")
     if num_layers >= num_target_layers:
-        raise DistillError(f"--layers {num_layers}: the target has only {num_target_layers} layers; a draft must be smaller")
+        raise DistillError(
+            f"--layers {num_layers}: the target has only {num_target_layers} layers; a draft must be smaller"
+        )
     return list(range(num_layers - 1)) + [num_target_layers - 1]
 
 
@@ -131,11 +140,17 @@ def write_asset(draft, output: Path, target_spec: str, *, dtype=torch.bfloat16, 
     from safetensors.torch import save_file
 
     output.mkdir(parents=True, exist_ok=True)
-    state = {n: (t.to(dtype) if t.is_floating_point() else t.to(torch.int64)).contiguous() for n, t in own_state(draft).items()}
+    state = {
+        n: (t.to(dtype) if t.is_floating_point() else t.to(torch.int64)).contiguous()
+        for n, t in own_state(draft).items()
+    }
     config = _clean(draft.config.to_dict())
     config["dtype"] = str(dtype).removeprefix("torch.")
-    shared = {"format": SHARED_FORMAT, "target": target_spec,
-              "tensors": {name: {"from": name} for name in SHARED_TENSORS} | _shared_head(draft)}
+    shared = {
+        "format": SHARED_FORMAT,
+        "target": target_spec,
+        "tensors": {name: {"from": name} for name in SHARED_TENSORS} | _shared_head(draft),
+    }
     _atomic(output / ASSET_WEIGHTS, lambda p: save_file(state, str(p), metadata={"format": "pt"}))
     _atomic(output / "config.json", lambda p: p.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n"))
     _atomic(output / SHARED_FILE, lambda p: p.write_text(json.dumps(shared, indent=2) + "\n"))

@@ -27,10 +27,10 @@ from trtspec.distill.data import Sequence
 class Example:
     """A sequence prepared for the draft: the target's top-k as indices into the draft's head."""
 
-    ids: torch.Tensor        # int64 [L]
+    ids: torch.Tensor  # int64 [L]
     first: int
     head_index: torch.Tensor  # int64 [L - first, k], -1 where the token is not in the draft's head
-    probs: torch.Tensor       # float32 [L - first, k], the target's top-k distribution over the kept tokens
+    probs: torch.Tensor  # float32 [L - first, k], the target's top-k distribution over the kept tokens
 
     @property
     def supervised(self) -> int:
@@ -59,7 +59,7 @@ def batches(examples: list[Example], batch_tokens: int, seed: int) -> list[list[
     random.Random(seed).shuffle(order)
     out, window = [], 64
     for start in range(0, len(order), window):
-        chunk = sorted(order[start:start + window], key=lambda i: examples[i].ids.numel())
+        chunk = sorted(order[start : start + window], key=lambda i: examples[i].ids.numel())
         batch: list[int] = []
         for i in chunk:
             width = max([examples[j].ids.numel() for j in batch] + [examples[i].ids.numel()])
@@ -117,20 +117,27 @@ def acceptance(matches: list[list[bool]], k: int) -> dict:
             drafted, accepted, calls = drafted + d, accepted + run, calls + 1
             i += run + 1
         tokens += n
-    return {"k": k, "acceptance": accepted / drafted if drafted else 0.0, "tokens_per_call": tokens / calls if calls else 0.0}
+    return {
+        "k": k,
+        "acceptance": accepted / drafted if drafted else 0.0,
+        "tokens_per_call": tokens / calls if calls else 0.0,
+    }
 
 
 @dataclass
 class EvalResult:
     kl: float
-    match_rate: float                  # = greedy acceptance at K = 1
+    match_rate: float  # = greedy acceptance at K = 1
     by_k: list[dict] = field(default_factory=list)
-    head_coverage: float = 1.0         # held-out target tokens the head can propose
+    head_coverage: float = 1.0  # held-out target tokens the head can propose
 
     def summary(self) -> dict:
-        return {"kl": round(self.kl, 4), "acceptance_k1": round(self.match_rate, 4),
-                "by_k": [{key: round(v, 4) if isinstance(v, float) else v for key, v in r.items()} for r in self.by_k],
-                "head_coverage": round(self.head_coverage, 4)}
+        return {
+            "kl": round(self.kl, 4),
+            "acceptance_k1": round(self.match_rate, 4),
+            "by_k": [{key: round(v, 4) if isinstance(v, float) else v for key, v in r.items()} for r in self.by_k],
+            "head_coverage": round(self.head_coverage, 4),
+        }
 
 
 @torch.no_grad()
@@ -155,17 +162,20 @@ def evaluate(draft, examples: list[Example], device, *, ks=(1, 2, 3, 4, 5, 6), b
         offset = 0
         for e in group:
             n = e.supervised
-            truth = e.ids[e.first:].to(device)
-            matches.append((choice[offset:offset + n] == truth).tolist())
+            truth = e.ids[e.first :].to(device)
+            matches.append((choice[offset : offset + n] == truth).tolist())
             if token_ids is not None:
                 covered += int(torch.isin(truth, token_ids).sum())
             offset += n
         total += sum(e.supervised for e in group)
     draft.train(was_training)
     flat = [m for match in matches for m in match]
-    return EvalResult(kl=kl_sum / max(n_sum, 1), match_rate=sum(flat) / max(len(flat), 1),
-                      by_k=[acceptance(matches, k) for k in ks],
-                      head_coverage=covered / max(total, 1) if token_ids is not None else 1.0)
+    return EvalResult(
+        kl=kl_sum / max(n_sum, 1),
+        match_rate=sum(flat) / max(len(flat), 1),
+        by_k=[acceptance(matches, k) for k in ks],
+        head_coverage=covered / max(total, 1) if token_ids is not None else 1.0,
+    )
 
 
 def learning_rate(base: float, tokens: int, total: int, warmup: float = 0.03, floor: float = 0.1) -> float:

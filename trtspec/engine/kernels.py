@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-MIN_GEMM_ROWS = 16       # query rows per attention product (see the module docstring)
-KEY_BLOCK = 64           # a row attends over its keys padded to a multiple of this
+MIN_GEMM_ROWS = 16  # query rows per attention product (see the module docstring)
+KEY_BLOCK = 64  # a row attends over its keys padded to a multiple of this
 
 
 def attention_length(position: int) -> int:
@@ -49,7 +49,7 @@ def _cpu_module():
 
 
 _ISA_CODE = {"avx2": 0, "avx512": 1}
-ISA_ENV = "TRTSPEC_CPU_ISA"              # caps the instruction set the kernels use (avx2 on an AVX-512 machine)
+ISA_ENV = "TRTSPEC_CPU_ISA"  # caps the instruction set the kernels use (avx2 on an AVX-512 machine)
 
 
 def _isas() -> tuple[str, ...]:
@@ -77,7 +77,9 @@ def packed_available(device: torch.device) -> bool:
     return device.type == "cpu" and _CPU is not None
 
 
-def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm_rows(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor:
     """With trtspec's kernel: x += residual (in place, when given), then the RMS norm of each row of x."""
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual {tuple(residual.shape)} does not match {tuple(x.shape)}")
@@ -85,13 +87,31 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: t
     if _f32_rows(weight).shape != x.shape[1:]:
         raise ValueError(f"norm weight {tuple(weight.shape)} does not match rows of {x.shape[1]}")
     y = torch.empty_like(x)
-    _CPU.rms_norm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), x.shape[0], x.shape[1],
-                  weight.data_ptr(), eps, y.data_ptr())
+    _CPU.rms_norm(
+        x.data_ptr(),
+        0 if residual is None else residual.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        weight.data_ptr(),
+        eps,
+        y.data_ptr(),
+    )
     return y
 
 
-def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: torch.Tensor, start: int, *, window: int | None, scale: float, out: torch.Tensor) -> None:
+def attend_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: torch.Tensor,
+    start: int,
+    *,
+    window: int | None,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
     """With trtspec's kernel, one sequence's new rows on one layer: q [n, Hq, d], k and v [n, Hkv, d] (rows
     may be strided views of one product), cos and sin [n, d] (the rows' rotary tables); rotates the queries and
     keys, writes keys and values at positions start.. of `cache` [2, Hkv, capacity, d] (of a KV_FORMATS dtype), and
@@ -104,12 +124,32 @@ def attend_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Te
     cos, sin = _f32_rows(cos), _f32_rows(sin)
     if out.stride(0) != hq * d or not out.is_contiguous():
         raise ValueError("attend_rows writes into contiguous rows")
-    _CPU.attention(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), n, hq, hkv, d,
-                   cos.data_ptr(), sin.data_ptr(), cache.data_ptr(), _kv_format(cache), cache.shape[2], start,
-                   window or 0, scale, out.data_ptr(), out.stride(0), torch.get_num_threads())
+    _CPU.attention(
+        q.data_ptr(),
+        q.stride(0),
+        k.data_ptr(),
+        k.stride(0),
+        v.data_ptr(),
+        v.stride(0),
+        n,
+        hq,
+        hkv,
+        d,
+        cos.data_ptr(),
+        sin.data_ptr(),
+        cache.data_ptr(),
+        _kv_format(cache),
+        cache.shape[2],
+        start,
+        window or 0,
+        scale,
+        out.data_ptr(),
+        out.stride(0),
+        torch.get_num_threads(),
+    )
 
 
-DECODER_LINEARS = ("qkv", "o", "gate_up", "down")   # in the order of a layer table's fields
+DECODER_LINEARS = ("qkv", "o", "gate_up", "down")  # in the order of a layer table's fields
 
 
 def layer_table(layers: list[dict]) -> torch.Tensor:
@@ -136,9 +176,20 @@ def segment_table(segments: list[tuple[int, int, int, torch.Tensor]]) -> torch.T
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def decoder_layers(x: torch.Tensor, layers: torch.Tensor, segments: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-                   heads: tuple[int, int, int], intermediate: int, window: int | None, scale: float, eps: float,
-                   isa: str) -> None:
+def decoder_layers(
+    x: torch.Tensor,
+    layers: torch.Tensor,
+    segments: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    heads: tuple[int, int, int],
+    intermediate: int,
+    window: int | None,
+    scale: float,
+    eps: float,
+    isa: str,
+) -> None:
     """With trtspec's kernel, every decoder layer over the rows x [T, H] (the embeddings; left holding the last
     residual stream, before the final norm), in one call: the norms, products, attention and activation that
     the framework's loop runs one by one, in the same order, each row's result its own alone. `layers` from
@@ -146,21 +197,42 @@ def decoder_layers(x: torch.Tensor, layers: torch.Tensor, segments: torch.Tensor
     instruction set of the layers' products."""
     hq, hkv, d = heads
     x, cos, sin = _f32_rows(x), _f32_rows(cos), _f32_rows(sin)
-    _CPU.decoder(x.data_ptr(), x.shape[0], x.shape[1], layers.data_ptr(), layers.shape[0], segments.data_ptr(),
-                 segments.shape[0], cos.data_ptr(), sin.data_ptr(), hq, hkv, d, intermediate, window or 0, scale, eps,
-                 torch.get_num_threads(), _ISA_CODE[isa])
+    _CPU.decoder(
+        x.data_ptr(),
+        x.shape[0],
+        x.shape[1],
+        layers.data_ptr(),
+        layers.shape[0],
+        segments.data_ptr(),
+        segments.shape[0],
+        cos.data_ptr(),
+        sin.data_ptr(),
+        hq,
+        hkv,
+        d,
+        intermediate,
+        window or 0,
+        scale,
+        eps,
+        torch.get_num_threads(),
+        _ISA_CODE[isa],
+    )
 
 
 def _kv_format(cache: torch.Tensor) -> int:
     if cache.dtype not in KV_FORMATS or not cache.is_contiguous():
-        raise ValueError(f"trtspec's attention kernel takes a contiguous KV cache of {', '.join(map(str, KV_FORMATS))}, "
-                         f"not {cache.dtype} of strides {cache.stride()}")
+        raise ValueError(
+            f"trtspec's attention kernel takes a contiguous KV cache of {', '.join(map(str, KV_FORMATS))}, "
+            f"not {cache.dtype} of strides {cache.stride()}"
+        )
     return KV_FORMATS[cache.dtype]
 
 
 def _f32_rows(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != torch.float32 or not t.is_contiguous():
-        raise ValueError(f"trtspec's CPU kernels take contiguous float32 tensors, not {t.dtype} of strides {t.stride()}")
+        raise ValueError(
+            f"trtspec's CPU kernels take contiguous float32 tensors, not {t.dtype} of strides {t.stride()}"
+        )
     return t
 
 
@@ -196,8 +268,15 @@ class PackedLinear:
     MIN_ROWS = 1
     BLOCK = 16
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, scale: torch.Tensor | None = None,
-                 storage: str | None = None, isa: str | None = None):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        scale: torch.Tensor | None = None,
+        storage: str | None = None,
+        isa: str | None = None,
+    ):
         n, k = weight.shape
         if weight.dtype == torch.float8_e4m3fn:
             if scale is None:
@@ -205,14 +284,16 @@ class PackedLinear:
             storage = storage or fp8_storage()
             if storage not in FP8_STORAGES:
                 raise ValueError(f"FP8 storage {storage!r}: choose one of {', '.join(FP8_STORAGES)}")
-            weight = weight.view(torch.uint8) if storage == "e4m3" else weight.to(torch.bfloat16)   # both exact
+            weight = weight.view(torch.uint8) if storage == "e4m3" else weight.to(torch.bfloat16)  # both exact
         elif scale is not None:
             raise ValueError("a scale goes with FP8 weights only")
         elif weight.dtype != torch.bfloat16:
             weight = weight.float()
         self.isa = isa or ISAS[-1]
         if self.isa not in ISAS:
-            raise ValueError(f"instruction set {self.isa!r} does not run here (this CPU runs {', '.join(ISAS) or 'none'})")
+            raise ValueError(
+                f"instruction set {self.isa!r} does not run here (this CPU runs {', '.join(ISAS) or 'none'})"
+            )
         blocks = -(-n // self.BLOCK)
         self.n, self.n_padded, self.k = n, blocks * self.BLOCK, k
         w = torch.zeros(self.n_padded, k, dtype=weight.dtype)
@@ -224,8 +305,13 @@ class PackedLinear:
         self.nbytes = self.packed.numel() * self.packed.element_size()
         self.out_features = n
         # what the kernel reads of this product, as `linear` and a decoder layer table take it
-        self.fields = (self.packed.data_ptr(), code, self.n_padded, 0 if self.scale is None else self.scale.data_ptr(),
-                       0 if self.bias is None else self.bias.data_ptr())
+        self.fields = (
+            self.packed.data_ptr(),
+            code,
+            self.n_padded,
+            0 if self.scale is None else self.scale.data_ptr(),
+            0 if self.bias is None else self.bias.data_ptr(),
+        )
 
     def _padded(self, values: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(self.n_padded)
@@ -264,7 +350,9 @@ def fp8_storage() -> str:
         else:
             seconds = measure_fp8_storages()
             _fp8_storage = min(seconds, key=seconds.get)
-            _fp8_reason = "measured: " + ", ".join(f"{name} {s * 1e12:.0f} ps" for name, s in seconds.items()) + " a weight"
+            _fp8_reason = (
+                "measured: " + ", ".join(f"{name} {s * 1e12:.0f} ps" for name, s in seconds.items()) + " a weight"
+            )
     return _fp8_storage
 
 
@@ -323,8 +411,10 @@ class Fp8Linear:
 
     E4M3_MAX = 448.0
 
-    def __init__(self, weight_fp8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype):
-        self.weight_t = weight_fp8.t()               # [K, N], column-major as _scaled_mm wants its second operand
+    def __init__(
+        self, weight_fp8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype
+    ):
+        self.weight_t = weight_fp8.t()  # [K, N], column-major as _scaled_mm wants its second operand
         n = weight_fp8.shape[0]
         # Per-token activation scales need per-channel weight scales ([1, N]); a per-tensor scale is broadcast.
         self.scale_b = scale.float().reshape(-1).expand(n).reshape(1, n).contiguous()
@@ -357,8 +447,9 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str):
     raise ValueError(f"unknown linear kind {kind!r}")
 
 
-def attention_plan(positions: list[int], heads: tuple[int, int, int], window: int | None, dtype: torch.dtype,
-                   device: torch.device) -> list[tuple]:
+def attention_plan(
+    positions: list[int], heads: tuple[int, int, int], window: int | None, dtype: torch.dtype, device: torch.device
+) -> list[tuple]:
     """How `attend` splits one sequence's new rows (at ascending `positions`), computed once per forward pass:
     runs of rows with the same `attention_length`, each with its additive mask (-inf where a key may not be
     attended: after the row's position, or outside a sliding window) and a zeroed query buffer that every layer reuses
@@ -384,8 +475,9 @@ def attention_plan(positions: list[int], heads: tuple[int, int, int], window: in
     return plan
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: list[tuple], *,
-           scale: float, groups: int) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: list[tuple], *, scale: float, groups: int
+) -> torch.Tensor:
     """Causal attention of one sequence's new rows over its cached keys and values.
 
     q [n, Hq, d]; keys, values [Hkv, capacity, d], holding every position up to the last row's; `plan` from
@@ -396,12 +488,12 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: list
     n, hq, d = q.shape
     hkv = keys.shape[0]
     out = q.new_empty(n, hq, d)
-    for start, end, length, mask, qg in plan:                           # qg: [Hkv, >= MIN_GEMM_ROWS, d]
+    for start, end, length, mask, qg in plan:  # qg: [Hkv, >= MIN_GEMM_ROWS, d]
         rows = end - start
         m = rows * groups
         torch.mul(q[start:end].view(rows, hkv, groups, d).permute(1, 0, 2, 3).reshape(hkv, m, d), scale, out=qg[:, :m])
-        scores = torch.baddbmm(mask, qg, keys[:, :length].transpose(1, 2))   # -inf where a key may not be seen
+        scores = torch.baddbmm(mask, qg, keys[:, :length].transpose(1, 2))  # -inf where a key may not be seen
         probs = torch.softmax(scores, dim=-1)
-        att = torch.bmm(probs, values[:, :length])[:, :m]                # [Hkv, rows*G, d]
+        att = torch.bmm(probs, values[:, :length])[:, :m]  # [Hkv, rows*G, d]
         out[start:end] = att.view(hkv, rows, groups, d).permute(1, 0, 2, 3).reshape(rows, hq, d)
     return out.view(n, hq * d)

@@ -31,7 +31,7 @@ class KVStats:
 
 @dataclass(eq=False)  # kept caches are told apart by identity: two may hold the same tokens, and tensors have no ==
 class _Kept:
-    tokens: tuple[int, ...]   # the tokens whose keys and values the cache holds
+    tokens: tuple[int, ...]  # the tokens whose keys and values the cache holds
     kv: object
     nbytes: int
 
@@ -47,11 +47,11 @@ class Lease:
 
 class KVPool:
     def __init__(self, model, budget_bytes: int, reuse_bytes: int, *, reuse: bool = True):
-        self.model = model               # new_kv / kv_capacity / kv_room / kv_nbytes / copy_kv / crop_kv
+        self.model = model  # new_kv / kv_capacity / kv_room / kv_nbytes / copy_kv / crop_kv
         self.budget_bytes = budget_bytes
         self.reuse_bytes = reuse_bytes
         self.reuse = reuse
-        self.entries: list[_Kept] = []   # most recently used first
+        self.entries: list[_Kept] = []  # most recently used first
         self.running_bytes = 0
         self.stats = KVStats()
 
@@ -69,9 +69,11 @@ class KVPool:
             self.stats.refused += 1
             per_token = self.model.kv_bytes_per_token
             raise RequestError(
-                field, f"needs {need / 2**20:.1f} MiB of KV cache for {tokens} tokens, more than the engine's KV-cache "
+                field,
+                f"needs {need / 2**20:.1f} MiB of KV cache for {tokens} tokens, more than the engine's KV-cache "
                 f"budget engine.kv_cache_mb = {self.budget_bytes / 2**20:.0f} MiB (room for about "
-                f"{self.budget_bytes // per_token} tokens); ask for fewer tokens or rebuild with a larger engine.kv_cache_mb",
+                f"{self.budget_bytes // per_token} tokens); ask for fewer tokens or rebuild with a larger "
+                "engine.kv_cache_mb",
             )
 
     def acquire(self, ids: list[int], tokens: int, max_cached: int) -> Lease | None:
@@ -81,15 +83,15 @@ class KVPool:
         best, best_len = self._lookup(ids)
         keep = min(best_len, max_cached)
         if best is not None and keep == len(best.tokens) and self.model.kv_room(best.kv) >= tokens:
-            self.entries.remove(best)           # the usual next call of the same sequence: take it over
+            self.entries.remove(best)  # the usual next call of the same sequence: take it over
             return self._lease(best.kv, keep, max(best.nbytes, need))
         if not self._make_room(need, spare=best):
             return None
-        if best is None or keep == 0 or best not in self.entries:   # no prefix, or it had to be evicted
+        if best is None or keep == 0 or best not in self.entries:  # no prefix, or it had to be evicted
             return self._lease(self.model.new_kv(tokens), 0, need)
         kv = self._fresh(best, keep, tokens)
         if keep == len(best.tokens):
-            self.entries.remove(best)           # outgrown: its content now lives in the larger cache
+            self.entries.remove(best)  # outgrown: its content now lives in the larger cache
         return self._lease(kv, keep, need)
 
     def release(self, lease: Lease, tokens: list[int]) -> None:
@@ -103,7 +105,9 @@ class KVPool:
             return
         self.model.crop_kv(kv, len(tokens))
         self.entries.insert(0, _Kept(tuple(tokens), kv, self.model.kv_nbytes(kv)))
-        while self.entries and (self.kept_bytes > self.reuse_bytes or self.kept_bytes + self.running_bytes > self.budget_bytes):
+        while self.entries and (
+            self.kept_bytes > self.reuse_bytes or self.kept_bytes + self.running_bytes > self.budget_bytes
+        ):
             self.entries.pop()
             self.stats.evictions += 1
 

@@ -29,7 +29,7 @@ class EngineInfo:
 
     path: Path
     raw: dict
-    backend: str                 # "torch" (embedded) or "trtllm"
+    backend: str  # "torch" (embedded) or "trtllm"
     version: str
     architecture: str
     dtype: str
@@ -39,7 +39,7 @@ class EngineInfo:
     kv_cache_quant_algo: str | None
     max_batch_size: int
     max_input_len: int
-    max_seq_len: int             # as stored: includes max_draft_len on a speculative target
+    max_seq_len: int  # as stored: includes max_draft_len on a speculative target
     max_draft_len: int
     speculative_decoding_mode: int
     gather_generation_logits: bool
@@ -90,7 +90,9 @@ def engine_info(path: str | Path, raw: dict) -> EngineInfo:
             if not isinstance(node, dict) or key not in node:
                 if default is not ...:
                     return default
-                raise EngineError(f"{config_path}: missing '{'.'.join(keys)}' (not a TensorRT-LLM engine config.json layout)")
+                raise EngineError(
+                    f"{config_path}: missing '{'.'.join(keys)}' (not a TensorRT-LLM engine config.json layout)"
+                )
             node = node[key]
         return node
 
@@ -111,7 +113,9 @@ def engine_info(path: str | Path, raw: dict) -> EngineInfo:
             max_input_len=int(get("build_config", "max_input_len")),
             max_seq_len=int(get("build_config", "max_seq_len")),
             max_draft_len=int(get("build_config", "max_draft_len", default=0)),
-            speculative_decoding_mode=speculative_mode_value(get("build_config", "speculative_decoding_mode", default=SPEC_MODE_NONE)),
+            speculative_decoding_mode=speculative_mode_value(
+                get("build_config", "speculative_decoding_mode", default=SPEC_MODE_NONE)
+            ),
             gather_generation_logits=bool(get("build_config", "gather_generation_logits", default=False)),
             gather_context_logits=bool(get("build_config", "gather_context_logits", default=False)),
             logits_dtype=str(get("pretrained_config", "logits_dtype", default="float32")),

@@ -51,8 +51,8 @@ class Segment:
 class DecoderInputs:
     """What trtspec's decoder kernel (kernels.decoder_layers) reads of a pass besides its rows."""
 
-    segments: torch.Tensor                   # kernels.segment_table of the pass's sequences
-    cos: torch.Tensor                        # [T, d] the rows' rotary tables
+    segments: torch.Tensor  # kernels.segment_table of the pass's sequences
+    cos: torch.Tensor  # [T, d] the rows' rotary tables
     sin: torch.Tensor
 
 
@@ -62,22 +62,29 @@ class Prepared:
     rows' logits are wanted."""
 
     ids: torch.Tensor
-    attend: object                           # per layer (framework loop), or None
+    attend: object  # per layer (framework loop), or None
     rows: torch.Tensor
-    decoder: DecoderInputs | None = None     # every layer in one kernel call, or None
+    decoder: DecoderInputs | None = None  # every layer in one kernel call, or None
 
 
 class CompactModel:
     """Decoder-only transformer forward over ragged batches; weights prepacked once (see kernels.py)."""
 
-    def __init__(self, config, state: dict[str, torch.Tensor], *, dtype: torch.dtype, device: torch.device,
-                 fp8_matmul: bool = False):
+    def __init__(
+        self,
+        config,
+        state: dict[str, torch.Tensor],
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        fp8_matmul: bool = False,
+    ):
         arch = (getattr(config, "architectures", None) or [""])[0]
         if arch not in COMPACT_ARCHITECTURES:
             raise EngineError(f"the compact forward covers {', '.join(COMPACT_ARCHITECTURES)}, not {arch}")
         self.kind = COMPACT_ARCHITECTURES[arch]
         self.config, self.device = config, device
-        self.weight_dtype = dtype                    # the linears' weights, as built
+        self.weight_dtype = dtype  # the linears' weights, as built
         if kernels.packed_available(device):
             # trtspec's CPU kernel reads float32 or bfloat16 weights and computes in float32 (exact widening)
             self.linear_kind, self.dtype = "packed", torch.float32
@@ -89,7 +96,7 @@ class CompactModel:
         self.hkv = getattr(config, "num_key_value_heads", None) or self.hq
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.hq
         self.groups = self.hq // self.hkv
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.eps = config.rms_norm_eps
         self.window = _sliding_window(config)
         if config.hidden_act != "silu":
@@ -111,7 +118,11 @@ class CompactModel:
     def _linear(self, state, names: list[str], bias: bool):
         """One product for several projections that read the same input (q/k/v, gate/up), stacked by rows."""
         biases = [state.get(n.removesuffix(".weight") + ".bias") for n in names] if bias else []
-        b = torch.cat([x.to(self.device, self.dtype) for x in biases]) if biases and all(x is not None for x in biases) else None
+        b = (
+            torch.cat([x.to(self.device, self.dtype) for x in biases])
+            if biases and all(x is not None for x in biases)
+            else None
+        )
         if self.fp8_matmul and all(state[n].dtype == fp8.FP8_DTYPE for n in names):
             w8 = torch.cat([state[n] for n in names]).to(self.device)
             scale = self._row_scales(state, names).to(self.device)
@@ -155,7 +166,8 @@ class CompactModel:
             self.layers.append(layer)
         self.head_ids = None
         tied = not subset_head.head_tokens(self.config) and (
-            "lm_head.weight" not in state or getattr(self.config, "tie_word_embeddings", False))
+            "lm_head.weight" not in state or getattr(self.config, "tie_word_embeddings", False)
+        )
         head = _dequantized(state, "model.embed_tokens.weight" if tied else "lm_head.weight", self.weight_dtype)
         self.head = kernels.make_linear(head.to(self.device), None, kind=self.linear_kind)
         if subset_head.head_tokens(self.config):
@@ -190,7 +202,12 @@ class CompactModel:
         """Bytes of weights one decode step reads: every linear and the output head (not the embedding table,
         of which a step reads one row per token)."""
         linears = [lin for layer in self.layers for key, lin in layer.items() if hasattr(lin, "nbytes")]
-        norms = sum(t.numel() * t.element_size() for layer in self.layers for key, t in layer.items() if isinstance(t, torch.Tensor))
+        norms = sum(
+            t.numel() * t.element_size()
+            for layer in self.layers
+            for key, t in layer.items()
+            if isinstance(t, torch.Tensor)
+        )
         return sum(lin.nbytes for lin in linears) + self.head.nbytes + norms
 
     # ---- KV caches ----------------------------------------------------------------------------------------------
@@ -204,8 +221,15 @@ class CompactModel:
     def new_kv(self, tokens: int) -> torch.Tensor:
         """A cache with room for `tokens` positions (rounded up to the attention's key block), zeroed: the
         attention reads whole key blocks, and a masked key must hold a finite value."""
-        return torch.zeros(self.num_layers, 2, self.hkv, self.kv_capacity(tokens), self.head_dim,
-                           dtype=self.kv_dtype, device=self.device)
+        return torch.zeros(
+            self.num_layers,
+            2,
+            self.hkv,
+            self.kv_capacity(tokens),
+            self.head_dim,
+            dtype=self.kv_dtype,
+            device=self.device,
+        )
 
     def kv_room(self, kv: torch.Tensor) -> int:
         return kv.shape[3]
@@ -226,7 +250,7 @@ class CompactModel:
         logits = self.run(self.prepare(segments)).float().cpu()
         return list(logits.split([s.n_logits for s in segments]))
 
-    def prepare(self, segments: list[Segment]) -> "Prepared":
+    def prepare(self, segments: list[Segment]) -> Prepared:
         """Everything a pass needs that comes from the host (token ids, positions, attention plans), on the
         device; `run` then reads device memory only, so that a GPU can capture it as one CUDA graph."""
         # fewer rows than a product's minimum are padded once here rather than in every product: the extra rows
@@ -240,30 +264,44 @@ class CompactModel:
         for s in segments:
             offsets.append(at)
             at += len(s.ids)
-        rows = torch.tensor([off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
-                            device=self.device)
+        rows = torch.tensor(
+            [off + len(s.ids) - j for s, off in zip(segments, offsets) for j in range(s.n_logits, 0, -1)],
+            device=self.device,
+        )
         if self.layer_table is not None and not pad:
             table = kernels.segment_table([(off, len(s.ids), s.start, s.kv) for s, off in zip(segments, offsets)])
             return Prepared(ids, None, rows, DecoderInputs(table, cos[0].contiguous(), sin[0].contiguous()))
-        attend = (self._fused_attention if self.fused else self._torch_attention)(segments, offsets, cos[0], sin[0], at + pad)
+        attend = (self._fused_attention if self.fused else self._torch_attention)(
+            segments, offsets, cos[0], sin[0], at + pad
+        )
         return Prepared(ids, attend, rows)
 
-    def run(self, p: "Prepared") -> torch.Tensor:
+    def run(self, p: Prepared) -> torch.Tensor:
         """The network on a prepared pass: the logits of the wanted rows, [rows, V], on the device."""
-        x = F.embedding(p.ids, self.embed)     # the residual stream
-        if p.decoder is not None:                # every layer in one call of trtspec's kernel, in place on x
-            kernels.decoder_layers(x, self.layer_table, p.decoder.segments, p.decoder.cos, p.decoder.sin,
-                                   heads=(self.hq, self.hkv, self.head_dim), intermediate=self.config.intermediate_size,
-                                   window=self.window, scale=self.scale, eps=self.eps, isa=self.layers[0]["qkv"].isa)
+        x = F.embedding(p.ids, self.embed)  # the residual stream
+        if p.decoder is not None:  # every layer in one call of trtspec's kernel, in place on x
+            kernels.decoder_layers(
+                x,
+                self.layer_table,
+                p.decoder.segments,
+                p.decoder.cos,
+                p.decoder.sin,
+                heads=(self.hq, self.hkv, self.head_dim),
+                intermediate=self.config.intermediate_size,
+                window=self.window,
+                scale=self.scale,
+                eps=self.eps,
+                isa=self.layers[0]["qkv"].isa,
+            )
             return self._head(self._norm(x[p.rows], self.norm))
         h = self._norm(x, self.layers[0]["input_norm"])
         for i, layer in enumerate(self.layers):
             attention = layer["o"](p.attend(i, layer, layer["qkv"](h)))
-            h = self._add_into_and_norm(x, attention, layer["post_norm"])   # x += attention, in place
+            h = self._add_into_and_norm(x, attention, layer["post_norm"])  # x += attention, in place
             gate, up = layer["gate_up"](h).chunk(2, dim=-1)
             mlp = layer["down"](F.silu(gate) * up)
             if i + 1 < len(self.layers):  # the last layer's MLP output is added below, outside the loop
-                h = self._add_into_and_norm(x, mlp, self.layers[i + 1]["input_norm"])   # x += mlp, in place
+                h = self._add_into_and_norm(x, mlp, self.layers[i + 1]["input_norm"])  # x += mlp, in place
         x = x + mlp
         return self._head(self._norm(x[p.rows], self.norm))
 
@@ -302,9 +340,18 @@ class CompactModel:
             att = qkv.new_zeros(total, self.hq * self.head_dim)
             for s, off in zip(segments, offsets):
                 n = len(s.ids)
-                kernels.attend_rows(q[off : off + n], k[off : off + n], v[off : off + n], cos[off : off + n],
-                                    sin[off : off + n], s.kv[i], s.start, window=self.window, scale=self.scale,
-                                    out=att[off : off + n])
+                kernels.attend_rows(
+                    q[off : off + n],
+                    k[off : off + n],
+                    v[off : off + n],
+                    cos[off : off + n],
+                    sin[off : off + n],
+                    s.kv[i],
+                    s.start,
+                    window=self.window,
+                    scale=self.scale,
+                    out=att[off : off + n],
+                )
             return att
 
         return attend
@@ -313,23 +360,29 @@ class CompactModel:
         """Attention as framework operations (CUDA, or a CPU without trtspec's kernels), with the shapes of
         kernels.attention_plan so that a row's result depends on its own inputs alone on a CPU."""
         half = self.head_dim // 2
-        cos = cos.unsqueeze(1)                                                      # [T, 1, d]
-        sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).unsqueeze(1)       # signed for _rope
+        cos = cos.unsqueeze(1)  # [T, 1, d]
+        sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).unsqueeze(1)  # signed for _rope
         heads = (self.hkv, self.groups, self.head_dim)
-        plans = [kernels.attention_plan(list(range(s.start, s.start + len(s.ids))), heads, self.window, self.dtype, self.device)
-                 for s in segments]
+        plans = [
+            kernels.attention_plan(
+                list(range(s.start, s.start + len(s.ids))), heads, self.window, self.dtype, self.device
+            )
+            for s in segments
+        ]
 
         def attend(i: int, layer: dict, qkv: torch.Tensor) -> torch.Tensor:
             q, k, v = self._split_heads(layer, qkv)
-            qk = _rope(torch.cat([q, k], 1), cos, sin)   # queries and keys rotated together: one op each
+            qk = _rope(torch.cat([q, k], 1), cos, sin)  # queries and keys rotated together: one op each
             q, k = qk[:, : self.hq], qk[:, self.hq :]
             att = qkv.new_zeros(total, self.hq * self.head_dim)
             for s, off, plan in zip(segments, offsets, plans):
                 n = len(s.ids)
-                cache = s.kv[i]                                                      # [2, Hkv, capacity, d]
+                cache = s.kv[i]  # [2, Hkv, capacity, d]
                 cache[0, :, s.start : s.start + n] = k[off : off + n].transpose(0, 1)
                 cache[1, :, s.start : s.start + n] = v[off : off + n].transpose(0, 1)
-                att[off : off + n] = kernels.attend(q[off : off + n], cache[0], cache[1], plan, scale=self.scale, groups=self.groups)
+                att[off : off + n] = kernels.attend(
+                    q[off : off + n], cache[0], cache[1], plan, scale=self.scale, groups=self.groups
+                )
             return att
 
         return attend
@@ -360,7 +413,8 @@ class HFModel:
     def weight_bytes(self) -> int:
         emb = self.model.get_input_embeddings().weight
         return sum(p.numel() * p.element_size() for p in self.model.parameters()) - (
-            0 if self.model.config.tie_word_embeddings else emb.numel() * emb.element_size())
+            0 if self.model.config.tie_word_embeddings else emb.numel() * emb.element_size()
+        )
 
     def kv_capacity(self, tokens: int) -> int:
         return tokens

@@ -28,7 +28,12 @@ import torch
 from safetensors.torch import load_file
 
 from trtspec.contract import (
-    GenerationRequest, GenerationResult, request_to_tensors, result_to_tensors, tensors_to_request, tensors_to_result,
+    GenerationRequest,
+    GenerationResult,
+    request_to_tensors,
+    result_to_tensors,
+    tensors_to_request,
+    tensors_to_result,
 )
 from trtspec.engine import fp8, subset_head
 from trtspec.engine.kv import KVPool, KVStats
@@ -47,7 +52,7 @@ DEFAULT_KV_REUSE_MB = 512
 class EngineStats:
     requests: int = 0
     verify_requests: int = 0
-    num_draft_tokens: int = 0      # over the verifications
+    num_draft_tokens: int = 0  # over the verifications
     num_accepted_tokens: int = 0
     prefix: KVStats = field(default_factory=KVStats)
     batching: BatchStats = field(default_factory=BatchStats)
@@ -64,8 +69,11 @@ class Engine:
         extra = info.raw.get("trtspec", {})
         self.eos_token_id: int | None = extra.get("eos_token_id")
         self.pad_token_id: int | None = extra.get("pad_token_id")
-        self.cache = KVPool(model, int(extra.get("kv_cache_mb", DEFAULT_KV_CACHE_MB)) * 2**20,
-                            int(extra.get("kv_cache_reuse_mb", DEFAULT_KV_REUSE_MB)) * 2**20)
+        self.cache = KVPool(
+            model,
+            int(extra.get("kv_cache_mb", DEFAULT_KV_CACHE_MB)) * 2**20,
+            int(extra.get("kv_cache_reuse_mb", DEFAULT_KV_REUSE_MB)) * 2**20,
+        )
         self.scheduler = Scheduler(model, self.cache, max(1, info.max_batch_size))
         self.stats = EngineStats(prefix=self.cache.stats, batching=self.scheduler.stats)
         self._stats_lock = threading.Lock()
@@ -73,8 +81,16 @@ class Engine:
 
     # ---- loading -------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, engine_dir: str | Path, device: str = "cpu", dtype: str | None = None, *,
-             forward: str = "auto", fp8_matmul: bool = False, check_invariance: bool = True) -> "Engine":
+    def load(
+        cls,
+        engine_dir: str | Path,
+        device: str = "cpu",
+        dtype: str | None = None,
+        *,
+        forward: str = "auto",
+        fp8_matmul: bool = False,
+        check_invariance: bool = True,
+    ) -> Engine:
         """Load an embedded-backend engine dir. `dtype` overrides the built compute dtype; `forward` picks the
         network (auto: compact where supported); `fp8_matmul` (off by default, see the module docstring; CUDA
         SM89+, or torch's CPU `_scaled_mm`) multiplies FP8 weights in FP8 instead of dequantizing them."""
@@ -84,7 +100,10 @@ class Engine:
             raise EngineError(f"forward {forward!r} is not one of {', '.join(FORWARDS)}")
         info = read_engine(engine_dir)
         if info.backend != "torch":
-            raise EngineError(f"{engine_dir} is a {info.backend} engine; the embedded engine loads only engines built with `backend: torch`")
+            raise EngineError(
+                f"{engine_dir} is a {info.backend} engine; the embedded engine loads only engines built with "
+                "`backend: torch`"
+            )
         extra = info.raw["trtspec"]
         weights = Path(engine_dir) / extra.get("weights", "rank0.safetensors")
         if not weights.is_file():
@@ -104,7 +123,9 @@ class Engine:
             try:
                 model = CompactModel(hf_config, state, dtype=compute, device=dev, fp8_matmul=fp8_matmul)
             except (KeyError, RuntimeError) as exc:
-                raise EngineError(f"{weights} does not match {info.architecture} as configured in {engine_dir}: {exc}") from exc
+                raise EngineError(
+                    f"{weights} does not match {info.architecture} as configured in {engine_dir}: {exc}"
+                ) from exc
         else:
             model = HFModel(_hf_model(hf_config, state, compute, weights, info, engine_dir).to(dev).eval(), dev)
         engine = cls(info, model, dev)
@@ -167,14 +188,24 @@ class Engine:
 
     @staticmethod
     def result_tensors(request: GenerationRequest, result: GenerationResult) -> dict[str, np.ndarray]:
-        return result_to_tensors(result, with_logits=request.return_generation_logits, with_perf=request.return_perf_metrics,
-                                 input_tokens=len(request.input_ids) if request.return_num_input_tokens else None,
-                                 output_tokens=request.return_num_output_tokens)
+        return result_to_tensors(
+            result,
+            with_logits=request.return_generation_logits,
+            with_perf=request.return_perf_metrics,
+            input_tokens=len(request.input_ids) if request.return_num_input_tokens else None,
+            output_tokens=request.return_num_output_tokens,
+        )
 
     def _job(self, request: GenerationRequest, done, request_id: str = "") -> Job:
         self.check(request)
-        return Job(request, done, end_id=self._end_id(request), generator=self._generator(request),
-                   vocab_size=self.info.vocab_size, request_id=request_id)
+        return Job(
+            request,
+            done,
+            end_id=self._end_id(request),
+            generator=self._generator(request),
+            vocab_size=self.info.vocab_size,
+            request_id=request_id,
+        )
 
     def _finished(self, request: GenerationRequest, outcome):
         if isinstance(outcome, BaseException):
@@ -209,7 +240,8 @@ class Engine:
             raise RequestError(
                 "request_output_len",
                 f"input of {len(r.input_ids)} tokens + {r.request_output_len} new tokens exceeds the engine's "
-                f"max_seq_len {limit}; ask for at most {max(limit - len(r.input_ids), 0)} tokens or rebuild with a larger engine.max_seq_len",
+                f"max_seq_len {limit}; ask for at most {max(limit - len(r.input_ids), 0)} tokens or rebuild with a "
+                "larger engine.max_seq_len",
             )
         for name in ("end_id", "pad_id"):
             value = getattr(r, name)
@@ -219,18 +251,23 @@ class Engine:
             k = len(r.draft_input_ids)
             if not info.accepts_draft_tokens:
                 raise RequestError(
-                    "draft_input_ids", "this engine was built without speculative decoding (max_draft_len 0); "
+                    "draft_input_ids",
+                    "this engine was built without speculative decoding (max_draft_len 0); "
                     "build the target with speculation.max_draft_len >= the number of draft tokens",
                 )
             if k > info.max_draft_len:
-                raise RequestError("draft_input_ids", f"{k} draft tokens exceed the engine's max_draft_len {info.max_draft_len}")
+                raise RequestError(
+                    "draft_input_ids", f"{k} draft tokens exceed the engine's max_draft_len {info.max_draft_len}"
+                )
             bad = next((t for t in r.draft_input_ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise RequestError("draft_input_ids", f"token id {bad} is outside the vocabulary [0, {vocab})")
             if r.draft_logits is not None:
                 shape = tuple(r.draft_logits.shape)
                 if len(shape) != 2 or shape[0] != k or shape[1] < vocab:
-                    raise RequestError("draft_logits", f"shape {shape} does not match [{k} draft tokens, vocab {vocab}]")
+                    raise RequestError(
+                        "draft_logits", f"shape {shape} does not match [{k} draft tokens, vocab {vocab}]"
+                    )
         elif r.draft_logits is not None:
             raise RequestError("draft_logits", "given without draft_input_ids")
         if r.min_tokens < 0:
@@ -240,18 +277,26 @@ class Engine:
         # gather_generation_logits must be enabled", which TrtGptModelInflightBatching::getGatherGenerationLogits
         # reads off the engine, the tensorrtllm backend never setting the ExecutorConfig's own flag)
         if r.return_context_logits and not info.gather_context_logits:
-            raise RequestError("return_context_logits", "this engine was built without gather_context_logits; set "
-                               "engine.gather_context_logits: true in the build config (torch backend) and rebuild")
+            raise RequestError(
+                "return_context_logits",
+                "this engine was built without gather_context_logits; set "
+                "engine.gather_context_logits: true in the build config (torch backend) and rebuild",
+            )
         if r.return_generation_logits and not info.gather_generation_logits:
-            raise RequestError("return_generation_logits", "this engine was built without gather_generation_logits; set "
-                               "engine.gather_generation_logits: true in the build config and rebuild")
+            raise RequestError(
+                "return_generation_logits",
+                "this engine was built without gather_generation_logits; set "
+                "engine.gather_generation_logits: true in the build config and rebuild",
+            )
         if not r.penalties.repetition > 0:  # SamplingConfig::validate: repetitionPenalty > 0
             raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {r.penalties.repetition}")
         for name, words in (("stop_words_list", r.stop_words), ("bad_words_list", r.bad_words)):
             bad = next((t for w in words for t in w if not 0 <= t < vocab), None)
             if bad is not None:
                 raise RequestError(name, f"token id {bad} is outside the vocabulary [0, {vocab})")
-        self.cache.check(len(r.input_ids) + max(r.request_output_len, len(r.draft_input_ids or ()) + 1), "request_output_len")
+        self.cache.check(
+            len(r.input_ids) + max(r.request_output_len, len(r.draft_input_ids or ()) + 1), "request_output_len"
+        )
 
     def _end_id(self, r: GenerationRequest) -> int | None:
         end = r.end_id if r.end_id is not None else self.eos_token_id
@@ -282,8 +327,12 @@ def _check_state(hf_config, state: dict, weights: Path, info: EngineInfo) -> Non
     missing = [n for n in expected if n not in have and not (tied and n == "lm_head.weight")]
     unexpected = [n for n in have if n not in expected]
     if missing or unexpected:
-        raise EngineError(f"{weights} does not match {info.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    wrong = [f"{n} {tuple(state[n].shape)} (expected {expected[n]})" for n in have if tuple(state[n].shape) != expected[n]]
+        raise EngineError(
+            f"{weights} does not match {info.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    wrong = [
+        f"{n} {tuple(state[n].shape)} (expected {expected[n]})" for n in have if tuple(state[n].shape) != expected[n]
+    ]
     if wrong:
         raise EngineError(f"{weights} does not match {info.architecture} as configured: {', '.join(wrong[:3])}")
 
@@ -299,9 +348,13 @@ def _hf_model(hf_config, state: dict, compute: torch.dtype, weights: Path, info:
         missing, unexpected = model.load_state_dict(fp8.dequantize_state_dict(state, compute), strict=False)
     except RuntimeError as exc:  # shapes that disagree with the config raise even with strict=False
         raise EngineError(f"{weights} does not match {info.architecture} as configured in {engine_dir}: {exc}") from exc
-    missing = [m for m in missing if not (m == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
+    missing = [
+        m for m in missing if not (m == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))
+    ]
     if missing or unexpected:
-        raise EngineError(f"{weights} does not match {info.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise EngineError(
+            f"{weights} does not match {info.architecture}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     model.tie_weights()
     return model
 

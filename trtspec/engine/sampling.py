@@ -32,8 +32,9 @@ class Rules:
         return self.penalties.active or bool(self.bad_words) or self.log_probs
 
 
-def prepare(logits: torch.Tensor, params: SamplingParams, rules: Rules, history: list[int],
-            blocked: int | None = None) -> tuple[torch.Tensor, SamplingParams]:
+def prepare(
+    logits: torch.Tensor, params: SamplingParams, rules: Rules, history: list[int], blocked: int | None = None
+) -> tuple[torch.Tensor, SamplingParams]:
     """One position's logits [V] -> (the logits the sampler draws from, the settings to draw with), in
     TensorRT-LLM's order (penaltyKernels.cu, then banBadWords): temperature, repetition / presence / frequency
     penalties over `history`, the end token `blocked` (min_tokens), bad words completed by one more token.
@@ -56,7 +57,7 @@ def prepare(logits: torch.Tensor, params: SamplingParams, rules: Rules, history:
     if blocked is not None:
         out[blocked] = float("-inf")
     for word in rules.bad_words:
-        if len(word) == 1 or history[-(len(word) - 1):] == word[:-1]:
+        if len(word) == 1 or history[-(len(word) - 1) :] == word[:-1]:
             out[word[-1]] = float("-inf")
     return out, params
 
@@ -68,7 +69,7 @@ def log_prob(logits: torch.Tensor, token: int) -> float:
 
 def completes_word(sequence: list[int], words: list[list[int]]) -> bool:
     """Whether `sequence` ends with one of `words`."""
-    return any(w and sequence[-len(w):] == w for w in words)
+    return any(w and sequence[-len(w) :] == w for w in words)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -96,8 +97,8 @@ def select(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 def accept_draft(
-    target_logits: torch.Tensor,             # [k+1, V]: the target's logits at the k draft positions and one past
-    draft_tokens: list[int],                 # [k]
+    target_logits: torch.Tensor,  # [k+1, V]: the target's logits at the k draft positions and one past
+    draft_tokens: list[int],  # [k]
     *,
     params: SamplingParams,
     draft_logits: torch.Tensor | None = None,  # [k, V]: the draft's logits for its tokens, or None
@@ -115,7 +116,7 @@ def accept_draft(
                 return i, emitted
         return k, emitted + [select(target_logits[k], params, generator)]
 
-    p = probabilities(target_logits, params)          # [k+1, V]
+    p = probabilities(target_logits, params)  # [k+1, V]
     q = probabilities(draft_logits.to(p.dtype), draft_params or params)  # [k, V]
     for i, token in enumerate(draft_tokens):
         p_i, q_i = p[i, token], q[i, token]

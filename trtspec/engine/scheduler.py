@@ -36,18 +36,26 @@ from trtspec.errors import EngineError
 @dataclass
 class BatchStats:
     steps: int = 0
-    rows: int = 0                 # token rows through the network
-    calls: int = 0                # call-steps: a call's share of a step
+    rows: int = 0  # token rows through the network
+    calls: int = 0  # call-steps: a call's share of a step
     max_calls_in_step: int = 0
 
 
 class Job:
     """One engine call as it moves through the steps of the scheduler."""
 
-    def __init__(self, request: GenerationRequest, done: Callable[[GenerationResult | BaseException], None], *,
-                 end_id: int | None, generator: torch.Generator | None, vocab_size: int, request_id: str = ""):
+    def __init__(
+        self,
+        request: GenerationRequest,
+        done: Callable[[GenerationResult | BaseException], None],
+        *,
+        end_id: int | None,
+        generator: torch.Generator | None,
+        vocab_size: int,
+        request_id: str = "",
+    ):
         self.request, self.done, self.request_id = request, done, request_id
-        self.stopped = False                                 # cancelled: ends before the next step
+        self.stopped = False  # cancelled: ends before the next step
         self.end_id, self.generator = end_id, generator
         self.seq = list(request.input_ids)
         # Never emit more than request_output_len tokens: a verification emits up to len(draft) + 1.
@@ -55,15 +63,15 @@ class Job:
         self.draft_logits = None
         if request.draft_logits is not None and self.draft:
             self.draft_logits = torch.as_tensor(request.draft_logits)[: len(self.draft), :vocab_size].float()
-        self.tokens = self.seq + self.draft                  # what the first step must have in the cache
+        self.tokens = self.seq + self.draft  # what the first step must have in the cache
         self.rules = Rules(request.penalties, request.bad_words, request.return_log_probs)
-        self.step_rows = len(self.draft) + 1                 # logits rows that choose tokens in the first step
+        self.step_rows = len(self.draft) + 1  # logits rows that choose tokens in the first step
         # context logits need every prompt position through the network, so nothing cached is reused
         self.first_logits = len(self.tokens) if request.return_context_logits else self.step_rows
         self.context_logits = None
         self.log_probs: list[float] = []
         self.on_token: Callable[[GenerationResult], None] | None = None  # streaming: hears the result so far
-                                                                         # at each token but the last
+        # at each token but the last
         # room for every position this call may write: the sequence, then up to request_output_len tokens
         self.capacity = len(self.seq) + max(request.request_output_len, len(self.draft) + 1)
         self.lease: Lease | None = None
@@ -73,14 +81,14 @@ class Job:
         self.start = 0
         self.n_logits = 0
         # what the call has produced
-        self.new: list[int] = []                             # the tokens chosen so far
-        self.kept_logits: list[torch.Tensor] = []            # their logits, when asked for
-        self.num_accepted_tokens = 0                         # of the draft, after a verification
-        self.computed = 0                                    # tokens that went through the network
-        self.began = 0.0                                     # admission (perf_counter), for the result's seconds
+        self.new: list[int] = []  # the tokens chosen so far
+        self.kept_logits: list[torch.Tensor] = []  # their logits, when asked for
+        self.num_accepted_tokens = 0  # of the draft, after a verification
+        self.computed = 0  # tokens that went through the network
+        self.began = 0.0  # admission (perf_counter), for the result's seconds
         # steady-clock times (ns), as TensorRT-LLM's perf outputs report them; 0: not yet
         self.arrived_ns = time.monotonic_ns()
-        self.scheduled_ns = 0                                # first scheduled
+        self.scheduled_ns = 0  # first scheduled
         self.first_token_ns = 0
 
     def admitted(self, lease: Lease) -> None:
@@ -98,7 +106,7 @@ class Job:
         self.first_token_ns = self.first_token_ns or time.monotonic_ns()
         if self.request.return_context_logits and self.context_logits is None:
             self.context_logits = logits[: len(self.seq)]
-            logits = logits[len(logits) - self.step_rows:]
+            logits = logits[len(logits) - self.step_rows :]
         if self.draft:
             return self._verified(logits)
         r = self.request
@@ -112,7 +120,9 @@ class Job:
         self.new.append(token)
         if r.return_generation_logits:
             self.kept_logits.append(logits[-1])
-        if len(self.new) >= r.request_output_len or (r.stop_words and completes_word(self.seq + self.new, r.stop_words)):
+        if len(self.new) >= r.request_output_len or (
+            r.stop_words and completes_word(self.seq + self.new, r.stop_words)
+        ):
             return True
         if self.on_token is not None:
             self.on_token(self.result())
@@ -139,15 +149,25 @@ class Job:
         if self.rules.active or (self.end_id is not None and r.min_tokens > 0):
             # each position is prepared with the draft tokens before it as its history, as if they had been
             # generated one by one: accepted tokens are then exactly what plain decoding would choose
-            rows = [prepare(logits[i], r.sampling, self.rules, self.seq + self.draft[:i], self._blocked(i))
-                    for i in range(len(logits))]
+            rows = [
+                prepare(logits[i], r.sampling, self.rules, self.seq + self.draft[:i], self._blocked(i))
+                for i in range(len(logits))
+            ]
             logits, params, draft_params = torch.stack([row for row, _ in rows]), rows[0][1], r.sampling
-        accepted, emitted = accept_draft(logits, self.draft, params=params, draft_logits=self.draft_logits,
-                                         generator=self.generator, draft_params=draft_params)
+        accepted, emitted = accept_draft(
+            logits,
+            self.draft,
+            params=params,
+            draft_logits=self.draft_logits,
+            generator=self.generator,
+            draft_params=draft_params,
+        )
         if self.end_id is not None and self.end_id in emitted:  # the end token and what follows are not returned
             emitted = emitted[: emitted.index(self.end_id)]
         if r.stop_words:  # nor a completed stop word
-            end = next((i + 1 for i in range(len(emitted)) if completes_word(self.seq + emitted[: i + 1], r.stop_words)), None)
+            end = next(
+                (i + 1 for i in range(len(emitted)) if completes_word(self.seq + emitted[: i + 1], r.stop_words)), None
+            )
             emitted = emitted[:end] if end else emitted
         accepted = min(accepted, len(emitted))
         self.new, self.num_accepted_tokens = emitted, accepted
@@ -168,12 +188,15 @@ class Job:
 
     def result(self) -> GenerationResult:
         return GenerationResult(
-            output_ids=self.seq + self.new, new_tokens=list(self.new),
+            output_ids=self.seq + self.new,
+            new_tokens=list(self.new),
             generation_logits=torch.stack(self.kept_logits).numpy() if self.kept_logits else None,
             log_probs=list(self.log_probs) if self.request.return_log_probs else None,
             context_logits=self.context_logits.float().numpy() if self.context_logits is not None else None,
-            num_draft_tokens=len(self.draft), num_accepted_tokens=self.num_accepted_tokens,
-            reused_tokens=self.lease.cached if self.lease else 0, computed_tokens=self.computed,
+            num_draft_tokens=len(self.draft),
+            num_accepted_tokens=self.num_accepted_tokens,
+            reused_tokens=self.lease.cached if self.lease else 0,
+            computed_tokens=self.computed,
             seconds=time.perf_counter() - self.began,
             times_ns=(self.arrived_ns, self.scheduled_ns, self.first_token_ns, time.monotonic_ns()),
         )
@@ -187,7 +210,7 @@ class Scheduler:
         self.stats = BatchStats()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._step_lock = threading.Lock()    # one driver at a time: the worker thread or a synchronous caller
+        self._step_lock = threading.Lock()  # one driver at a time: the worker thread or a synchronous caller
         self._worker: threading.Thread | None = None
         self._stop = False
         # hears (running calls, KV bytes they hold) after every step and every change of either
@@ -286,7 +309,7 @@ class Scheduler:
                         self.waiting.popleft()
                         job.done(EngineError("KV cache budget exhausted with nothing running"))
                         continue
-                    break                 # first come, first served: later calls wait behind this one
+                    break  # first come, first served: later calls wait behind this one
                 self.waiting.popleft()
                 job.admitted(lease)
                 self.running.append(job)

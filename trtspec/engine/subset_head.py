@@ -47,4 +47,6 @@ def install(model) -> None:
     if getattr(model.config, "tie_word_embeddings", False):
         raise ValueError(f"{CONFIG_KEY} needs tie_word_embeddings: false (a subset head is not the input embedding)")
     old = model.get_output_embeddings()
-    model.lm_head = SubsetHead(old.in_features, n, model.config.vocab_size, dtype=old.weight.dtype).to(old.weight.device)
+    model.lm_head = SubsetHead(old.in_features, n, model.config.vocab_size, dtype=old.weight.dtype).to(
+        old.weight.device
+    )

@@ -5,5 +5,13 @@ deployment's speculative `tensorrt_llm_bls`, over gRPC. `protocol` checks reques
 from trtspec.openai_api.app import Deployment, Front, FrontError, create_app, run_with_triton, serve_front
 from trtspec.openai_api.protocol import APIError, parse_request
 
-__all__ = ["APIError", "Deployment", "Front", "FrontError", "create_app", "parse_request", "run_with_triton",
-           "serve_front"]
+__all__ = [
+    "APIError",
+    "Deployment",
+    "Front",
+    "FrontError",
+    "create_app",
+    "parse_request",
+    "run_with_triton",
+    "serve_front",
+]

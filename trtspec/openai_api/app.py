@@ -12,8 +12,8 @@ import json
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -24,8 +24,18 @@ from starlette.routing import Route
 
 from trtspec.client import ClientError, Completion, SpecClient, request_fields
 from trtspec.errors import TrtspecError
-from trtspec.openai_api.protocol import (CHAT, COMPLETION, APIError, Chunks, Request, StopText, bls_error,
-                                         finish_reason, parse_request, response)
+from trtspec.openai_api.protocol import (
+    CHAT,
+    COMPLETION,
+    APIError,
+    Chunks,
+    Request,
+    StopText,
+    bls_error,
+    finish_reason,
+    parse_request,
+    response,
+)
 from trtspec.openai_api.upstream import Upstream
 
 log = logging.getLogger("trtspec.openai")
@@ -51,40 +61,60 @@ class Deployment:
     """What the front knows of one deployment: the BLS's tokenizer and limits, and the BLS to call
     (`triton_url`: Triton's HTTP host:port)."""
 
-    def __init__(self, triton_url: str, *, model: str = BLS, served_model_name: str | None = None,
-                 tokenizer_dir: str | None = None, timeout: float = 600.0):
+    def __init__(
+        self,
+        triton_url: str,
+        *,
+        model: str = BLS,
+        served_model_name: str | None = None,
+        tokenizer_dir: str | None = None,
+        timeout: float = 600.0,
+    ):
         self.triton_url, self.model, self.timeout = triton_url, model, timeout
         self._served, self._tokenizer_dir = served_model_name, tokenizer_dir
         self.upstream = Upstream(triton_url, model, timeout)
         self.tokenizer = None
         self.stopping = threading.Event()  # set when the front stops: streams in flight end at their next chunk
 
-    def connect(self) -> "Deployment":
+    def connect(self) -> Deployment:
         """Read the BLS's config from Triton and load its tokenizer; FrontError says what is missing."""
         with SpecClient(self.triton_url, protocol="http", model=self.model, timeout=10.0) as client:
             try:
                 config = client.model_config(self.model)
             except ClientError as exc:
-                raise FrontError(f"cannot read the config of '{self.model}' from Triton at {self.triton_url} (HTTP): "
-                                 f"{exc}. Start the deployment first (`trtspec serve --repo DIR`) or give Triton's "
-                                 "HTTP address (port 8000 by default, not gRPC's 8001) with --triton-url") from exc
+                raise FrontError(
+                    f"cannot read the config of '{self.model}' from Triton at {self.triton_url} (HTTP): "
+                    f"{exc}. Start the deployment first (`trtspec serve --repo DIR`) or give Triton's "
+                    "HTTP address (port 8000 by default, not gRPC's 8001) with --triton-url"
+                ) from exc
         tokenizer_dir = self._tokenizer_dir or _parameter(config, "tokenizer_dir")
         if not tokenizer_dir:
-            raise FrontError(f"'{self.model}' has no tokenizer_dir parameter; give the target's tokenizer with --tokenizer")
+            raise FrontError(
+                f"'{self.model}' has no tokenizer_dir parameter; give the target's tokenizer with --tokenizer"
+            )
         from transformers import AutoTokenizer
 
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         except Exception as exc:  # transformers raises OSError, ValueError, ...
-            raise FrontError(f"cannot load the tokenizer from {tokenizer_dir} ({exc}); when Triton runs on another "
-                             "machine, copy the target's tokenizer here and pass --tokenizer DIR") from exc
+            raise FrontError(
+                f"cannot load the tokenizer from {tokenizer_dir} ({exc}); when Triton runs on another "
+                "machine, copy the target's tokenizer here and pass --tokenizer DIR"
+            ) from exc
         self.tokenizer_dir = tokenizer_dir
         self.served_model = self._served or served_name_for(tokenizer_dir)
         # Prompts are counted as the BLS tokenizes them.
-        self.add_special_tokens = (_parameter(config, "add_special_tokens") or "true").lower() in ("1", "true", "yes", "on")
+        self.add_special_tokens = (_parameter(config, "add_special_tokens") or "true").lower() in (
+            "1",
+            "true",
+            "yes",
+            "on",
+        )
         # the engine models it calls: /health reports them too (a BLS whose target cannot serve serves nothing)
-        self.engine_models = {"target": _parameter(config, "tensorrt_llm_model_name") or "tensorrt_llm",
-                              "draft": _parameter(config, "tensorrt_llm_draft_model_name")}
+        self.engine_models = {
+            "target": _parameter(config, "tensorrt_llm_model_name") or "tensorrt_llm",
+            "draft": _parameter(config, "tensorrt_llm_draft_model_name"),
+        }
         seq = _parameter(config, "max_seq_len")
         self.max_seq_len = int(seq) if seq and seq.isdigit() else None
         self.created = int(time.time())
@@ -102,18 +132,26 @@ class Deployment:
         tok = self.tokenizer
         if req.kind == CHAT:
             if not getattr(tok, "chat_template", None):
-                raise APIError(400, f"messages: the served model's tokenizer ({self.tokenizer_dir}) has no chat "
-                               "template; use /v1/completions with a prompt, or add a chat_template to the "
-                               "tokenizer", param="messages")
+                raise APIError(
+                    400,
+                    f"messages: the served model's tokenizer ({self.tokenizer_dir}) has no chat "
+                    "template; use /v1/completions with a prompt, or add a chat_template to the "
+                    "tokenizer",
+                    param="messages",
+                )
             try:
                 text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
             except Exception as exc:  # the template's own checks (e.g. roles must alternate)
                 raise APIError(400, f"messages: the chat template refused them: {exc}", param="messages") from exc
             # The BLS adds the tokenizer's special tokens itself: a template that writes the BOS would get two.
             bos = tok.bos_token
-            if self.add_special_tokens and bos and text.startswith(bos) and \
-                    tok("", add_special_tokens=True)["input_ids"][:1] == [tok.bos_token_id]:
-                text = text[len(bos):]
+            if (
+                self.add_special_tokens
+                and bos
+                and text.startswith(bos)
+                and tok("", add_special_tokens=True)["input_ids"][:1] == [tok.bos_token_id]
+            ):
+                text = text[len(bos) :]
         else:
             text = req.prompt
         count = len(tok(text, add_special_tokens=self.add_special_tokens)["input_ids"])
@@ -125,10 +163,14 @@ class Deployment:
         """The BLS request for `req` with the prompt `text`. Perf metrics (the finish reason, the speculation
         figures) are asked for with the final response only: on every response they would cost each streamed token."""
         if req.max_tokens is None:
-            raise APIError(400, f"{req.max_tokens_param}: is required by this deployment (its BLS has no "
-                           "max_seq_len parameter)", param=req.max_tokens_param)
-        return request_fields(text, max_tokens=req.max_tokens, stream=req.stream, final_perf_metrics_only=True,
-                              **req.generate_kwargs())
+            raise APIError(
+                400,
+                f"{req.max_tokens_param}: is required by this deployment (its BLS has no max_seq_len parameter)",
+                param=req.max_tokens_param,
+            )
+        return request_fields(
+            text, max_tokens=req.max_tokens, stream=req.stream, final_perf_metrics_only=True, **req.generate_kwargs()
+        )
 
     async def complete(self, req: Request, text: str) -> Completion:
         return await self.upstream.complete(self.fields(req, text))
@@ -139,6 +181,7 @@ class Deployment:
 
 
 # ---- the app -------------------------------------------------------------------------------------------------
+
 
 def _error(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
@@ -176,8 +219,12 @@ def create_app(deployment: Deployment) -> Starlette:
         return JSONResponse(_model_card())
 
     def _unknown_model(name: str) -> APIError:
-        return APIError(404, f"model: the model '{name}' does not exist; this server serves '{dep.served_model}' "
-                        "(GET /v1/models)", param="model", code="model_not_found")
+        return APIError(
+            404,
+            f"model: the model '{name}' does not exist; this server serves '{dep.served_model}' (GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
 
     async def generate(request: HTTPRequest, kind: str):
         try:
@@ -196,8 +243,9 @@ def create_app(deployment: Deployment) -> Starlette:
             raise bls_error(exc, req) from exc
         stop = StopText(req.stop)
         out = stop.push(completion.text) + stop.flush()
-        return JSONResponse(response(req, dep.served_model, out, finish_reason(completion, stop), prompt_tokens,
-                                     completion))
+        return JSONResponse(
+            response(req, dep.served_model, out, finish_reason(completion, stop), prompt_tokens, completion)
+        )
 
     async def _stream(req: Request, text: str, prompt_tokens: int):
         responses = dep.stream(req, text)
@@ -233,8 +281,9 @@ def create_app(deployment: Deployment) -> Starlette:
             finally:
                 await responses.aclose()  # a client that left: the connection to Triton closes, cancelling the request
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
     async def completions(request: HTTPRequest):
         return await generate(request, COMPLETION)
@@ -246,9 +295,14 @@ def create_app(deployment: Deployment) -> Starlette:
         return _error(exc)
 
     async def http_error(request, exc: HTTPException):
-        return _error(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}; the API has "
-                               "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health",
-                               code="not_found" if exc.status_code == 404 else None))
+        return _error(
+            APIError(
+                exc.status_code,
+                f"{request.method} {request.url.path}: {exc.detail}; the API has "
+                "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health",
+                code="not_found" if exc.status_code == 404 else None,
+            )
+        )
 
     async def internal_error(request, exc: Exception):
         log.exception("request failed")
@@ -270,11 +324,15 @@ def create_app(deployment: Deployment) -> Starlette:
         finally:
             await dep.upstream.close()
 
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={APIError: api_error, HTTPException: http_error, Exception: internal_error})
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={APIError: api_error, HTTPException: http_error, Exception: internal_error},
+    )
 
 
 # ---- running it ----------------------------------------------------------------------------------------------
+
 
 class Front:
     """The front on uvicorn in a background thread: beside tritonserver in `trtspec serve`, or in tests."""
@@ -283,8 +341,15 @@ class Front:
         import uvicorn
 
         self.deployment, self.host, self.port = deployment, host, port
-        config = uvicorn.Config(create_app(deployment), host=host, port=port, log_level=log_level, access_log=False,
-                                lifespan="on", timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            create_app(deployment),
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -294,7 +359,7 @@ class Front:
         host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "Front":
+    def start(self, timeout: float = 30.0) -> Front:
         check_port(self.host, self.port, "--openai-port")
 
         def run() -> None:
@@ -309,8 +374,10 @@ class Front:
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
-                raise FrontError(f"the OpenAI front did not start on {self.host}:{self.port}"
-                                 + (f": {self._failure!r}" if self._failure else ""))
+                raise FrontError(
+                    f"the OpenAI front did not start on {self.host}:{self.port}"
+                    + (f": {self._failure!r}" if self._failure else "")
+                )
             time.sleep(0.02)
         return self
 
@@ -324,7 +391,7 @@ class Front:
             self._thread.join(timeout=15)
             self._thread = None
 
-    def __enter__(self) -> "Front":
+    def __enter__(self) -> Front:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -340,7 +407,9 @@ def check_port(host: str, port: int, option: str) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise FrontError(f"port {port} on {host} is not free ({exc.strerror}); choose another with {option}") from None
+            raise FrontError(
+                f"port {port} on {host} is not free ({exc.strerror}); choose another with {option}"
+            ) from None
 
 
 def serve_front(triton_url: str, *, host: str, port: int, console, **deployment_options) -> int:
@@ -356,8 +425,11 @@ def serve_front(triton_url: str, *, host: str, port: int, console, **deployment_
     try:
         check_port(host, port, "--port")
         front = Front(Deployment(triton_url, **deployment_options).connect(), host=host, port=port).start()
-        console.print(f"OpenAI API for '{front.deployment.served_model}' on {front.url}/v1 (Triton HTTP {triton_url});"
-                      " press Ctrl-C to stop", highlight=False)
+        console.print(
+            f"OpenAI API for '{front.deployment.served_model}' on {front.url}/v1 (Triton HTTP {triton_url});"
+            " press Ctrl-C to stop",
+            highlight=False,
+        )
         while front.is_running():
             time.sleep(0.5)
         console.print("[red]the OpenAI front stopped unexpectedly[/red]")
@@ -395,9 +467,13 @@ def run_with_triton(server, console, start_timeout: float | None, *, port: int, 
             server.start(timeout)
         front = Front(Deployment(server.http_url, **deployment_options).connect(), host=server.host, port=port).start()
         console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
-        for label, value in (("HTTP", server.http_base_url), ("gRPC", server.grpc_url), ("metrics", server.metrics_url),
-                             ("OpenAI", f"{front.url}/v1  (model '{front.deployment.served_model}')"),
-                             ("log", server.log_path)):
+        for label, value in (
+            ("HTTP", server.http_base_url),
+            ("gRPC", server.grpc_url),
+            ("metrics", server.metrics_url),
+            ("OpenAI", f"{front.url}/v1  (model '{front.deployment.served_model}')"),
+            ("log", server.log_path),
+        ):
             console.print(f"  {label:<8} {escape(str(value))}", highlight=False)
         console.print("Press Ctrl-C to stop.")
         while server.is_running() and front.is_running():

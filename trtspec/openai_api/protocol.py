@@ -15,8 +15,16 @@ COMPLETION, CHAT = "text_completion", "chat.completion"
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
 # Accepted and ignored: they change nothing in the generated text.
-HARMLESS = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key",
-            "prompt_cache_retention", "parallel_tool_calls"}
+HARMLESS = {
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "parallel_tool_calls",
+}
 # OpenAI fields this front cannot honour: refused unless they hold their neutral value (so clients that send
 # the defaults explicitly still work). field -> (is the value neutral?, the fix).
 _UNSUPPORTED = {
@@ -32,21 +40,36 @@ _UNSUPPORTED = {
     "tool_choice": (lambda v: v == "none", "leave it out: tool calls are not supported"),
     "functions": (lambda v: v == [], "leave it out: function calls are not supported"),
     "function_call": (lambda v: v == "none", "leave it out: function calls are not supported"),
-    "response_format": (lambda v: v == {"type": "text"}, "leave it out or send {\"type\": \"text\"}: structured "
-                        "output is not supported"),
-    "modalities": (lambda v: v == ["text"], "leave it out or send [\"text\"]"),
+    "response_format": (
+        lambda v: v == {"type": "text"},
+        'leave it out or send {"type": "text"}: structured output is not supported',
+    ),
+    "modalities": (lambda v: v == ["text"], 'leave it out or send ["text"]'),
     "audio": (lambda v: False, "leave it out: audio is not supported"),
     "prediction": (lambda v: False, "leave it out: predicted outputs are not supported"),
 }
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
-           # what vLLM, SGLang and trtllm-serve accept beyond OpenAI's fields, and benchmark clients (AIPerf,
-           # guidellm) send for fixed output lengths
-           "ignore_eos", "min_tokens",
-           # trtspec's additions, sent with the openai package's extra_body
-           "num_draft_tokens", "speculation", "adaptive_draft_length"}
+_COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    # what vLLM, SGLang and trtllm-serve accept beyond OpenAI's fields, and benchmark clients (AIPerf,
+    # guidellm) send for fixed output lengths
+    "ignore_eos",
+    "min_tokens",
+    # trtspec's additions, sent with the openai package's extra_body
+    "num_draft_tokens",
+    "speculation",
+    "adaptive_draft_length",
+}
 _FIELDS = {
-    COMPLETION: _COMMON | {"prompt", "echo", "best_of", "suffix", "logprobs", "logit_bias", "presence_penalty",
-                           "frequency_penalty"},
+    COMPLETION: _COMMON
+    | {"prompt", "echo", "best_of", "suffix", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty"},
     CHAT: _COMMON | {"messages", "max_completion_tokens"} | (set(_UNSUPPORTED) - {"echo", "best_of", "suffix"}),
 }
 
@@ -77,14 +100,14 @@ class Request:
     messages: list[dict] | None = None
     max_tokens: int | None = None
     max_tokens_param: str = "max_tokens"  # the field the client named it with, for errors
-    temperature: float = 1.0             # OpenAI's default: sampling; send 0 for greedy
+    temperature: float = 1.0  # OpenAI's default: sampling; send 0 for greedy
     top_p: float | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-    ignore_eos: bool = False             # generate max_tokens: the end token is an ordinary token
-    min_tokens: int | None = None        # no end token before this many tokens (the engine's min_tokens)
+    ignore_eos: bool = False  # generate max_tokens: the end token is an ordinary token
+    min_tokens: int | None = None  # no end token before this many tokens (the engine's min_tokens)
     num_draft_tokens: int | None = None
     speculation: str | None = None
     adaptive_draft_length: bool | None = None
@@ -96,13 +119,21 @@ class Request:
             temperature, top_p = 0.0, None
         if temperature > 0 and top_p is None:
             top_p = 1.0  # OpenAI's default; the BLS, as TensorRT-LLM, reads top_k 0 with top_p 0 as greedy
-        return {"temperature": temperature, "top_p": top_p if temperature > 0 else None, "seed": self.seed,
-                "stop_words": self.stop or None, "end_id": -1 if self.ignore_eos else None,
-                "min_tokens": self.min_tokens, "num_draft_tokens": self.num_draft_tokens,
-                "speculation": self.speculation, "adaptive_draft_length": self.adaptive_draft_length}
+        return {
+            "temperature": temperature,
+            "top_p": top_p if temperature > 0 else None,
+            "seed": self.seed,
+            "stop_words": self.stop or None,
+            "end_id": -1 if self.ignore_eos else None,
+            "min_tokens": self.min_tokens,
+            "num_draft_tokens": self.num_draft_tokens,
+            "speculation": self.speculation,
+            "adaptive_draft_length": self.adaptive_draft_length,
+        }
 
 
 # ---- checking a request ---------------------------------------------------------------------------------------
+
 
 def _int(body: dict, name: str, minimum: int | None = None) -> int | None:
     value = body.get(name)
@@ -148,8 +179,11 @@ def _prompt(value) -> str:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
     if not isinstance(value, str):
-        raise bad("prompt", "must be a string (or a list of one string); token-id prompts and batches of prompts "
-                  "are not supported: send one text per request")
+        raise bad(
+            "prompt",
+            "must be a string (or a list of one string); token-id prompts and batches of prompts "
+            "are not supported: send one text per request",
+        )
     if not value:
         raise bad("prompt", "must not be empty")
     return value
@@ -157,7 +191,7 @@ def _prompt(value) -> str:
 
 def _messages(value) -> list[dict]:
     if not isinstance(value, list) or not value:
-        raise bad("messages", "must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+        raise bad("messages", 'must be a non-empty list of {"role": ..., "content": ...} objects')
     out = []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
@@ -167,16 +201,20 @@ def _messages(value) -> list[dict]:
         if role == "developer":  # OpenAI's newer name for the system role
             role = "system"
         if role not in ("system", "user", "assistant"):
-            raise bad(f"{where}.role", f"must be system, developer, user or assistant, got {role!r} (tool messages "
-                      "are not supported)")
+            raise bad(
+                f"{where}.role",
+                f"must be system, developer, user or assistant, got {role!r} (tool messages are not supported)",
+            )
         if message.get("tool_calls") or message.get("function_call"):
             raise bad(where, "tool and function calls are not supported; send plain text messages")
         if isinstance(content, list):  # content parts: text only
             texts = []
             for part in content:
                 if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                    raise bad(f"{where}.content", "only text parts ({\"type\": \"text\", \"text\": ...}) are "
-                              f"supported, got {part!r}")
+                    raise bad(
+                        f"{where}.content",
+                        f'only text parts ({{"type": "text", "text": ...}}) are supported, got {part!r}',
+                    )
                 texts.append(part["text"])
             content = "".join(texts)
         if content is None and role == "assistant":
@@ -196,8 +234,11 @@ def parse_request(body, kind: str) -> Request:
     for name in body:
         if name not in known:
             other = "/v1/chat/completions" if kind == COMPLETION else "/v1/completions"
-            hint = f"it belongs to {other}" if name in _FIELDS[CHAT if kind == COMPLETION else COMPLETION] else \
-                "this server does not know it"
+            hint = (
+                f"it belongs to {other}"
+                if name in _FIELDS[CHAT if kind == COMPLETION else COMPLETION]
+                else "this server does not know it"
+            )
             raise bad(name, f"is not supported here ({hint}); leave it out")
     for name, (neutral, fix) in _UNSUPPORTED.items():
         if name in body and name in _FIELDS[kind] and not neutral(body[name]):
@@ -230,15 +271,17 @@ def parse_request(body, kind: str) -> Request:
     req.stop = _stop(body.get("stop"))
     n = _int(body, "n", 1)
     if n not in (None, 1):
-        raise bad("n", f"only 1 choice per request is supported, got {n}; send n separate requests (with "
-                  "different seeds) instead")
+        raise bad(
+            "n",
+            f"only 1 choice per request is supported, got {n}; send n separate requests (with different seeds) instead",
+        )
     req.stream = bool(_bool(body, "stream"))
     options = body.get("stream_options")
     if options is not None:
         if not req.stream:
             raise bad("stream_options", "is only allowed with stream: true")
         if not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise bad("stream_options", f"must be {{\"include_usage\": true|false}}, got {options!r}")
+            raise bad("stream_options", f'must be {{"include_usage": true|false}}, got {options!r}')
         req.include_usage = bool(_bool(options, "include_usage"))
     req.ignore_eos = bool(_bool(body, "ignore_eos"))
     req.min_tokens = _int(body, "min_tokens", 0)
@@ -258,8 +301,11 @@ def parse_request(body, kind: str) -> Request:
 # SpecClient's message: "<model> (<protocol> <url>): <the BLS's message>"; a request error reads "<field>: <why>".
 _CLIENT_PREFIX = re.compile(r"^\S+ \((?:grpc|http) [^)]*\): ", re.DOTALL)
 _FIELD = re.compile(r"^(\w+): ")
-_UNAVAILABLE = re.compile(r"busy|unavailable|failed to connect|connection refused|not ready|is not found|"
-                          r"unknown model|socket closed|deadline exceeded|no final response", re.IGNORECASE)
+_UNAVAILABLE = re.compile(
+    r"busy|unavailable|failed to connect|connection refused|not ready|is not found|"
+    r"unknown model|socket closed|deadline exceeded|no final response",
+    re.IGNORECASE,
+)
 
 
 def bls_error(exc: Exception, req: Request) -> APIError:
@@ -268,14 +314,22 @@ def bls_error(exc: Exception, req: Request) -> APIError:
     if not isinstance(exc, ClientError):
         return APIError(500, f"the front failed: {type(exc).__name__}: {exc}")
     message = _CLIENT_PREFIX.sub("", str(exc), count=1)
-    names = {"text_input": "prompt" if req.kind == COMPLETION else "messages", "max_tokens": req.max_tokens_param,
-             "stop_words": "stop", "num_draft_tokens": "num_draft_tokens", "speculation": "speculation",
-             "temperature": "temperature", "top_p": "top_p", "seed": "seed",
-             "adaptive_draft_length": "adaptive_draft_length", "min_tokens": "min_tokens"}
+    names = {
+        "text_input": "prompt" if req.kind == COMPLETION else "messages",
+        "max_tokens": req.max_tokens_param,
+        "stop_words": "stop",
+        "num_draft_tokens": "num_draft_tokens",
+        "speculation": "speculation",
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "seed": "seed",
+        "adaptive_draft_length": "adaptive_draft_length",
+        "min_tokens": "min_tokens",
+    }
     m = _FIELD.match(message)
     if m and m.group(1) in names:
         param = names[m.group(1)]
-        return APIError(400, param + message[len(m.group(1)):], param=param)
+        return APIError(400, param + message[len(m.group(1)) :], param=param)
     if m and m.group(1) == "timeout_ms":  # the deployment's request_timeout_ms ran out
         return APIError(504, f"the request ran past the deployment's time limit: {message}", code="timeout")
     if _UNAVAILABLE.search(message):
@@ -284,6 +338,7 @@ def bls_error(exc: Exception, req: Request) -> APIError:
 
 
 # ---- stop strings ----------------------------------------------------------------------------------------------
+
 
 class StopText:
     """Cuts generated text before the first stop string, as OpenAI does (the BLS stops on the stop words' tokens
@@ -303,15 +358,15 @@ class StopText:
         hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
         if hits:
             self.stopped, self.pending = True, ""
-            return buf[:min(hits)]
+            return buf[: min(hits)]
         hold = 0
         for s in self.stops:
             for k in range(min(len(s) - 1, len(buf)), hold, -1):
                 if buf.endswith(s[:k]):
                     hold = k
                     break
-        self.pending = buf[len(buf) - hold:] if hold else ""
-        return buf[:len(buf) - hold]
+        self.pending = buf[len(buf) - hold :] if hold else ""
+        return buf[: len(buf) - hold]
 
     def flush(self) -> str:
         out, self.pending = self.pending, ""
@@ -319,6 +374,7 @@ class StopText:
 
 
 # ---- responses -----------------------------------------------------------------------------------------------
+
 
 def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex
@@ -336,20 +392,36 @@ def usage(prompt_tokens: int, completion: Completion) -> dict:
 
 def speculation(completion: Completion) -> dict:
     """The BLS's acceptance figures for this request (trtspec's addition to OpenAI's response)."""
-    return {"acceptance_rate": completion.acceptance_rate, "accepted_draft_tokens": completion.accepted,
-            "draft_tokens": completion.drafted, "iterations": completion.iterations,
-            "tokens_per_iteration": completion.tokens_per_iteration, "fallbacks": dict(completion.fallbacks),
-            "draft_sources": dict(completion.sources)}
+    return {
+        "acceptance_rate": completion.acceptance_rate,
+        "accepted_draft_tokens": completion.accepted,
+        "draft_tokens": completion.drafted,
+        "iterations": completion.iterations,
+        "tokens_per_iteration": completion.tokens_per_iteration,
+        "fallbacks": dict(completion.fallbacks),
+        "draft_sources": dict(completion.sources),
+    }
 
 
 def response(req: Request, model: str, text: str, reason: str, prompt_tokens: int, completion: Completion) -> dict:
     if req.kind == CHAT:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": reason,
+        }
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-    return {"id": new_id(req.kind), "object": req.kind, "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": usage(prompt_tokens, completion), "speculation": speculation(completion)}
+    return {
+        "id": new_id(req.kind),
+        "object": req.kind,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, completion),
+        "speculation": speculation(completion),
+    }
 
 
 class Chunks:

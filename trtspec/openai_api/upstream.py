@@ -13,7 +13,7 @@ import contextlib
 import json
 import time
 import urllib.parse
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -45,8 +45,9 @@ class Upstream:
     async def ready(self, model: str) -> bool:
         """Whether Triton says `model` is ready; False when Triton cannot be asked."""
         try:
-            async with self._session.get(self._ready.format(urllib.parse.quote(model)),
-                                         timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+            async with self._session.get(
+                self._ready.format(urllib.parse.quote(model)), timeout=aiohttp.ClientTimeout(total=5.0)
+            ) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
@@ -95,24 +96,32 @@ class Upstream:
         if self._session is None:
             raise ClientError("the front is not started (Upstream.start)")
         url = self._generate + ("_stream" if stream else "")
-        resp = await self._read(self._session.post(url, data=json.dumps(fields),
-                                                   headers={"Content-Type": "application/json"},
-                                                   timeout=aiohttp.ClientTimeout(total=self.client.timeout)))
+        resp = await self._read(
+            self._session.post(
+                url,
+                data=json.dumps(fields),
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=self.client.timeout),
+            )
+        )
         try:
             yield resp
         finally:
             if resp.content.at_eof():
                 resp.release()  # read to its end: the connection serves the next request
             else:
-                resp.close()    # left early: closing the connection cancels the request in Triton
+                resp.close()  # left early: closing the connection cancels the request in Triton
 
     async def _read(self, pending):
         """Await the response or one read of it, with the failures of the connection as ClientErrors."""
         try:
             return await pending
         except asyncio.TimeoutError:
-            raise self.client.server_error(self.client.model, f"gave no final response within {self.client.timeout:g} "
-                                           "s; the connection was closed, which cancels the request") from None
+            raise self.client.server_error(
+                self.client.model,
+                f"gave no final response within {self.client.timeout:g} "
+                "s; the connection was closed, which cancels the request",
+            ) from None
         except aiohttp.ClientError as exc:
             raise self._failed(exc) from exc
 
@@ -121,8 +130,11 @@ class Upstream:
 
     def _failed(self, exc: Exception) -> ClientError:
         # the words protocol.bls_error reads as "unavailable" (503): the server, not the client, failed
-        what = ("failed to connect" if isinstance(exc, aiohttp.ClientConnectorError)
-                else "the connection closed before the final response (socket closed)")
+        what = (
+            "failed to connect"
+            if isinstance(exc, aiohttp.ClientConnectorError)
+            else "the connection closed before the final response (socket closed)"
+        )
         return self.client.server_error(self.client.model, f"{what}: {type(exc).__name__}: {exc}")
 
 

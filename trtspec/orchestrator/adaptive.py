@@ -43,9 +43,9 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 @dataclass
 class CostModel:
-    draft_cost_ratio: float = 0.3        # c
-    verify_cost_per_token: float = 0.1   # b
-    verify_cost_fixed: float = 0.0       # v0
+    draft_cost_ratio: float = 0.3  # c
+    verify_cost_per_token: float = 0.1  # b
+    verify_cost_fixed: float = 0.0  # v0
 
     def cost(self, k: int) -> float:
         if k <= 0:
@@ -73,8 +73,8 @@ class CostModel:
 
 @dataclass
 class Decision:
-    k: int                   # tokens to draft; 0 = plain decoding this iteration
-    plain_tokens: int = 1    # when k == 0: how many tokens to ask the target for in one call
+    k: int  # tokens to draft; 0 = plain decoding this iteration
+    plain_tokens: int = 1  # when k == 0: how many tokens to ask the target for in one call
     reason: str | None = None  # why this iteration decodes plainly, when it is a fallback
     source: str | None = None  # which of the offered draft sources drafts (None: the drafter's own choice)
 
@@ -91,8 +91,16 @@ class FixedDraftLength:
     def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
         return Decision(min(self.k_max, remaining - 1), plain_tokens=remaining)
 
-    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int, draft_seconds: float, verify_seconds: float,
-                tokens: int, source: str | None = None) -> None:
+    def observe(
+        self,
+        *,
+        num_draft_tokens: int,
+        num_accepted_tokens: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        tokens: int,
+        source: str | None = None,
+    ) -> None:
         pass
 
 
@@ -101,19 +109,19 @@ class AdaptiveDraftLength:
     k_max: int
     costs: CostModel = field(default_factory=CostModel)
     prior_alpha: float = 0.6
-    prior_weight: float = 2.0     # the prior counts as this many observations
-    decay: float = 0.8            # weight kept by older iterations at each new one
-    margin: float = 0.05          # speculate only when the best gain exceeds 1 + margin
-    plain_stretch: int = 8        # tokens decoded plainly after a fallback before probing again
+    prior_weight: float = 2.0  # the prior counts as this many observations
+    decay: float = 0.8  # weight kept by older iterations at each new one
+    margin: float = 0.05  # speculate only when the best gain exceeds 1 + margin
+    plain_stretch: int = 8  # tokens decoded plainly after a fallback before probing again
     max_plain_stretch: int = 256  # the longest stretch that doubling reaches
-    successes: float = 0.0        # of the sole draft source (or the draft model, with several)
+    successes: float = 0.0  # of the sole draft source (or the draft model, with several)
     failures: float = 0.0
     lookup_successes: float = 0.0  # prompt lookup's, when it is offered beside the draft model (auto)
     lookup_failures: float = 0.0
-    step_seconds: float | None = None   # measured time of one plain target step
+    step_seconds: float | None = None  # measured time of one plain target step
     fallbacks: dict = field(default_factory=dict)
     _plain_left: int = 0
-    _stretch: int = 0             # the length of the last stretch (0: none yet)
+    _stretch: int = 0  # the length of the last stretch (0: none yet)
     _in_stretch: bool = False
     _accepted_since_stretch: int = 0
 
@@ -123,7 +131,9 @@ class AdaptiveDraftLength:
 
     def alpha_of(self, source: str | None) -> float:
         """The acceptance estimate of a draft source (None or anything but prompt lookup: the main one)."""
-        hits, misses = (self.lookup_successes, self.lookup_failures) if source == LOOKUP else (self.successes, self.failures)
+        hits, misses = (
+            (self.lookup_successes, self.lookup_failures) if source == LOOKUP else (self.successes, self.failures)
+        )
         return (hits + self.prior_alpha * self.prior_weight) / (hits + misses + self.prior_weight)
 
     def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
@@ -137,7 +147,7 @@ class AdaptiveDraftLength:
         if offers is not None and not any(offers.values()):
             return Decision(0, plain_tokens=1)  # nothing to draft from right now: one token, then look again
         source, k, gain = None, 0, 1.0
-        for name, longest in (offers.items() if offers is not None else [(None, bound)]):
+        for name, longest in offers.items() if offers is not None else [(None, bound)]:
             costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if name == LOOKUP else self.costs
             k_here, gain_here = costs.best(self.alpha_of(name), min(bound, longest))
             if k_here and (not k or gain_here > gain):
@@ -152,8 +162,16 @@ class AdaptiveDraftLength:
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
         return Decision(k, source=source)
 
-    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int, draft_seconds: float, verify_seconds: float,
-                tokens: int, source: str | None = None) -> None:
+    def observe(
+        self,
+        *,
+        num_draft_tokens: int,
+        num_accepted_tokens: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        tokens: int,
+        source: str | None = None,
+    ) -> None:
         if num_draft_tokens == 0:
             self._plain_left = max(0, self._plain_left - tokens)
             if self._plain_left == 0 and self._in_stretch:
@@ -205,7 +223,7 @@ class DeploymentCosts:
 
     def __init__(self, costs: CostModel, weight: float = 0.2):
         self._initial = dataclasses.replace(costs)
-        self._loads: dict[int, tuple[CostModel, float | None]] = {}   # bucket -> (costs, plain step seconds)
+        self._loads: dict[int, tuple[CostModel, float | None]] = {}  # bucket -> (costs, plain step seconds)
         self._weight = weight
         self._lock = threading.Lock()
 
@@ -245,7 +263,7 @@ class DeploymentCosts:
         """The load's range ("1", "2", "3-4", "5-8", ...) and the break-even acceptance (CostModel.break_even) of
         the costs a request at that load starts from."""
         b = self.bucket(load)
-        return (f"{2 ** (b - 1) + 1}-{2 ** b}" if b > 1 else str(b + 1)), self.costs_at(load).break_even(k_max)
+        return (f"{2 ** (b - 1) + 1}-{2**b}" if b > 1 else str(b + 1)), self.costs_at(load).break_even(k_max)
 
     def costs_at(self, load: int = 1) -> CostModel:
         with self._lock:

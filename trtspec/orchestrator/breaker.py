@@ -14,20 +14,26 @@ import time
 from collections.abc import Callable
 
 from trtspec.errors import Cancelled
-from trtspec.orchestrator.drafters import Draft, DraftFailed, Drafter
+from trtspec.orchestrator.drafters import Draft, Drafter, DraftFailed
 
 CALL, PROBE = "call", "probe"
 
 
 class DraftBreaker:
-    def __init__(self, *, cooldown: float = 2.0, max_cooldown: float = 60.0,
-                 on_down: Callable[[Exception], None] = lambda cause: None, on_up: Callable[[], None] = lambda: None,
-                 on_failure: Callable[[Exception], None] = lambda cause: None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        cooldown: float = 2.0,
+        max_cooldown: float = 60.0,
+        on_down: Callable[[Exception], None] = lambda cause: None,
+        on_up: Callable[[], None] = lambda: None,
+        on_failure: Callable[[Exception], None] = lambda cause: None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.base, self.cap, self.clock = cooldown, max_cooldown, clock
         self.on_down, self.on_up, self.on_failure = on_down, on_up, on_failure
         self._lock = threading.Lock()
-        self._down_until: float | None = None   # None: the draft model is believed to work
+        self._down_until: float | None = None  # None: the draft model is believed to work
         self._cooldown = cooldown
         self._probing = False
         self.failures = 0

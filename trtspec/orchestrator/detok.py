@@ -13,8 +13,8 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
-        self.prefix_offset = 0   # start of the window decoded for context
-        self.read_offset = 0     # tokens before this are already emitted as text
+        self.prefix_offset = 0  # start of the window decoded for context
+        self.read_offset = 0  # tokens before this are already emitted as text
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
@@ -22,16 +22,16 @@ class IncrementalDetokenizer:
     def push(self, new_ids: list[int]) -> str:
         """Add tokens; return the text that is now final (possibly empty)."""
         self.ids.extend(new_ids)
-        before = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        after = self._decode(self.ids[self.prefix_offset:])
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        after = self._decode(self.ids[self.prefix_offset :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return after[len(before):]
+            return after[len(before) :]
         return ""
 
     def flush(self) -> str:
         """The rest of the text at the end of the generation (an incomplete character included)."""
-        before = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        after = self._decode(self.ids[self.prefix_offset:])
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        after = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]

@@ -38,30 +38,44 @@ STATES = (*LEVELS, "probing")  # probing: plain, with probes running
 class Outcome:
     """A finished request as the governor sees it."""
 
-    speculative: bool            # it drafted at least once
+    speculative: bool  # it drafted at least once
     seconds_per_token: float | None  # arrival to last token, per output token (the same for either mode)
     _: KW_ONLY
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    failed: bool = False         # a server error or a timeout
-    probe: bool = False          # admitted as a probe
-    admitted_at: float = 0.0     # when the governor admitted it (its clock)
+    failed: bool = False  # a server error or a timeout
+    probe: bool = False  # admitted as a probe
+    admitted_at: float = 0.0  # when the governor admitted it (its clock)
 
 
 class Governor:
-    def __init__(self, k_full: int, *, window: int = 40, min_samples: int = 10, min_probes: int = 5, min_failures: int = 2,
-                 error_warning: float = 0.02, error_critical: float = 0.05, probe_every: int = 8,
-                 hold_seconds: float = 30.0, pays_below: float = 0.95, kv_warning: float = KV_WARNING,
-                 kv_critical: float = KV_CRITICAL, kv_release: float = KV_RELEASE, clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[str, str, str], None] = lambda old, new, reason: None):
+    def __init__(
+        self,
+        k_full: int,
+        *,
+        window: int = 40,
+        min_samples: int = 10,
+        min_probes: int = 5,
+        min_failures: int = 2,
+        error_warning: float = 0.02,
+        error_critical: float = 0.05,
+        probe_every: int = 8,
+        hold_seconds: float = 30.0,
+        pays_below: float = 0.95,
+        kv_warning: float = KV_WARNING,
+        kv_critical: float = KV_CRITICAL,
+        kv_release: float = KV_RELEASE,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, str, str], None] = lambda old, new, reason: None,
+    ):
         self.k_full, self.min_samples, self.min_probes = k_full, min_samples, min_probes
         self.min_failures = min_failures  # one failure is an incident, not a rate
         self.error_warning, self.error_critical = error_warning, error_critical
         self.probe_every, self.hold_seconds, self.pays_below = probe_every, hold_seconds, pays_below
         self.kv_warning, self.kv_critical, self.kv_release = kv_warning, kv_critical, kv_release
         self.clock, self.on_change = clock, on_change
-        self.judged = 0 if k_full > 0 else 2   # the level judging reached; `level` adds the floors
-        self.floors: dict[str, int] = {}        # live conditions' floors: kv_cache, draft_down
+        self.judged = 0 if k_full > 0 else 2  # the level judging reached; `level` adds the floors
+        self.floors: dict[str, int] = {}  # live conditions' floors: kv_cache, draft_down
         self.changed_at = float("-inf")
         self.recent: deque[Outcome] = deque(maxlen=window)
         self.plain_tpot: float | None = None  # the last known plain time per output token (kept across changes)
@@ -69,7 +83,7 @@ class Governor:
         self._probes = 0  # probes admitted since the last change
         self._lock = threading.RLock()  # requests finish on many threads
         self.forced_until: float | None = None  # while forced: until when (its clock)
-        self._level_before = self.judged        # the level a force interrupted, restored after it
+        self._level_before = self.judged  # the level a force interrupted, restored after it
 
     @property
     def level(self) -> int:
@@ -169,8 +183,11 @@ class Governor:
 
     def _observe(self, outcome: Outcome, break_even: float) -> None:
         if not outcome.speculative and not outcome.failed and outcome.seconds_per_token is not None:
-            self.plain_tpot = outcome.seconds_per_token if self.plain_tpot is None else \
-                0.8 * self.plain_tpot + 0.2 * outcome.seconds_per_token
+            self.plain_tpot = (
+                outcome.seconds_per_token
+                if self.plain_tpot is None
+                else 0.8 * self.plain_tpot + 0.2 * outcome.seconds_per_token
+            )
         self._expire()
         if outcome.admitted_at < self.changed_at or self.forced:
             return  # admitted under the previous level, or held by an operator: nothing to judge
@@ -193,13 +210,17 @@ class Governor:
         num_accepted_tokens = sum(o.num_accepted_tokens for o in judging)
         acceptance = num_accepted_tokens / num_draft_tokens if num_draft_tokens else 0.0
         tpots = [o.seconds_per_token for o in judging if o.seconds_per_token is not None]
-        faster = (self.plain_tpot is None or not tpots
-                  or sum(tpots) / len(tpots) < self.pays_below * self.plain_tpot)
+        faster = self.plain_tpot is None or not tpots or sum(tpots) / len(tpots) < self.pays_below * self.plain_tpot
         if self.judged < 2 and acceptance < break_even:
             return self._go(self.judged + 1, "low_acceptance")
         if self.judged < 2 and not faster:
             return self._go(self.judged + 1, "slower_than_plain")
-        if self.judged > 0 and acceptance >= break_even and faster and (self.judged == 2 or self.plain_tpot is not None):
+        if (
+            self.judged > 0
+            and acceptance >= break_even
+            and faster
+            and (self.judged == 2 or self.plain_tpot is not None)
+        ):
             return self._go(self.judged - 1, "probes_pay" if self.judged == 2 else "pays")
 
     def _go(self, level: int, reason: str, *, always: bool = False, old: str | None = None) -> None:

@@ -57,7 +57,7 @@ import numpy as np
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
 from trtspec.errors import Cancelled, EngineUnavailable
 from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
-from trtspec.orchestrator.drafters import Draft, DraftFailed, Drafter
+from trtspec.orchestrator.drafters import Draft, Drafter, DraftFailed
 from trtspec.orchestrator.stats import RequestStats
 
 
@@ -142,9 +142,15 @@ def speculate(
         if it.unavailable is not None and recover is None:
             raise it.unavailable from None
         # 5. the request's stats count it
-        stats.record(num_draft_tokens=it.num_draft_tokens, num_accepted_tokens=it.num_accepted_tokens,
-                     emitted=len(it.tokens), draft_seconds=it.draft_seconds, verify_seconds=it.verify_seconds,
-                     fallback=it.fallback, source=it.source)
+        stats.record(
+            num_draft_tokens=it.num_draft_tokens,
+            num_accepted_tokens=it.num_accepted_tokens,
+            emitted=len(it.tokens),
+            draft_seconds=it.draft_seconds,
+            verify_seconds=it.verify_seconds,
+            fallback=it.fallback,
+            source=it.source,
+        )
         run.sequence += it.tokens
         run.generated += len(it.tokens)
         if it.unavailable is not None:
@@ -165,16 +171,16 @@ def speculate(
 class Iteration:
     """What one iteration did."""
 
-    tokens: list[int]                   # its new tokens, cut by the stop rules
+    tokens: list[int]  # its new tokens, cut by the stop rules
     _: KW_ONLY
-    num_draft_tokens: int = 0           # draft tokens verified (0: a plain iteration)
-    num_accepted_tokens: int = 0        # of those, accepted and kept (the stop rules may cut accepted tokens too)
-    source: str | None = None           # the draft source, when it drafted
-    fallback: str | None = None         # why it decoded plainly, when that was a fallback
-    draft_seconds: float = 0.0          # deciding and drafting
-    verify_seconds: float = 0.0         # the target's call
-    streamed: bool = False              # its tokens were yielded as they arrived
-    finish_reason: str | None = None    # generation ended with it (end_id, stop_words, length)
+    num_draft_tokens: int = 0  # draft tokens verified (0: a plain iteration)
+    num_accepted_tokens: int = 0  # of those, accepted and kept (the stop rules may cut accepted tokens too)
+    source: str | None = None  # the draft source, when it drafted
+    fallback: str | None = None  # why it decoded plainly, when that was a fallback
+    draft_seconds: float = 0.0  # deciding and drafting
+    verify_seconds: float = 0.0  # the target's call
+    streamed: bool = False  # its tokens were yielded as they arrived
+    finish_reason: str | None = None  # generation ended with it (end_id, stop_words, length)
     unavailable: EngineUnavailable | None = None  # the target failed: `tokens` were relayed before it did
 
 
@@ -182,13 +188,22 @@ class _Speculation:
     """A request's state between iterations: its sequence so far, and its drafter and whether it still
     speculates (a drafter that fails is dropped, or narrowed to its other source)."""
 
-    def __init__(self, request: SpecRequest, target: EngineClient, drafter: Drafter | None, policy,
-                 stats: RequestStats, trace: Trace | None, on_draft_failed: Callable[[DraftFailed], None]):
+    def __init__(
+        self,
+        request: SpecRequest,
+        target: EngineClient,
+        drafter: Drafter | None,
+        policy,
+        stats: RequestStats,
+        trace: Trace | None,
+        on_draft_failed: Callable[[DraftFailed], None],
+    ):
         self.request, self.target, self.drafter, self.stats, self.trace = request, target, drafter, stats, trace
         self.on_draft_failed = on_draft_failed
         self.speculative = drafter is not None and request.num_draft_tokens > 0
-        self.policy = policy if policy is not None else \
-            FixedDraftLength(request.num_draft_tokens if self.speculative else 0)
+        self.policy = (
+            policy if policy is not None else FixedDraftLength(request.num_draft_tokens if self.speculative else 0)
+        )
         self.can_stream = getattr(target, "streams", False)
         self.sequence = list(request.prompt)  # the engine gets it whole each call
         self.generated = 0
@@ -219,20 +234,35 @@ class _Speculation:
         plain = 1 if request.stream and not self.can_stream else max(1, min(asked, remaining))
         # a stretch the policy chose plain goes on in one streaming call while it keeps choosing plain (not an empty
         # draft: a drafter of one source says only by proposing that it has nothing, so that is one token and a look)
-        extend = _Extension(self.policy, self.drafter, self.sequence, remaining, plain, drafted_at) \
-            if self.can_stream and self.speculative and not first and decision.k == 0 else None
+        extend = (
+            _Extension(self.policy, self.drafter, self.sequence, remaining, plain, drafted_at)
+            if self.can_stream and self.speculative and not first and decision.k == 0
+            else None
+        )
         streamed = self.can_stream and not num_draft_tokens and (request.stream or extend is not None)
         call = _verify_request(request, self.sequence, draft, remaining if extend else plain, self.generated)
         try:
             if streamed:  # the stretch's tokens are yielded as they arrive, 4. the stop rules applied to each part
-                new, reason = yield from _relay(request, self.target.stream(call), call.request_output_len,
-                                                self.sequence, self.generated, self.trace, extend)
+                new, reason = yield from _relay(
+                    request,
+                    self.target.stream(call),
+                    call.request_output_len,
+                    self.sequence,
+                    self.generated,
+                    self.trace,
+                    extend,
+                )
             else:
                 result = self.target.generate(call)
         except (EngineUnavailable, _Interrupted) as exc:
             cause, relayed = (exc.cause, exc.tokens) if isinstance(exc, _Interrupted) else (exc, [])
-            return Iteration(relayed, draft_seconds=drafted_at - start, verify_seconds=time.perf_counter() - drafted_at,
-                             streamed=True, unavailable=cause)
+            return Iteration(
+                relayed,
+                draft_seconds=drafted_at - start,
+                verify_seconds=time.perf_counter() - drafted_at,
+                streamed=True,
+                unavailable=cause,
+            )
         verified_at, num_accepted_tokens = time.perf_counter(), 0
         if not streamed:
             new = result.new_tokens[:remaining]
@@ -240,8 +270,9 @@ class _Speculation:
             # 4. stop rules. The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer
             # tokens than it could have, a plain one fewer than asked, a verification no bonus token
             ended = len(new) < (num_accepted_tokens + 1 if num_draft_tokens else plain)
-            new, reason = _apply_stop_rules(request, self.sequence, new,
-                                            self.generated + len(new) >= request.max_tokens, ended)
+            new, reason = _apply_stop_rules(
+                request, self.sequence, new, self.generated + len(new) >= request.max_tokens, ended
+            )
             if self.trace is not None:
                 _record(self.trace, result, len(new))
         # 5. observe
@@ -250,13 +281,25 @@ class _Speculation:
             self.drafter.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
         if not first:  # a policy tells sources apart only where it was offered several (auto)
             tail, tail_from = (len(new) - extend.observed, extend.since) if extend else (len(new), drafted_at)
-            self.policy.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens,
-                                draft_seconds=drafted_at - start, verify_seconds=verified_at - tail_from, tokens=tail,
-                                source=source if offers is not None else None)
-        return Iteration(new, num_draft_tokens=num_draft_tokens, num_accepted_tokens=min(num_accepted_tokens, len(new)),
-                         source=source, fallback=decision.reason if not num_draft_tokens else None,
-                         draft_seconds=drafted_at - start, verify_seconds=verified_at - drafted_at, streamed=streamed,
-                         finish_reason=reason)
+            self.policy.observe(
+                num_draft_tokens=num_draft_tokens,
+                num_accepted_tokens=num_accepted_tokens,
+                draft_seconds=drafted_at - start,
+                verify_seconds=verified_at - tail_from,
+                tokens=tail,
+                source=source if offers is not None else None,
+            )
+        return Iteration(
+            new,
+            num_draft_tokens=num_draft_tokens,
+            num_accepted_tokens=min(num_accepted_tokens, len(new)),
+            source=source,
+            fallback=decision.reason if not num_draft_tokens else None,
+            draft_seconds=drafted_at - start,
+            verify_seconds=verified_at - drafted_at,
+            streamed=streamed,
+            finish_reason=reason,
+        )
 
     def _draft(self, decision: Decision, remaining: int) -> tuple[Draft | None, Decision]:
         """Step 2: the draft `decision` asks for (None when it decodes plainly), and the decision it goes on with.
@@ -295,14 +338,19 @@ class _Extension:
 
     def __init__(self, policy, drafter, sequence: list[int], remaining: int, stretch: int, since: float):
         self.policy, self.drafter, self.sequence, self.remaining = policy, drafter, sequence, remaining
-        self.end = stretch              # the stretch ends after this many of the call's tokens
+        self.end = stretch  # the stretch ends after this many of the call's tokens
         self.observed, self.since = 0, since  # tokens the policy has seen, and when the unseen ones began
 
     def __call__(self, got: list[int]) -> bool:
         """Called with the call's tokens so far once they reach the stretch's end; True: read on."""
         now = time.perf_counter()
-        self.policy.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0,
-                            verify_seconds=now - self.since, tokens=len(got) - self.observed)
+        self.policy.observe(
+            num_draft_tokens=0,
+            num_accepted_tokens=0,
+            draft_seconds=0.0,
+            verify_seconds=now - self.since,
+            tokens=len(got) - self.observed,
+        )
         self.observed, self.since = len(got), now
         left = self.remaining - len(got)
         decision = self.policy.decide(left, _offers(self.drafter, self.sequence + got, left))
@@ -318,8 +366,15 @@ def _propose(drafter: Drafter, sequence: list[int], decision: Decision):
     return drafter.propose(sequence, decision.k, source=decision.source)
 
 
-def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: list[int], generated: int,
-           trace: Trace | None, extend: _Extension | None = None):
+def _relay(
+    request: SpecRequest,
+    stream: EngineStream,
+    asked: int,
+    sequence: list[int],
+    generated: int,
+    trace: Trace | None,
+    extend: _Extension | None = None,
+):
     """Yield a plain stretch's tokens as the streaming call returns them, cut by the stop rules; stop the call
     when a rule fires here first, when `extend` ends the stretch, or on any exit before its last response.
     Returns (the stretch's tokens, finish reason or None)."""
@@ -331,8 +386,13 @@ def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: lis
             if reason:
                 continue  # the call's own end, after its last token: nothing to stop
             budget = request.max_tokens - generated - len(got)
-            new, reason = _apply_stop_rules(request, sequence + got, part.new_tokens[:budget],
-                                            generated + len(got) + len(part.new_tokens) >= request.max_tokens, False)
+            new, reason = _apply_stop_rules(
+                request,
+                sequence + got,
+                part.new_tokens[:budget],
+                generated + len(got) + len(part.new_tokens) >= request.max_tokens,
+                False,
+            )
             if trace is not None:
                 _record(trace, part, len(new), kv=False)
             got += new
@@ -352,7 +412,9 @@ def _relay(request: SpecRequest, stream: EngineStream, asked: int, sequence: lis
         if not complete:
             stream.stop()
     if trace is not None and last is not None and last.kv_blocks is not None:
-        trace.kv_blocks = [a + b for a, b in zip(trace.kv_blocks, last.kv_blocks)]  # the perf outputs are running totals
+        trace.kv_blocks = [
+            a + b for a, b in zip(trace.kv_blocks, last.kv_blocks)
+        ]  # the perf outputs are running totals
     if reason is None and complete and len(got) < asked:
         reason = "end_id"  # the engine ended the call early: on the end token, which it does not return
     return got, reason
@@ -371,18 +433,25 @@ def accepted_prefix(draft: list[int], new: list[int]) -> int:
     return n
 
 
-def _verify_request(request: SpecRequest, sequence: list[int], draft, plain_tokens: int, generated: int) -> GenerationRequest:
+def _verify_request(
+    request: SpecRequest, sequence: list[int], draft, plain_tokens: int, generated: int
+) -> GenerationRequest:
     has_draft = draft is not None and bool(draft.tokens)
     return GenerationRequest(
-        input_ids=sequence, request_output_len=len(draft.tokens) + 1 if has_draft else plain_tokens,
+        input_ids=sequence,
+        request_output_len=len(draft.tokens) + 1 if has_draft else plain_tokens,
         end_id=-1 if request.end_id is None else request.end_id,  # -1: none (an absent end_id is the engine's own)
-        pad_id=request.pad_id, sampling=request.sampling,
+        pad_id=request.pad_id,
+        sampling=request.sampling,
         draft_input_ids=draft.tokens if has_draft else None,
         draft_logits=draft.logits if has_draft else None,
-        min_tokens=max(0, request.min_tokens - generated), penalties=request.penalties,
+        min_tokens=max(0, request.min_tokens - generated),
+        penalties=request.penalties,
         bad_words=request.bad_words,
-        stop_words=request.stop_words + ([[e] for e in request.other_end_ids] if generated >= request.min_tokens else []),
-        return_log_probs=request.return_log_probs, return_generation_logits=request.return_generation_logits,
+        stop_words=request.stop_words
+        + ([[e] for e in request.other_end_ids] if generated >= request.min_tokens else []),
+        return_log_probs=request.return_log_probs,
+        return_generation_logits=request.return_generation_logits,
         return_context_logits=request.return_context_logits and generated == 0,
         return_perf_metrics=request.return_perf_metrics,
     )
@@ -402,7 +471,7 @@ def _record(trace: Trace, result: GenerationResult, kept: int, kv: bool = True) 
 def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int], at_budget: bool, ended: bool):
     """Cut `new` at the first completed stop word (or end token, from an engine that returns it); return (tokens
     to keep, finish reason or None). `ended`: the engine stopped on the end token."""
-    tail = list(sequence[-_longest(request.stop_words):]) if request.stop_words else []
+    tail = list(sequence[-_longest(request.stop_words) :]) if request.stop_words else []
     before = len(sequence) - len(request.prompt)  # tokens generated before `new`
     for i, token in enumerate(new):
         if request.end_id is not None and token == request.end_id:
@@ -411,7 +480,7 @@ def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int],
             return new[:i], "end_id"
         if request.stop_words:
             tail.append(token)
-            if any(len(w) <= len(tail) and tail[-len(w):] == w for w in request.stop_words):
+            if any(len(w) <= len(tail) and tail[-len(w) :] == w for w in request.stop_words):
                 return new[: i + 1], "stop_words"
     if ended:
         return new, "end_id"

@@ -1,9 +1,9 @@
 """Per-request speculation statistics: plain counters, with the derived figures as properties.
 
-    acceptance_rate       = num_accepted_tokens / num_draft_tokens
-    tokens_per_iteration  = generated_tokens / iterations   (mean accepted length + 1 when every iteration verifies)
-    position_acceptance_i = accepted_per_position[i] / drafted_per_position[i]
-                            (the chance that draft position i is accepted, given it was drafted)
+acceptance_rate       = num_accepted_tokens / num_draft_tokens
+tokens_per_iteration  = generated_tokens / iterations   (mean accepted length + 1 when every iteration verifies)
+position_acceptance_i = accepted_per_position[i] / drafted_per_position[i]
+                        (the chance that draft position i is accepted, given it was drafted)
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 @dataclass(kw_only=True)
 class RequestStats:
     iterations: int = 0
-    num_drafts: int = 0           # iterations that verified a draft
-    num_draft_tokens: int = 0     # draft tokens proposed
+    num_drafts: int = 0  # iterations that verified a draft
+    num_draft_tokens: int = 0  # draft tokens proposed
     num_accepted_tokens: int = 0  # of those, accepted by the target
     generated_tokens: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
@@ -23,13 +23,22 @@ class RequestStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     finish_reason: str | None = None
-    fallbacks: dict[str, int] = field(default_factory=dict)            # reason -> times speculation was switched off
+    fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
     fallback_iterations: dict[str, int] = field(default_factory=dict)  # reason -> plain iterations it cost
     sources: dict[str, int] = field(default_factory=dict)  # draft source -> iterations it drafted (auto)
     recoveries: int = 0  # times the request waited for its target to come back and went on
 
-    def record(self, *, num_draft_tokens: int, num_accepted_tokens: int, emitted: int, draft_seconds: float,
-               verify_seconds: float, fallback: str | None = None, source: str | None = None) -> None:
+    def record(
+        self,
+        *,
+        num_draft_tokens: int,
+        num_accepted_tokens: int,
+        emitted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        fallback: str | None = None,
+        source: str | None = None,
+    ) -> None:
         self.iterations += 1
         if source and num_draft_tokens:
             self.sources[source] = self.sources.get(source, 0) + 1

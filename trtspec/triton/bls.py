@@ -21,8 +21,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.checkpoint import declared_end_ids
-from trtspec.control import CONTROL_ENV, Watcher
 from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutral
+from trtspec.control import CONTROL_ENV, Watcher
 from trtspec.errors import Cancelled, DeadlineExceeded, EngineUnavailable, RequestError
 from trtspec.interfaces import SPECULATION_METHODS
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
@@ -35,8 +35,8 @@ from trtspec.orchestrator.stats import RequestStats
 from trtspec.serving_settings import ServingSettings
 from trtspec.triton.common import error_response, input_arrays, load_tokenizer, model_parameters
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
-from trtspec.triton.metrics import Metrics, seconds_per_output_token
 from trtspec.triton.kv_watch import METRICS_ENV, KvWatch
+from trtspec.triton.metrics import Metrics, seconds_per_output_token
 from trtspec.triton.recovery import Reloader
 
 
@@ -51,17 +51,27 @@ class TritonPythonModel:
         self.calls = ThreadPoolExecutor(max_workers=8 * workers + 8, thread_name_prefix="engine-call")
         decoupled = settings.engine_decoupled_mode
         self.reloader = Reloader(self.name, Path(args["model_repository"]).parent)
-        self.target = BlsEngineClient(settings.tensorrt_llm_model_name, calls=self.calls, reloader=self.reloader,
-                                      decoupled=decoupled)
+        self.target = BlsEngineClient(
+            settings.tensorrt_llm_model_name, calls=self.calls, reloader=self.reloader, decoupled=decoupled
+        )
         draft_name = settings.tensorrt_llm_draft_model_name
-        self.draft = (BlsEngineClient(draft_name, calls=self.calls, reloader=self.reloader,
-                                      call_timeout_ms=settings.draft_timeout_ms, decoupled=decoupled)
-                      if draft_name else None)
+        self.draft = (
+            BlsEngineClient(
+                draft_name,
+                calls=self.calls,
+                reloader=self.reloader,
+                call_timeout_ms=settings.draft_timeout_ms,
+                decoupled=decoupled,
+            )
+            if draft_name
+            else None
+        )
         self.recovery_ms = settings.target_recovery_timeout_ms
         self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
         self.ngram = settings.max_matching_ngram_size
-        self.costs = DeploymentCosts(CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token,
-                                               settings.verify_cost_fixed))
+        self.costs = DeploymentCosts(
+            CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed)
+        )
         self.max_spec_concurrency = settings.max_speculative_concurrency
         self._peaks: dict[int, int] = {}  # requests in flight: the most requests in flight during each one's life
         self._active_lock = threading.Lock()
@@ -74,19 +84,27 @@ class TritonPythonModel:
         self.metrics.break_even(*self.costs.break_even_at(1, self.max_draft_len))
         self.metrics.gpu_memory_planned(settings.gpu_memory_planned_fraction)
         # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
-        self.governor = Governor(settings.default_num_draft_tokens or settings.speculation_num_draft_tokens,
-                                 hold_seconds=settings.governor_hold_seconds, on_change=self._governed)
+        self.governor = Governor(
+            settings.default_num_draft_tokens or settings.speculation_num_draft_tokens,
+            hold_seconds=settings.governor_hold_seconds,
+            on_change=self._governed,
+        )
         self.metrics.governor(self.governor.state, self.governor.cap())
         # an operator's or Alertmanager's force, through `trtspec serve --control-port` (trtspec.control)
         self.control, self._control_lock = Watcher(os.environ.get(CONTROL_ENV)), threading.Lock()
         # KV-cache pressure on the target, from the server's own metrics (trtspec.triton.kv_watch)
         self.kv_watch = None
         if os.environ.get(METRICS_ENV):
-            self.kv_watch = KvWatch(os.environ[METRICS_ENV], self.target.model_name, self.governor.kv_cache,
-                                    on_problem=lambda message: pb_utils.Logger.log_warn(f"{self.name}: {message}"))
+            self.kv_watch = KvWatch(
+                os.environ[METRICS_ENV],
+                self.target.model_name,
+                self.governor.kv_cache,
+                on_problem=lambda message: pb_utils.Logger.log_warn(f"{self.name}: {message}"),
+            )
         else:
-            pb_utils.Logger.log_info(f"{self.name}: no {METRICS_ENV} (set by `trtspec serve`): the governor goes "
-                                     "without the KV-cache signal")
+            pb_utils.Logger.log_info(
+                f"{self.name}: no {METRICS_ENV} (set by `trtspec serve`): the governor goes without the KV-cache signal"
+            )
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
         self.max_queued = settings.max_queued_requests
@@ -101,8 +119,10 @@ class TritonPythonModel:
                 refuse = self._admitted >= self.max_admitted
                 self._admitted += not refuse
             if refuse:
-                busy = EngineUnavailable(f"the server is busy ({self.max_queued} requests are already waiting, "
-                                         "max_queued_requests); retry later")
+                busy = EngineUnavailable(
+                    f"the server is busy ({self.max_queued} requests are already waiting, "
+                    "max_queued_requests); retry later"
+                )
                 self.metrics.error("refused")
                 sender.send(error_response(busy, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
@@ -144,7 +164,7 @@ class TritonPythonModel:
             with self._active_lock:
                 del self._peaks[key]
 
-    def _generate(self, fields: "_Fields", sender, load: int, peak_load, arrived: float) -> None:
+    def _generate(self, fields: _Fields, sender, load: int, peak_load, arrived: float) -> None:
         """Serve one request; `load`: the requests in flight when it started, itself included; `peak_load()`:
         the most in flight so far during its life; `arrived`: when Triton handed it over (its deadline counts
         from there, queueing included)."""
@@ -157,8 +177,9 @@ class TritonPythonModel:
         def stop() -> bool:  # checked between iterations and while a target call runs: cancelled, or past the deadline
             now = time.monotonic()
             if timeout_ms and (now - arrived) * 1000 > timeout_ms:
-                raise DeadlineExceeded(f"the request ran past its {timeout_ms} ms; give it a longer timeout_ms, "
-                                       "or fewer max_tokens")
+                raise DeadlineExceeded(
+                    f"the request ran past its {timeout_ms} ms; give it a longer timeout_ms, or fewer max_tokens"
+                )
             if now - asked[0] >= WATCH_SECONDS:  # each question is an IPC round trip to the server process
                 asked[:] = [now, sender.is_cancelled()]
             return asked[1]
@@ -183,9 +204,14 @@ class TritonPythonModel:
             if spec.num_draft_tokens > 0:
                 drafter = self._drafter(plan, watch=sender.is_cancelled)
                 # auto: prompt lookup, which costs no draft call, drafts up to max_draft_len (the model up to K)
-                bound = max(spec.num_draft_tokens, self._lookup_k(plan)) if plan.method == "auto" else spec.num_draft_tokens
-                policy = (self.costs.policy(bound, model_drafts=plan.model_drafts, load=load)
-                          if plan.adaptive else FixedDraftLength(spec.num_draft_tokens))
+                bound = (
+                    max(spec.num_draft_tokens, self._lookup_k(plan)) if plan.method == "auto" else spec.num_draft_tokens
+                )
+                policy = (
+                    self.costs.policy(bound, model_drafts=plan.model_drafts, load=load)
+                    if plan.adaptive
+                    else FixedDraftLength(spec.num_draft_tokens)
+                )
             detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
             # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
             # unless exclude_input_in_output is set.
@@ -195,8 +221,9 @@ class TritonPythonModel:
             run = _Run(stats, Trace(), times_ns, len(spec.prompt))
             target = self.target.for_request(plan.request_id, deadline, watch=stop)
             recover = self._recovery(deadline, stop)
-            for chunk in speculate(spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace,
-                                   recover=recover):
+            for chunk in speculate(
+                spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace, recover=recover
+            ):
                 now = time.monotonic_ns()  # one reading: tokens that came in one piece have first == last
                 run.times_ns[2] = run.times_ns[2] or now
                 run.times_ns[3] = now
@@ -218,30 +245,52 @@ class TritonPythonModel:
             if spec.stream:
                 sender.send(self._response(rest, [], plan, run, len(ids), final=True), flags=flags)
             else:
-                sender.send(self._response(prompt_text + "".join(text) + rest, ids, plan, run, len(ids), final=True), flags=flags)
+                sender.send(
+                    self._response(prompt_text + "".join(text) + rest, ids, plan, run, len(ids), final=True),
+                    flags=flags,
+                )
         except Exception as exc:
             if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
                 self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
             raise
-        self._govern(Outcome(bool(stats.num_drafts), seconds_per_output_token(times_ns, stats.generated_tokens),
-                             num_draft_tokens=stats.num_draft_tokens, num_accepted_tokens=stats.num_accepted_tokens,
-                             probe=probe, admitted_at=admitted), load)
+        self._govern(
+            Outcome(
+                bool(stats.num_drafts),
+                seconds_per_output_token(times_ns, stats.generated_tokens),
+                num_draft_tokens=stats.num_draft_tokens,
+                num_accepted_tokens=stats.num_accepted_tokens,
+                probe=probe,
+                admitted_at=admitted,
+            ),
+            load,
+        )
 
-    def _drafter(self, plan: "_Plan", watch):
-        """`watch`: whether the client left (the request's deadline does not bound a draft call: see BlsEngineClient)."""
+    def _drafter(self, plan: _Plan, watch):
+        """`watch`: whether the client left (the request's deadline does not bound a draft call: see
+        BlsEngineClient)."""
         lookup = make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
         model = None
         if plan.model_drafts:
             s = plan.spec
             client = self.draft.for_request(plan.request_id, watch=watch)
-            model = GuardedDrafter(make_drafter("draft_model", client=client, sampling=s.sampling, end_id=s.end_id,
-                                                pad_id=s.pad_id, use_logits=plan.use_logits), self.draft_breaker)
+            model = GuardedDrafter(
+                make_drafter(
+                    "draft_model",
+                    client=client,
+                    sampling=s.sampling,
+                    end_id=s.end_id,
+                    pad_id=s.pad_id,
+                    use_logits=plan.use_logits,
+                ),
+                self.draft_breaker,
+            )
         if plan.method != "auto":
             return model or lookup
-        return make_drafter("auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens,
-                            lookup_k=self._lookup_k(plan))
+        return make_drafter(
+            "auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens, lookup_k=self._lookup_k(plan)
+        )
 
-    def _lookup_k(self, plan: "_Plan") -> int:
+    def _lookup_k(self, plan: _Plan) -> int:
         """How far prompt lookup drafts under `auto`: max_draft_len, or the governor's cap when it rolled back."""
         return self.max_draft_len if plan.cap is None else plan.cap
 
@@ -256,8 +305,9 @@ class TritonPythonModel:
             model = self.target.model_name
             if not limit:
                 limit.append(time.monotonic() + self.recovery_ms / 1000)
-                pb_utils.Logger.log_warn(f"{self.name}: {str(cause).rstrip('.')}; the request waits for {model} to "
-                                         "serve again")
+                pb_utils.Logger.log_warn(
+                    f"{self.name}: {str(cause).rstrip('.')}; the request waits for {model} to serve again"
+                )
 
             def check() -> None:
                 if stop():
@@ -266,8 +316,10 @@ class TritonPythonModel:
             until = min(limit[0], deadline) if deadline is not None else limit[0]
             if not self.reloader.wait(model, until, check):
                 check()  # past the request's own deadline: that error, naming timeout_ms
-                raise EngineUnavailable(f"{model} is unavailable ({str(cause).rstrip('.')}) and was not serving again "
-                                        f"within {self.recovery_ms} ms (target_recovery_timeout_ms); retry the request")
+                raise EngineUnavailable(
+                    f"{model} is unavailable ({str(cause).rstrip('.')}) and was not serving again "
+                    f"within {self.recovery_ms} ms (target_recovery_timeout_ms); retry the request"
+                )
 
         return recover
 
@@ -285,8 +337,10 @@ class TritonPythonModel:
             if not changed:
                 return
             if force is not None:
-                pb_utils.Logger.log_warn(f"{self.name}: speculation forced to {force.mode} for {force.remaining():.0f} s "
-                                         f"by the {force.source}: {force.reason}")
+                pb_utils.Logger.log_warn(
+                    f"{self.name}: speculation forced to {force.mode} for {force.remaining():.0f} s "
+                    f"by the {force.source}: {force.reason}"
+                )
                 self.governor.force(force.mode, force.remaining(), reason=force.source)
             else:
                 self.governor.force(None, reason="force")
@@ -294,23 +348,26 @@ class TritonPythonModel:
     def _governed(self, old: str, new: str, reason: str) -> None:
         """A change of the deployment's speculation level (judged, a floor's, or a force's): logged once, counted by
         reason, in the state gauge."""
-        pb_utils.Logger.log_warn(f"{self.name}: speculation {old} -> {new} ({reason}); draft-length cap now "
-                                 f"{self.governor.cap()}")
+        pb_utils.Logger.log_warn(
+            f"{self.name}: speculation {old} -> {new} ({reason}); draft-length cap now {self.governor.cap()}"
+        )
         self.metrics.governor_change(new, reason)
         self.metrics.governor(new, self.governor.cap())
 
     def _draft_down(self, cause: Exception) -> None:
         """The first failure of an outage: say so once (a model whose process died is being reloaded: see
         trtspec.triton.recovery)."""
-        pb_utils.Logger.log_warn(f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
-                                 "and it is tried again after a cool-down")
+        pb_utils.Logger.log_warn(
+            f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
+            "and it is tried again after a cool-down"
+        )
         self.governor.draft_down(True)
 
     def _draft_up(self) -> None:
         pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")
         self.governor.draft_down(False)
 
-    def _parse(self, f: "_Fields") -> "_Plan":
+    def _parse(self, f: _Fields) -> _Plan:
         """A request's fields as a plan, checked in this order (a request with several problems is told the first):
         neutral inputs, the prompt, max_tokens, the draft source and length, sampling, end and pad ids, the word
         lists, seed and min_tokens, the logits asked for, the penalties."""
@@ -328,17 +385,26 @@ class TritonPythonModel:
         self._check_logits_wanted(f)
         penalties = self._penalties(f)
         spec = SpecRequest(
-            prompt=prompt, max_tokens=max_tokens, num_draft_tokens=k,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            num_draft_tokens=k,
             sampling=SamplingParams(temperature, top_k, top_p, seed),
-            end_id=None if end_id == -1 else end_id, pad_id=pad_id, stop_words=stop_words, other_end_ids=other_end_ids,
-            stream=f.scalar("stream", bool, False), min_tokens=min_tokens, penalties=penalties, bad_words=bad_words,
+            end_id=None if end_id == -1 else end_id,
+            pad_id=pad_id,
+            stop_words=stop_words,
+            other_end_ids=other_end_ids,
+            stream=f.scalar("stream", bool, False),
+            min_tokens=min_tokens,
+            penalties=penalties,
+            bad_words=bad_words,
             return_log_probs=f.scalar("return_log_probs", bool, False),
             return_context_logits=f.scalar("return_context_logits", bool, False),
             return_generation_logits=f.scalar("return_generation_logits", bool, False),
             return_perf_metrics=f.scalar("return_perf_metrics", bool, False),
         )
         return _Plan(
-            spec=spec, method=method,
+            spec=spec,
+            method=method,
             use_logits=f.scalar("use_draft_logits", bool, self.settings.use_draft_logits_default),
             adaptive=f.scalar("adaptive_draft_length", bool, self.settings.adaptive_draft_length),
             want_perf=f.scalar("return_perf_metrics", bool, False),
@@ -350,7 +416,7 @@ class TritonPythonModel:
             has_draft_model=self.draft is not None,
         )
 
-    def _prompt(self, f: "_Fields") -> list[int]:
+    def _prompt(self, f: _Fields) -> list[int]:
         """text_input's token ids, within the deployment's max_input_len."""
         text = f.text("text_input")
         if not text:
@@ -358,22 +424,26 @@ class TritonPythonModel:
         prompt = self.tokenizer(text, add_special_tokens=self.settings.add_special_tokens)["input_ids"]
         limit = self.settings.max_input_len
         if len(prompt) > limit:
-            raise RequestError("text_input", f"the prompt is {len(prompt)} tokens; this deployment's max_input_len "
-                               f"is {limit}")
+            raise RequestError(
+                "text_input", f"the prompt is {len(prompt)} tokens; this deployment's max_input_len is {limit}"
+            )
         return prompt
 
-    def _max_tokens(self, f: "_Fields", prompt_len: int) -> int:
+    def _max_tokens(self, f: _Fields, prompt_len: int) -> int:
         """max_tokens, required, within what max_seq_len leaves after the prompt."""
         max_tokens = f.scalar("max_tokens", int, None)
         if max_tokens is None:
             raise RequestError("max_tokens", "is required")
         budget = self.settings.max_seq_len - prompt_len
         if not 0 < max_tokens <= budget:
-            raise RequestError("max_tokens", f"must be between 1 and {budget} (max_seq_len {self.settings.max_seq_len} "
-                               f"minus the {prompt_len}-token prompt), got {max_tokens}")
+            raise RequestError(
+                "max_tokens",
+                f"must be between 1 and {budget} (max_seq_len {self.settings.max_seq_len} "
+                f"minus the {prompt_len}-token prompt), got {max_tokens}",
+            )
         return max_tokens
 
-    def _draft_length(self, f: "_Fields") -> tuple[str, int]:
+    def _draft_length(self, f: _Fields) -> tuple[str, int]:
         """The request's draft source and the most tokens to draft per iteration (K).
 
         K is the first of: the request's num_draft_tokens; the deployment's speculation_num_draft_tokens when the
@@ -389,17 +459,21 @@ class TritonPythonModel:
             k = self.settings.speculation_num_draft_tokens if method else self.settings.default_num_draft_tokens
         method = method or self.settings.default_speculation
         if k < 0 or k > self.max_draft_len:
-            raise RequestError("num_draft_tokens", "must be between 0 and the target engine's max_draft_len "
-                               f"{self.max_draft_len}, got {k}")
+            raise RequestError(
+                "num_draft_tokens",
+                f"must be between 0 and the target engine's max_draft_len {self.max_draft_len}, got {k}",
+            )
         if method == "none":
             k = 0
         if k > 0 and method == "draft_model" and self.draft is None:
-            raise RequestError("speculation", "this deployment has no draft model; use speculation: prompt_lookup, "
-                               "or num_draft_tokens 0")
+            raise RequestError(
+                "speculation",
+                "this deployment has no draft model; use speculation: prompt_lookup, or num_draft_tokens 0",
+            )
         return method, k
 
     @staticmethod
-    def _sampling(f: "_Fields") -> tuple[float, int, float]:
+    def _sampling(f: _Fields) -> tuple[float, int, float]:
         """temperature, top_k and top_p, checked. As TensorRT-LLM reads them (and NVIDIA's BLS passes them on):
         top_k 0 with top_p 0 is greedy whatever the temperature, so sampling from the whole distribution is top_p
         1.0 (SamplingParams)."""
@@ -414,7 +488,7 @@ class TritonPythonModel:
             raise RequestError("top_p", f"must be within [0, 1], got {top_p}")
         return temperature, top_k, top_p
 
-    def _end_and_pad_ids(self, f: "_Fields") -> tuple[int | None, list[int], int | None]:
+    def _end_and_pad_ids(self, f: _Fields) -> tuple[int | None, list[int], int | None]:
         """end_id, the other tokens generation ends on, and pad_id: the request's, else the tokenizer's. A client's
         end_id is the only one it ends on; -1 disables it."""
         end_id = f.scalar("end_id", int, self.end_ids[0] if self.end_ids else None)
@@ -427,7 +501,7 @@ class TritonPythonModel:
                 raise RequestError(name, f"{value} is outside the vocabulary [0, {vocab}) (-1 disables it)")
         return end_id, other_end_ids, pad_id
 
-    def _words(self, f: "_Fields", name: str) -> list[list[int]]:
+    def _words(self, f: _Fields, name: str) -> list[list[int]]:
         """stop_words or bad_words: each string one word, tokenized without special tokens (as NVIDIA's
         preprocessing does); empty strings and those without tokens are left out."""
         words = []
@@ -437,32 +511,38 @@ class TritonPythonModel:
                 words.append(ids)
         return words
 
-    def _check_logits_wanted(self, f: "_Fields") -> None:
+    def _check_logits_wanted(self, f: _Fields) -> None:
         """Logits the target engine was not built to gather are refused, as the engine refuses them."""
         built = {"context": self.settings.gather_context_logits, "generation": self.settings.gather_generation_logits}
         for kind, gathered in built.items():
             if f.scalar(f"return_{kind}_logits", bool, False) and not gathered:
                 only = " (torch backend only)" if kind == "context" else ""
-                raise RequestError(f"return_{kind}_logits",
-                                   f"the target engine was built without gather_{kind}_logits; a deployment whose "
-                                   f"clients read {kind} logits sets engine.gather_{kind}_logits: true in its build "
-                                   f"config and rebuilds{only}")
+                raise RequestError(
+                    f"return_{kind}_logits",
+                    f"the target engine was built without gather_{kind}_logits; a deployment whose "
+                    f"clients read {kind} logits sets engine.gather_{kind}_logits: true in its build "
+                    f"config and rebuilds{only}",
+                )
 
     @staticmethod
-    def _penalties(f: "_Fields") -> Penalties:
-        penalties = Penalties(f.scalar("repetition_penalty", float, 1.0), f.scalar("presence_penalty", float, 0.0),
-                              f.scalar("frequency_penalty", float, 0.0))
+    def _penalties(f: _Fields) -> Penalties:
+        penalties = Penalties(
+            f.scalar("repetition_penalty", float, 1.0),
+            f.scalar("presence_penalty", float, 0.0),
+            f.scalar("frequency_penalty", float, 0.0),
+        )
         if not penalties.repetition > 0:
             raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {penalties.repetition}")
         return penalties
 
-    def _response(self, text: str, ids: list[int], plan: "_Plan", run: "_Run", generated: int, final: bool = False):
+    def _response(self, text: str, ids: list[int], plan: _Plan, run: _Run, generated: int, final: bool = False):
         """One response: the text and ids of this chunk (or of the whole answer); the log probs and generation
         logits of its tokens when asked for (cum_log_probs: of every token so far); the token counts and perf
         metrics so far, on every response as NVIDIA's BLS forwards them from tensorrt_llm (or with the final response
         alone when the request says final_perf_metrics_only: each set is 19 tensors to a response); the context logits
         with the last. text_output is flat, one string per request, as NVIDIA's BLS sends it (its clients read
         text_output[0] as the text)."""
+
         def out(name, value, dtype, batch=True):
             arr = np.asarray(value, dtype=dtype)
             return pb_utils.Tensor(name, arr[None] if self.batched and batch else arr)
@@ -470,10 +550,12 @@ class TritonPythonModel:
         spec, trace = plan.spec, run.trace
         tensors = [out("text_output", [text.encode()], np.object_, batch=False), out("output_ids", ids, np.int32)]
         if spec.return_log_probs:
-            tensors += [out("output_log_probs", [trace.log_probs[run.sent:]], np.float32),
-                        out("cum_log_probs", [sum(trace.log_probs)], np.float32)]
+            tensors += [
+                out("output_log_probs", [trace.log_probs[run.sent :]], np.float32),
+                out("cum_log_probs", [sum(trace.log_probs)], np.float32),
+            ]
         if spec.return_generation_logits and len(trace.generation_logits) > run.sent:
-            tensors.append(out("generation_logits", [np.stack(trace.generation_logits[run.sent:])], np.float32))
+            tensors.append(out("generation_logits", [np.stack(trace.generation_logits[run.sent :])], np.float32))
         run.sent = generated
         if final and spec.return_context_logits and trace.context_logits is not None:
             tensors.append(out("context_logits", trace.context_logits, np.float32))
@@ -525,13 +607,10 @@ class _Run:
     """A request in progress, as its responses report it."""
 
     stats: RequestStats
-    trace: Trace                     # the target's log probs and logits of the emitted tokens, KV blocks
-    times_ns: list[int]              # arrival, first target call, first token, last token (steady clock)
+    trace: Trace  # the target's log probs and logits of the emitted tokens, KV blocks
+    times_ns: list[int]  # arrival, first target call, first token, last token (steady clock)
     input_tokens: int
-    sent: int = 0                    # tokens whose log probs / logits went out in earlier responses
-
-
-
+    sent: int = 0  # tokens whose log probs / logits went out in earlier responses
 
 
 @dataclasses.dataclass
@@ -546,10 +625,10 @@ class _Plan:
     final_perf_only: bool  # final_perf_metrics_only: a streamed request's perf metrics on its final response alone
     exclude_input: bool
     request_id: str
-    input_tokens: bool = False   # return_num_input_tokens
+    input_tokens: bool = False  # return_num_input_tokens
     output_tokens: bool = False  # return_num_output_tokens
     has_draft_model: bool = False  # the deployment has one
-    cap: int | None = None         # the governor's draft-length cap, when it rolled speculation back
+    cap: int | None = None  # the governor's draft-length cap, when it rolled speculation back
 
     @property
     def model_drafts(self) -> bool:

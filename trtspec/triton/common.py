@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.errors import EngineUnavailable, RequestError, TrtspecError
+
 # how every Triton model reads its parameters (re-exported: the BLS reads its own as trtspec.serving_settings)
 from trtspec.serving_settings import bool_parameter, parameter  # noqa: F401
 
@@ -46,7 +47,7 @@ def required(inputs: dict[str, np.ndarray], name: str) -> np.ndarray:
     return value
 
 
-def error_response(exc: BaseException, model: str) -> "pb_utils.InferenceResponse":
+def error_response(exc: BaseException, model: str) -> pb_utils.InferenceResponse:
     """A request's failure as its error response: the request's own fault (INVALID_ARG: HTTP 400), an engine
     that cannot answer now (UNAVAILABLE: 503, worth a retry) or an internal one (INTERNAL: 500, logged with its
     traceback when it is not one of trtspec's own)."""

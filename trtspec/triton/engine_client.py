@@ -13,7 +13,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.contract import ENGINE_OUTPUT_NAMES, GenerationRequest, GenerationResult, request_to_tensors, tensors_to_result
+from trtspec.contract import (
+    ENGINE_OUTPUT_NAMES,
+    GenerationRequest,
+    GenerationResult,
+    request_to_tensors,
+    tensors_to_result,
+)
 from trtspec.errors import Cancelled, EngineError, EngineUnavailable
 from trtspec.triton.recovery import Reloader, unavailable
 
@@ -44,8 +50,18 @@ class BlsEngineClient:
     response, not even an error. The request gives such a call up (EngineUnavailable) once `reloader` has seen the
     model dead since the call began, which a silent call finds out by probing the model (`lost`)."""
 
-    def __init__(self, model_name: str, request_id: str = "", *, calls: ThreadPoolExecutor, reloader: Reloader,
-                 call_timeout_ms: int = 0, deadline: float | None = None, decoupled: bool = False, watch=None):
+    def __init__(
+        self,
+        model_name: str,
+        request_id: str = "",
+        *,
+        calls: ThreadPoolExecutor,
+        reloader: Reloader,
+        call_timeout_ms: int = 0,
+        deadline: float | None = None,
+        decoupled: bool = False,
+        watch=None,
+    ):
         self.model_name, self.request_id = model_name, request_id
         self.calls, self.reloader = calls, reloader
         self.call_timeout_ms, self.deadline = call_timeout_ms, deadline
@@ -59,17 +75,24 @@ class BlsEngineClient:
     def streams(self) -> bool:
         return self.decoupled
 
-    def for_request(self, request_id: str, deadline: float | None = None, watch=None) -> "BlsEngineClient":
-        return BlsEngineClient(self.model_name, request_id, calls=self.calls, reloader=self.reloader,
-                               call_timeout_ms=self.call_timeout_ms, deadline=deadline, decoupled=self.decoupled,
-                               watch=watch)
+    def for_request(self, request_id: str, deadline: float | None = None, watch=None) -> BlsEngineClient:
+        return BlsEngineClient(
+            self.model_name,
+            request_id,
+            calls=self.calls,
+            reloader=self.reloader,
+            call_timeout_ms=self.call_timeout_ms,
+            deadline=deadline,
+            decoupled=self.decoupled,
+            watch=watch,
+        )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
         call = self._call(request, streaming=False)
         tensors = self._bounded(lambda: self._exec(call))
         return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
 
-    def stream(self, request: GenerationRequest) -> "_Stream":
+    def stream(self, request: GenerationRequest) -> _Stream:
         if not self.decoupled:
             raise EngineError(f"{self.model_name}: streaming needs a decoupled engine model")
         return _Stream(self, self._call(request, streaming=True))
@@ -105,9 +128,12 @@ class BlsEngineClient:
         if streaming:
             tensors["streaming"] = np.ones((1, 1), np.bool_)
         wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
-        return pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=wanted,
-                                         inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
-                                         request_id=self.request_id)
+        return pb_utils.InferenceRequest(
+            model_name=self.model_name,
+            requested_output_names=wanted,
+            inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
+            request_id=self.request_id,
+        )
 
     def _exec(self, call) -> dict[str, np.ndarray]:
         """A unary call's output tensors. A decoupled model answers a request without `streaming` with one response
@@ -171,12 +197,15 @@ class BlsEngineClient:
     def _stop(self, request_id: str) -> None:
         """A stop request: the tensors of NVIDIA's send_cancellation_request (input_ids, input_lengths,
         request_output_len 0, stop true) with `request_id`; EngineError when the model refuses it."""
-        inputs = [pb_utils.Tensor("input_ids", np.zeros((1, 1), np.int32)),
-                  pb_utils.Tensor("input_lengths", np.zeros((1, 1), np.int32)),
-                  pb_utils.Tensor("request_output_len", np.zeros((1, 1), np.int32)),
-                  pb_utils.Tensor("stop", np.ones((1, 1), np.bool_))]
-        call = pb_utils.InferenceRequest(model_name=self.model_name, inputs=inputs, requested_output_names=[],
-                                         request_id=request_id)
+        inputs = [
+            pb_utils.Tensor("input_ids", np.zeros((1, 1), np.int32)),
+            pb_utils.Tensor("input_lengths", np.zeros((1, 1), np.int32)),
+            pb_utils.Tensor("request_output_len", np.zeros((1, 1), np.int32)),
+            pb_utils.Tensor("stop", np.ones((1, 1), np.bool_)),
+        ]
+        call = pb_utils.InferenceRequest(
+            model_name=self.model_name, inputs=inputs, requested_output_names=[], request_id=request_id
+        )
 
         def run():
             responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
@@ -265,8 +294,9 @@ class _Stream:
                         self.finished = True  # an error is the call's last response: nothing left to stop
                         raise client.failure(item.error())
                     if not self.stopping:
-                        yield tensors_to_result({t.name(): t.as_numpy().copy() for t in item.output_tensors()}, [],
-                                                excluded=True)
+                        yield tensors_to_result(
+                            {t.name(): t.as_numpy().copy() for t in item.output_tensors()}, [], excluded=True
+                        )
                 if not self.stopping and now - checked >= WATCH_SECONDS:
                     checked = now
                     try:

@@ -28,7 +28,6 @@ from trtspec.errors import EngineError, RequestError
 from trtspec.interfaces import ENGINE_INPUT_NAMES
 from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
 
-
 KV_REPORT_SECONDS = 0.25
 
 
@@ -41,38 +40,60 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
         device = parameter(params, "device", "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise EngineError(f"{self.name}: device '{device}' is configured but no CUDA device is available; "
-                              "regenerate the repository with `trtspec deploy --device cpu`")
+            raise EngineError(
+                f"{self.name}: device '{device}' is configured but no CUDA device is available; "
+                "regenerate the repository with `trtspec deploy --device cpu`"
+            )
         # One thread loads the engine and then runs every forward pass (see Scheduler.serve); `execute` only
         # checks and queues, so requests join the running batch at every step.
         self.engine = None
         labels = {"model": self.name}
         self._metric_families = [  # a family must outlive its metrics
-            pb_utils.MetricFamily(name="trtspec_engine_calls_total", kind=pb_utils.MetricFamily.COUNTER,
-                                  description="Engine calls queued (one per request row; stop requests not counted)"),
-            pb_utils.MetricFamily(name="trtspec_engine_tokens_total", kind=pb_utils.MetricFamily.COUNTER,
-                                  description="Tokens the engine's calls returned (a stopped call's included)"),
-            pb_utils.MetricFamily(name="trtspec_engine_running_calls", kind=pb_utils.MetricFamily.GAUGE,
-                                  description="Engine calls holding a batch slot"),
+            pb_utils.MetricFamily(
+                name="trtspec_engine_calls_total",
+                kind=pb_utils.MetricFamily.COUNTER,
+                description="Engine calls queued (one per request row; stop requests not counted)",
+            ),
+            pb_utils.MetricFamily(
+                name="trtspec_engine_tokens_total",
+                kind=pb_utils.MetricFamily.COUNTER,
+                description="Tokens the engine's calls returned (a stopped call's included)",
+            ),
+            pb_utils.MetricFamily(
+                name="trtspec_engine_running_calls",
+                kind=pb_utils.MetricFamily.GAUGE,
+                description="Engine calls holding a batch slot",
+            ),
         ]
-        self.calls_metric, self.tokens_metric, self.running_metric = (f.Metric(labels=labels) for f in self._metric_families)
+        self.calls_metric, self.tokens_metric, self.running_metric = (
+            f.Metric(labels=labels) for f in self._metric_families
+        )
         # TensorRT-LLM's backend reports its KV cache under this family (custom_metrics_reporter.cc: labels model,
         # version, kv_cache_block_type); the embedded engine reports its budget the same way, in blocks of
         # KV_TOKENS_PER_BLOCK tokens, so one rule, one panel and the governor read either.
-        kv = pb_utils.MetricFamily(name="nv_trt_llm_kv_cache_block_metrics", kind=pb_utils.MetricFamily.GAUGE,
-                                   description="TRT LLM KV cache block metrics")
+        kv = pb_utils.MetricFamily(
+            name="nv_trt_llm_kv_cache_block_metrics",
+            kind=pb_utils.MetricFamily.GAUGE,
+            description="TRT LLM KV cache block metrics",
+        )
         self._metric_families.append(kv)
         kv_labels = {"model": self.name, "version": str(args.get("model_version", "1"))}
-        self.kv_metrics = {kind: kv.Metric(labels=kv_labels | {"kv_cache_block_type": kind})
-                           for kind in ("max", "free", "used", "tokens_per", "fraction")}
+        self.kv_metrics = {
+            kind: kv.Metric(labels=kv_labels | {"kv_cache_block_type": kind})
+            for kind in ("max", "free", "used", "tokens_per", "fraction")
+        }
         loaded, failure = threading.Event(), []
-        threading.Thread(target=self._run, args=(params, device, loaded, failure), name="trtspec-engine", daemon=True).start()
+        threading.Thread(
+            target=self._run, args=(params, device, loaded, failure), name="trtspec-engine", daemon=True
+        ).start()
         loaded.wait()
         if failure:
             raise failure[0]
         pb_utils.Logger.log_info(
             f"{self.name}: {type(self.engine.model).__name__} on {device}, linears {self.engine.model.kernel_summary}, "
-            f"batch-invariant logits: {'yes' if self.engine.batch_invariant else 'no (validation classifies near-ties)'}")
+            "batch-invariant logits: "
+            f"{'yes' if self.engine.batch_invariant else 'no (validation classifies near-ties)'}"
+        )
 
     def _run(self, params, device: str, loaded: threading.Event, failure: list) -> None:
         from trtspec.engine.runtime import Engine
@@ -129,18 +150,25 @@ class TritonPythonModel:
         if len(calls) > 1 and not self.decoupled:
             # TensorRT-LLM's backend refuses it: "Batch size > 1 requires the tensorrt_llm backend to be using
             # decoupled transaction policy" (model_instance_state.cc, 1.2.0rc8)
-            raise RequestError("input_ids", f"a batch of {len(calls)} requests needs a decoupled model, as TensorRT-LLM's "
-                                            "backend does; send one request at a time, or redeploy with "
-                                            "`trtspec deploy --decoupled-mode true` (the default)")
+            raise RequestError(
+                "input_ids",
+                f"a batch of {len(calls)} requests needs a decoupled model, as TensorRT-LLM's "
+                "backend does; send one request at a time, or redeploy with "
+                "`trtspec deploy --decoupled-mode true` (the default)",
+            )
         for call in calls:  # every row is checked before any is queued
             self.engine.check(call)
         if "streaming" in tensors and np.any(tensors["streaming"]):
             return self._stream(calls, tensors, sender, request_id)
         self.calls_metric.increment(len(calls))
         if len(calls) == 1:
-            self.engine.submit(calls[0], lambda outcome: sender.send(
-                self._response(calls[0], outcome), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL),
-                request_id=request_id)
+            self.engine.submit(
+                calls[0],
+                lambda outcome: sender.send(
+                    self._response(calls[0], outcome), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                ),
+                request_id=request_id,
+            )
             return
         # a batch (decoupled only): one response per row as it ends, with its batch_index, as TensorRT-LLM answers
         left, lock = [len(calls)], threading.Lock()
@@ -163,8 +191,11 @@ class TritonPythonModel:
         call may have ended), as TensorRT-LLM's handleStopRequest (model_instance_state.cc, 1.2.0rc8), which also
         refuses a stop without an id: "Trying to stop a request but request ID is not provided"."""
         if not request_id:
-            raise RequestError("request_id", "a stop request (stop: true) must carry the request id of the call to stop; "
-                                             "Trying to stop a request but request ID is not provided")
+            raise RequestError(
+                "request_id",
+                "a stop request (stop: true) must carry the request id of the call to stop; "
+                "Trying to stop a request but request ID is not provided",
+            )
         self.engine.cancel(request_id)
         sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -175,10 +206,15 @@ class TritonPythonModel:
         not (LlmRequest::createResult)."""
         if not self.decoupled:  # TensorRT-LLM refuses it: "Streaming is only supported if model is deployed using
             # decoupled mode." (utils.cc createRequestsFromInputTensors, 1.2.0rc8)
-            raise RequestError("streaming", "needs a decoupled model; this one is deployed with decoupled_mode false "
-                                            "(redeploy with `trtspec deploy --decoupled-mode true`, the default, or leave streaming false)")
+            raise RequestError(
+                "streaming",
+                "needs a decoupled model; this one is deployed with decoupled_mode false "
+                "(redeploy with `trtspec deploy --decoupled-mode true`, the default, or leave streaming false)",
+            )
         if len(calls) != 1:
-            raise RequestError("streaming", f"streams one request at a time, got a batch of {len(calls)}; send each row alone")
+            raise RequestError(
+                "streaming", f"streams one request at a time, got a batch of {len(calls)}; send each row alone"
+            )
         call, streamed = calls[0], [0]
 
         def part(result, final: bool):
@@ -196,8 +232,12 @@ class TritonPythonModel:
             if not final:
                 out.pop("context_logits", None)  # once, with the last response
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-            sender.send(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in out.items()]), flags=flags)
+            sender.send(
+                pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in out.items()]
+                ),
+                flags=flags,
+            )
 
         def done(outcome):
             if isinstance(outcome, BaseException):
@@ -220,7 +260,8 @@ class TritonPythonModel:
         if batch_index is not None:
             outputs["batch_index"] = np.asarray([[batch_index]], dtype=np.int32)
         return pb_utils.InferenceResponse(
-            output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs.items()])
+            output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in outputs.items()]
+        )
 
     def finalize(self):
         if self.engine is not None:

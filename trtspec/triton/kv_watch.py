@@ -24,7 +24,7 @@ def kv_fraction(scrape: str, model: str) -> float | None:
     for line in scrape.splitlines():
         if not line.startswith(FAMILY + "{"):
             continue
-        labels, _, value = line[len(FAMILY) + 1:].rpartition("}")
+        labels, _, value = line[len(FAMILY) + 1 :].rpartition("}")
         found = dict(_LABEL.findall(labels))
         if found.get("model") == model and found.get("kv_cache_block_type") in ("used", "max"):
             blocks[found["kv_cache_block_type"]] = float(value.split()[0])
@@ -35,8 +35,15 @@ class KvWatch:
     """Reads `url` every `period` seconds on a daemon thread and hands `model`'s fraction (None when unknown) to
     `on_fraction`; `on_problem` hears the first failure of a run of failures."""
 
-    def __init__(self, url: str, model: str, on_fraction: Callable[[float | None], None], *,
-                 on_problem: Callable[[str], None] = lambda message: None, period: float = 1.0):
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        on_fraction: Callable[[float | None], None],
+        *,
+        on_problem: Callable[[str], None] = lambda message: None,
+        period: float = 1.0,
+    ):
         self.url, self.model, self.period = url, model, period
         self.on_fraction, self.on_problem = on_fraction, on_problem
         self._stop = threading.Event()

@@ -45,8 +45,11 @@ class Metrics:
         self._families = []  # a family must outlive its metrics, so every family is kept here
         self._lock = threading.Lock()
         self.labels = {"model": model}
-        counter, gauge, histogram = (pb_utils.MetricFamily.COUNTER, pb_utils.MetricFamily.GAUGE,
-                                     pb_utils.MetricFamily.HISTOGRAM)
+        counter, gauge, histogram = (
+            pb_utils.MetricFamily.COUNTER,
+            pb_utils.MetricFamily.GAUGE,
+            pb_utils.MetricFamily.HISTOGRAM,
+        )
 
         def family(name, description, kind=counter):
             self._families.append(pb_utils.MetricFamily(name=name, description=description, kind=kind))
@@ -63,34 +66,79 @@ class Metrics:
         self._accepted = one("trtspec_accepted_tokens_total", "Draft tokens the target accepted")
         generated = family("trtspec_generated_tokens_total", "Tokens returned to clients, by decoding mode")
         self._generated = {m: generated.Metric(labels=self.labels | {"mode": m}) for m in MODES}
-        self._iterations = one("trtspec_iterations_total", "Draft-then-verify iterations (plain decoding steps included)")
+        self._iterations = one(
+            "trtspec_iterations_total", "Draft-then-verify iterations (plain decoding steps included)"
+        )
         self._draft_seconds = one("trtspec_draft_seconds_total", "Seconds requests spent drafting")
         self._verify_seconds = one("trtspec_verify_seconds_total", "Seconds requests spent in target calls")
-        self._by_position = family("trtspec_accepted_tokens_by_position_total", "Accepted draft tokens by draft position (0 = first)")
-        self._drafted_by_position = family("trtspec_draft_tokens_by_position_total", "Draft tokens proposed by draft position (0 = first)")
+        self._by_position = family(
+            "trtspec_accepted_tokens_by_position_total", "Accepted draft tokens by draft position (0 = first)"
+        )
+        self._drafted_by_position = family(
+            "trtspec_draft_tokens_by_position_total", "Draft tokens proposed by draft position (0 = first)"
+        )
         requests = family("trtspec_requests_total", "Finished requests by decoding mode")
         self._requests = {m: requests.Metric(labels=self.labels | {"mode": m}) for m in MODES}
-        self._fallbacks = family("trtspec_fallbacks_total", "Times speculation was switched off for a request, by reason (low_acceptance, load, draft_error, governor)")
-        errors = family("trtspec_request_errors_total", "Requests that ended in an error, by kind (bad_request, timeout, refused, engine_error)")
+        self._fallbacks = family(
+            "trtspec_fallbacks_total",
+            "Times speculation was switched off for a request, by reason (low_acceptance, load, draft_error, governor)",
+        )
+        errors = family(
+            "trtspec_request_errors_total",
+            "Requests that ended in an error, by kind (bad_request, timeout, refused, engine_error)",
+        )
         self._errors = {k: errors.Metric(labels=self.labels | {"kind": k}) for k in ERROR_KINDS}
-        self._duration = by_mode("trtspec_request_duration_seconds", "Request latency, arrival to last response, by decoding mode", DURATION_BUCKETS)
-        self._ttft = by_mode("trtspec_time_to_first_token_seconds", "Arrival to first token, by decoding mode", TTFT_BUCKETS)
-        self._tpot = by_mode("trtspec_time_per_output_token_seconds", "Mean time per output token after the first, by decoding mode", TPOT_BUCKETS)
-        self._acceptance = family("trtspec_request_acceptance_ratio", "Per request: accepted / drafted tokens (requests that drafted)",
-                                  histogram).Metric(labels=self.labels, buckets=ACCEPTANCE_BUCKETS)
-        self._break_even = family("trtspec_break_even_acceptance", "The acceptance below which drafting costs more than it returns, as the deployment's learned costs say, by load (requests in flight)", gauge)
-        self._info = family("trtspec_build_info", "The deployment (value 1): target, draft, quantization, "
-                            "max_draft_len, versions", gauge).Metric(labels=self.labels | build)
+        self._duration = by_mode(
+            "trtspec_request_duration_seconds",
+            "Request latency, arrival to last response, by decoding mode",
+            DURATION_BUCKETS,
+        )
+        self._ttft = by_mode(
+            "trtspec_time_to_first_token_seconds", "Arrival to first token, by decoding mode", TTFT_BUCKETS
+        )
+        self._tpot = by_mode(
+            "trtspec_time_per_output_token_seconds",
+            "Mean time per output token after the first, by decoding mode",
+            TPOT_BUCKETS,
+        )
+        self._acceptance = family(
+            "trtspec_request_acceptance_ratio",
+            "Per request: accepted / drafted tokens (requests that drafted)",
+            histogram,
+        ).Metric(labels=self.labels, buckets=ACCEPTANCE_BUCKETS)
+        self._break_even = family(
+            "trtspec_break_even_acceptance",
+            "The acceptance below which drafting costs more than it returns, as the deployment's learned costs say, "
+            "by load (requests in flight)",
+            gauge,
+        )
+        self._info = family(
+            "trtspec_build_info",
+            "The deployment (value 1): target, draft, quantization, max_draft_len, versions",
+            gauge,
+        ).Metric(labels=self.labels | build)
         self._info.set(1)
-        state = family("trtspec_speculation_state", "The deployment's speculation level (1 for the current state): "
-                       "speculating, reduced, plain, probing (plain, with probes)", gauge)
+        state = family(
+            "trtspec_speculation_state",
+            "The deployment's speculation level (1 for the current state): "
+            "speculating, reduced, plain, probing (plain, with probes)",
+            gauge,
+        )
         self._state = {st: state.Metric(labels=self.labels | {"state": st}) for st in STATES}
-        self._cap = one("trtspec_draft_length_cap", "The governor's draft-length cap for new requests (0: plain)", gauge)
-        self._changes = family("trtspec_speculation_changes_total", "Changes of the deployment's speculation level, by "
-                               "the state entered and the reason")
-        self._planned = family("trtspec_gpu_memory_planned_ratio", "The fullest GPU's planned steady memory use, as a "
-                               "fraction of its memory (TensorRT-LLM reserves its KV cache at start); absent without a "
-                               "GPU plan", gauge)
+        self._cap = one(
+            "trtspec_draft_length_cap", "The governor's draft-length cap for new requests (0: plain)", gauge
+        )
+        self._changes = family(
+            "trtspec_speculation_changes_total",
+            "Changes of the deployment's speculation level, by the state entered and the reason",
+        )
+        self._planned = family(
+            "trtspec_gpu_memory_planned_ratio",
+            "The fullest GPU's planned steady memory use, as a "
+            "fraction of its memory (TensorRT-LLM reserves its KV cache at start); absent without a "
+            "GPU plan",
+            gauge,
+        )
         self._children: dict[tuple, object] = {}  # metrics of families whose label values come as requests do
         self._shown: dict = {}  # the gauges' last values sent
         for reason in FALLBACK_REASONS:  # at 0 from the start, so rates over them (the alerts') have data
@@ -110,9 +158,14 @@ class Metrics:
         arrival, _, first, last = times_ns
         with self._lock:
             # each update is a message to the server: counters that did not move are left alone
-            for metric, amount in ((self._draft, stats.num_draft_tokens), (self._accepted, stats.num_accepted_tokens),
-                                   (self._generated[mode], stats.generated_tokens), (self._iterations, stats.iterations),
-                                   (self._draft_seconds, stats.draft_seconds), (self._verify_seconds, stats.verify_seconds)):
+            for metric, amount in (
+                (self._draft, stats.num_draft_tokens),
+                (self._accepted, stats.num_accepted_tokens),
+                (self._generated[mode], stats.generated_tokens),
+                (self._iterations, stats.iterations),
+                (self._draft_seconds, stats.draft_seconds),
+                (self._verify_seconds, stats.verify_seconds),
+            ):
                 if amount:
                     metric.increment(amount)
             for i, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position)):

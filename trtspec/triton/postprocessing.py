@@ -11,7 +11,13 @@ import numpy as np
 
 from trtspec.errors import RequestError
 from trtspec.triton.common import (
-    bool_parameter, input_arrays, load_tokenizer, model_parameters, parameter, required, respond_each,
+    bool_parameter,
+    input_arrays,
+    load_tokenizer,
+    model_parameters,
+    parameter,
+    required,
+    respond_each,
 )
 
 
@@ -31,7 +37,9 @@ class TritonPythonModel:
         if tokens.ndim == 2:  # [B, L]: one beam
             tokens = tokens[:, None, :]
         if lengths.size != tokens.shape[0] * tokens.shape[1]:
-            raise RequestError("SEQUENCE_LENGTH", f"has {lengths.size} values for {tokens.shape[0]}x{tokens.shape[1]} token rows")
+            raise RequestError(
+                "SEQUENCE_LENGTH", f"has {lengths.size} values for {tokens.shape[0]}x{tokens.shape[1]} token rows"
+            )
         lengths = lengths.reshape(tokens.shape[:2])
         texts = np.empty(tokens.shape[0] * tokens.shape[1], dtype=np.object_)
         for i, (b, k) in enumerate(np.ndindex(*tokens.shape[:2])):

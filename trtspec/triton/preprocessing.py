@@ -17,7 +17,13 @@ from trtspec.contract import check_neutral
 from trtspec.errors import RequestError
 from trtspec.interfaces import PREPROCESSING_INPUTS
 from trtspec.triton.common import (
-    bool_parameter, input_arrays, load_tokenizer, model_parameters, parameter, required, respond_each,
+    bool_parameter,
+    input_arrays,
+    load_tokenizer,
+    model_parameters,
+    parameter,
+    required,
+    respond_each,
 )
 
 
@@ -49,7 +55,7 @@ class TritonPythonModel:
         ids = np.empty((batch, width), dtype=np.int32)
         for i, row in enumerate(rows):
             ids[i, : len(row)] = row
-            ids[i, len(row):] = pad_id[i, 0]
+            ids[i, len(row) :] = pad_id[i, 0]
         return {
             "INPUT_ID": ids,
             "REQUEST_INPUT_LEN": np.asarray([[len(r)] for r in rows], dtype=np.int32),
@@ -58,8 +64,11 @@ class TritonPythonModel:
             "BAD_WORDS_IDS": self._word_lists(inputs.get("BAD_WORDS_DICT"), batch),
             # the model's other end tokens (generation_config.json) as stop words, unless the client named its end
             # id: the engine takes one END_ID; the ensemble's text then stops where the BLS's does
-            "STOP_WORDS_IDS": self._word_lists(inputs.get("STOP_WORDS_DICT"), batch,
-                                               extra=[] if "END_ID" in inputs else [[e] for e in self.end_ids[1:]]),
+            "STOP_WORDS_IDS": self._word_lists(
+                inputs.get("STOP_WORDS_DICT"),
+                batch,
+                extra=[] if "END_ID" in inputs else [[e] for e in self.end_ids[1:]],
+            ),
             "EMBEDDING_BIAS": np.zeros((batch, 0), dtype=np.float32),
             "REQUEST_OUTPUT_LEN": output_len,
             "OUT_END_ID": end_id,

@@ -26,8 +26,15 @@ import triton_python_backend_utils as pb_utils
 
 # What Triton answers for a model that cannot serve now: its stub died, it is being unloaded or loaded again, or it
 # is not loaded at all (a load that failed leaves it so).
-_UNAVAILABLE_SIGNS = ("is not healthy", "is not ready", "unknown model", "has no available versions",
-                      "is not found", "is unloading", "unavailable")
+_UNAVAILABLE_SIGNS = (
+    "is not healthy",
+    "is not ready",
+    "unknown model",
+    "has no available versions",
+    "is not found",
+    "is unloading",
+    "unavailable",
+)
 # Triton without explicit model control refuses every load and unload: nothing to retry (under mpirun, a dead
 # worker is left to the pod's liveness probe).
 _NOT_ALLOWED = "not allowed"
@@ -47,8 +54,14 @@ class Reloader:
     """Reloads models whose process died, retrying until each loads; `owner` names the BLS in its log lines,
     `repository` is the model repository's root (each model's config.pbtxt is read from it)."""
 
-    def __init__(self, owner: str, repository: Path, *, first_pause: float = FIRST_PAUSE_SECONDS,
-                 longest_pause: float = LONGEST_PAUSE_SECONDS):
+    def __init__(
+        self,
+        owner: str,
+        repository: Path,
+        *,
+        first_pause: float = FIRST_PAUSE_SECONDS,
+        longest_pause: float = LONGEST_PAUSE_SECONDS,
+    ):
         self.owner, self.repository = owner, Path(repository)
         self.first_pause, self.longest_pause = first_pause, longest_pause
         self._lock = threading.Lock()
@@ -149,17 +162,19 @@ class Reloader:
                             pb_utils.unload_model(model_name=model)
                             unloaded = True
                         pb_utils.load_model(model_name=model)
-                    pb_utils.Logger.log_info(f"{self.owner}: reloaded {model}, whose process had died"
-                                             + (f" ({tries} tries)" if tries > 1 else "")
-                                             + (" (beside the old model, which calls left open still hold)"
-                                                if stuck else ""))
+                    pb_utils.Logger.log_info(
+                        f"{self.owner}: reloaded {model}, whose process had died"
+                        + (f" ({tries} tries)" if tries > 1 else "")
+                        + (" (beside the old model, which calls left open still hold)" if stuck else "")
+                    )
                     return
                 except Exception as exc:
                     if _NOT_ALLOWED in str(exc):
                         pb_utils.Logger.log_warn(f"{self.owner}: could not reload {model}: {exc}")
                         return
-                    pb_utils.Logger.log_warn(f"{self.owner}: could not reload {model} (try {tries}): {exc}; "
-                                             f"trying again in {pause:g} s")
+                    pb_utils.Logger.log_warn(
+                        f"{self.owner}: could not reload {model} (try {tries}): {exc}; trying again in {pause:g} s"
+                    )
                 if self._closed.wait(pause):
                     return
                 pause = min(2 * pause, self.longest_pause)

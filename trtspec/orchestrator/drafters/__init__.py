@@ -18,8 +18,8 @@ class DraftFailed(Exception):
 @dataclass
 class Draft:
     tokens: list[int]
-    logits: np.ndarray | None = None   # [len(tokens), V], for modified rejection sampling
-    source: str | None = None          # which source drafted it (auto has several)
+    logits: np.ndarray | None = None  # [len(tokens), V], for modified rejection sampling
+    source: str | None = None  # which source drafted it (auto has several)
 
 
 class Drafter(Protocol):

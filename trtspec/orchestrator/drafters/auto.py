@@ -18,10 +18,16 @@ MODEL = "draft_model"
 
 
 class AutoDrafter:
-    def __init__(self, model: Drafter | None, lookup: PromptLookupDrafter, *, model_k: int | None = None,
-                 lookup_k: int | None = None):
+    def __init__(
+        self,
+        model: Drafter | None,
+        lookup: PromptLookupDrafter,
+        *,
+        model_k: int | None = None,
+        lookup_k: int | None = None,
+    ):
         self.model, self.lookup = model, lookup
-        self.model_k, self.lookup_k = model_k, lookup_k   # None: whatever the caller asks
+        self.model_k, self.lookup_k = model_k, lookup_k  # None: whatever the caller asks
         self._found: tuple[int, int, list[int]] | None = None  # (len(context), cap, continuation) of the last lookup
 
     def _continuation(self, context: list[int], k: int) -> list[int]:
@@ -47,7 +53,7 @@ class AutoDrafter:
             return Draft(found, source=LOOKUP)
         return self.model.propose(context, k)
 
-    def without_model(self) -> "AutoDrafter":
+    def without_model(self) -> AutoDrafter:
         """The same request's drafter once its draft model failed: prompt lookup alone."""
         self.model = None
         return self

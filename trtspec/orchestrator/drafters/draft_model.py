@@ -12,8 +12,9 @@ _DRAFT_SEED_OFFSET = 0x5DEECE66D
 
 
 class DraftModelDrafter:
-    def __init__(self, client, *, sampling: SamplingParams, end_id: int | None, pad_id: int | None,
-                 use_logits: bool = False):
+    def __init__(
+        self, client, *, sampling: SamplingParams, end_id: int | None, pad_id: int | None, use_logits: bool = False
+    ):
         self.client = client
         self.use_logits = use_logits
         self.end_id, self.pad_id = end_id, pad_id
@@ -23,10 +24,17 @@ class DraftModelDrafter:
     def propose(self, context: list[int], k: int) -> Draft:
         # min_tokens = k forces k tokens even past an end token, so the target always gets a full draft.
         try:
-            result = self.client.generate(GenerationRequest(
-                input_ids=context, request_output_len=k, min_tokens=k, end_id=self.end_id, pad_id=self.pad_id,
-                sampling=self.sampling, return_generation_logits=self.use_logits,
-            ))
+            result = self.client.generate(
+                GenerationRequest(
+                    input_ids=context,
+                    request_output_len=k,
+                    min_tokens=k,
+                    end_id=self.end_id,
+                    pad_id=self.pad_id,
+                    sampling=self.sampling,
+                    return_generation_logits=self.use_logits,
+                )
+            )
         except EngineError as exc:  # the draft model failed: speculation is lost, the answer is not
             raise DraftFailed(str(exc)) from exc
         logits = result.generation_logits[:k] if self.use_logits and result.generation_logits is not None else None

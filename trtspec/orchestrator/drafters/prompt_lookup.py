@@ -20,12 +20,12 @@ def find_continuation(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: 
     if k <= 0:
         return []
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        pattern = tokens[length - n:]
+        pattern = tokens[length - n :]
         # the most recent occurrence that ends before the suffix itself and has something after it
         for start in range(length - n - 1, -1, -1):
-            if tokens[start:start + n] == pattern:
+            if tokens[start : start + n] == pattern:
                 follow = start + n
-                return tokens[follow:follow + k]
+                return tokens[follow : follow + k]
     return []
 
 
