@@ -17,6 +17,7 @@ ends a cancelled request: a normal result holding the tokens chosen so far.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
@@ -31,6 +32,9 @@ from trtspec.engine.kv import KVPool, Lease
 from trtspec.engine.model import Segment
 from trtspec.engine.sampling import Rules, accept_draft, completes_word, log_prob, prepare, select
 from trtspec.errors import EngineError
+
+# unconfigured, a warning still reaches stderr (Python's last-resort handler), which Triton's log holds
+log = logging.getLogger("trtspec.engine")
 
 
 @dataclass
@@ -326,7 +330,7 @@ class Scheduler:
         try:
             job.done(outcome)
         except Exception as exc:  # a response that cannot be delivered (client gone) must not stop the others
-            print(f"trtspec engine: could not deliver a result: {exc}", flush=True)
+            log.warning("could not deliver a result: %s", exc)
 
     # ---- background worker (the Triton engine model) ------------------------------------------------------------
     def start(self) -> None:
