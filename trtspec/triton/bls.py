@@ -66,22 +66,17 @@ class TritonPythonModel:
             if draft_name
             else None
         )
-        self.recovery_ms = settings.target_recovery_timeout_ms
         self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
-        self.ngram = settings.max_matching_ngram_size
         self.costs = DeploymentCosts(
             CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed)
         )
-        self.max_spec_concurrency = settings.max_speculative_concurrency
         self._peaks: dict[int, int] = {}  # requests in flight: the most requests in flight during each one's life
         self._active_lock = threading.Lock()
-        self.max_draft_len = settings.max_draft_len
-        self.skip_special_tokens = settings.skip_special_tokens
         self.tokenizer = load_tokenizer(settings.tokenizer_dir)
         # every token the target ends on (Llama 3.x Instruct declares three): the first is the engine's end_id
         self.end_ids = declared_end_ids(settings.tokenizer_dir, self.tokenizer.eos_token_id)
         self.metrics = Metrics(self.name, settings.build_info())
-        self.metrics.break_even(*self.costs.break_even_at(1, self.max_draft_len))
+        self.metrics.break_even(*self.costs.break_even_at(1, self.settings.max_draft_len))
         self.metrics.gpu_memory_planned(settings.gpu_memory_planned_fraction)
         # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
         self.governor = Governor(
@@ -107,9 +102,7 @@ class TritonPythonModel:
             )
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls")
         # beyond the requests being served and those allowed to wait, new ones are refused at once
-        self.max_queued = settings.max_queued_requests
-        self.max_admitted = workers + self.max_queued
-        self.default_timeout_ms = settings.request_timeout_ms
+        self.max_admitted = workers + settings.max_queued_requests
         self._admitted = 0  # requests being served or waiting for a thread
 
     def execute(self, requests):
@@ -120,7 +113,7 @@ class TritonPythonModel:
                 self._admitted += not refuse
             if refuse:
                 busy = EngineUnavailable(
-                    f"the server is busy ({self.max_queued} requests are already waiting, "
+                    f"the server is busy ({self.settings.max_queued_requests} requests are already waiting, "
                     "max_queued_requests); retry later"
                 )
                 self.metrics.error("refused")
@@ -168,7 +161,7 @@ class TritonPythonModel:
         """Serve one request; `load`: the requests in flight when it started, itself included; `peak_load()`:
         the most in flight so far during its life; `arrived`: when Triton handed it over (its deadline counts
         from there, queueing included)."""
-        timeout_ms = fields.scalar("timeout_ms", int, self.default_timeout_ms)
+        timeout_ms = fields.scalar("timeout_ms", int, self.settings.request_timeout_ms)
         if timeout_ms < 0:
             raise RequestError("timeout_ms", f"must be >= 0 (0: no limit), got {timeout_ms}")
 
@@ -188,7 +181,8 @@ class TritonPythonModel:
         plan = self._parse(fields)
         spec = plan.spec
         stats = RequestStats()
-        if spec.num_draft_tokens > 0 and self.max_spec_concurrency and load > self.max_spec_concurrency:
+        limit = self.settings.max_speculative_concurrency  # 0: no limit
+        if spec.num_draft_tokens > 0 and limit and load > limit:
             spec.num_draft_tokens = 0
             stats.fallbacks["load"] = 1
         self._controlled()
@@ -212,7 +206,7 @@ class TritonPythonModel:
                     if plan.adaptive
                     else FixedDraftLength(spec.num_draft_tokens)
                 )
-            detok = IncrementalDetokenizer(self.tokenizer, self.skip_special_tokens)
+            detok = IncrementalDetokenizer(self.tokenizer, self.settings.skip_special_tokens)
             # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
             # unless exclude_input_in_output is set.
             prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
@@ -268,7 +262,7 @@ class TritonPythonModel:
     def _drafter(self, plan: _Plan, watch):
         """`watch`: whether the client left (the request's deadline does not bound a draft call: see
         BlsEngineClient)."""
-        lookup = make_drafter("prompt_lookup", max_matching_ngram_size=self.ngram)
+        lookup = make_drafter("prompt_lookup", max_matching_ngram_size=self.settings.max_matching_ngram_size)
         model = None
         if plan.model_drafts:
             s = plan.spec
@@ -292,7 +286,7 @@ class TritonPythonModel:
 
     def _lookup_k(self, plan: _Plan) -> int:
         """How far prompt lookup drafts under `auto`: max_draft_len, or the governor's cap when it rolled back."""
-        return self.max_draft_len if plan.cap is None else plan.cap
+        return self.settings.max_draft_len if plan.cap is None else plan.cap
 
     # ---- the engine models' health ---------------------------------------------------------------------------
     def _recovery(self, deadline: float | None, stop):
@@ -304,7 +298,7 @@ class TritonPythonModel:
         def recover(cause: EngineUnavailable) -> None:
             model = self.target.model_name
             if not limit:
-                limit.append(time.monotonic() + self.recovery_ms / 1000)
+                limit.append(time.monotonic() + self.settings.target_recovery_timeout_ms / 1000)
                 pb_utils.Logger.log_warn(
                     f"{self.name}: {str(cause).rstrip('.')}; the request waits for {model} to serve again"
                 )
@@ -318,14 +312,15 @@ class TritonPythonModel:
                 check()  # past the request's own deadline: that error, naming timeout_ms
                 raise EngineUnavailable(
                     f"{model} is unavailable ({str(cause).rstrip('.')}) and was not serving again "
-                    f"within {self.recovery_ms} ms (target_recovery_timeout_ms); retry the request"
+                    f"within {self.settings.target_recovery_timeout_ms} ms (target_recovery_timeout_ms); "
+                    "retry the request"
                 )
 
         return recover
 
     def _govern(self, outcome: Outcome, load: int) -> None:
         """A finished request to the governor, with the break-even of its load's costs (also the gauge's)."""
-        loads, even = self.costs.break_even_at(load, self.max_draft_len)
+        loads, even = self.costs.break_even_at(load, self.settings.max_draft_len)
         self.metrics.break_even(loads, even)
         self.governor.observe(outcome, even)
         self.metrics.governor(self.governor.state, self.governor.cap())  # probing starts without a change of level
@@ -458,10 +453,10 @@ class TritonPythonModel:
         if k is None:
             k = self.settings.speculation_num_draft_tokens if method else self.settings.default_num_draft_tokens
         method = method or self.settings.default_speculation
-        if k < 0 or k > self.max_draft_len:
+        if k < 0 or k > self.settings.max_draft_len:
             raise RequestError(
                 "num_draft_tokens",
-                f"must be between 0 and the target engine's max_draft_len {self.max_draft_len}, got {k}",
+                f"must be between 0 and the target engine's max_draft_len {self.settings.max_draft_len}, got {k}",
             )
         if method == "none":
             k = 0
