@@ -405,3 +405,35 @@ def test_e4m3_constants():
     assert info.max == 448.0 and info.tiny == 2.0**-6 and info.eps == 2.0**-3
     assert torch.tensor(2.0**-9).to(torch.float8_e4m3fn).float() == 2.0**-9  # the smallest subnormal
     assert math.isclose(float(torch.tensor(3 * 2.0**-11).to(torch.float8_e4m3fn).float()), 2.0**-9)
+
+
+def test_a_gguf_loads_without_the_conversion_bar_or_the_float32_note(capsys):
+    import logging
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from trtspec.checkpoint import _GGUF_DTYPE_NOTE, _quiet_gguf
+
+    class Kept(logging.Handler):  # transformers' loggers do not propagate to the root, so pytest's caplog sees none
+        def __init__(self):
+            super().__init__()
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    bar = gguf_utils.tqdm
+    note = logging.getLogger("transformers.quantizers.quantizer_gguf")
+    kept = Kept()
+    note.addHandler(kept)
+    try:
+        with _quiet_gguf():
+            for _ in gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+                pass
+            note.warning(_GGUF_DTYPE_NOTE + " ... Pass `dtype=torch.float32` to avoid it")
+            note.warning("a GGUF file with an unknown architecture")  # every other message still shows
+    finally:
+        note.removeHandler(kept)
+    assert "Converting" not in capsys.readouterr().err
+    assert kept.messages == ["a GGUF file with an unknown architecture"]
+    assert gguf_utils.tqdm is bar and not note.filters  # as it was, after the load

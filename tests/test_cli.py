@@ -10,7 +10,7 @@ from click.core import ParameterSource
 from click.testing import CliRunner
 
 from trtspec.cli import cli
-from trtspec.cli_docs import DOC, REGENERATE, render
+from trtspec.cli.docs import DOC, REGENERATE, render
 from trtspec.errors import TrtspecError
 from trtspec.interfaces import SPECULATION_METHODS
 

@@ -1,7 +1,7 @@
 """docs/cli.md: every command's and subcommand's own `--help`, rendered at a fixed width.
 
-python -m trtspec.cli_docs            # rewrite docs/cli.md
-python -m trtspec.cli_docs --check    # exit 1 when docs/cli.md is not current
+python -m trtspec.cli.docs            # rewrite docs/cli.md
+python -m trtspec.cli.docs --check    # exit 1 when docs/cli.md is not current
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 
 WIDTH = 100  # the help's width, whatever the terminal: the file must not depend on who generated it
-DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
-REGENERATE = "python -m trtspec.cli_docs"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+REGENERATE = "python -m trtspec.cli.docs"
 
 
 def _commands(ctx: click.Context):
