@@ -61,13 +61,14 @@ def bandwidth(mib: int = 256) -> dict[str, float]:
     }
 
 
-def kernel_fma_rate(rows: int = 12, reps: int = 50) -> float:
+def kernel_fma_rate(rows_dtype: torch.dtype, rows: int = 12, reps: int = 50) -> float:
     """Multiply-adds per second of trtspec's CPU product on weights that stay in cache (the demo target's q/k/v
-    shape, FP8 codes), `rows` rows at a time: the compute side of the roofline."""
+    shape, FP8 codes, rows of `rows_dtype` as the model's products take them), `rows` rows at a time: the
+    compute side of the roofline."""
     from trtspec.engine import fp8, kernels
 
     weight, scale = fp8.quantize(torch.randn(960, 576))
-    linear = kernels.PackedLinear(weight, None, scale=scale)
+    linear = kernels.PackedLinear(weight, None, scale=scale, storage="e4m3", rows=rows_dtype)
     x = torch.randn(rows, 576)
     linear(x)
     t = time.perf_counter()
@@ -202,7 +203,12 @@ def main(argv=None) -> int:
         batched_rate(target, prompts[:8], 8, 4)  # warm-up
         for rep in range(args.reps):
             console.print(f"repetition {rep + 1}/{args.reps}")
-            r = {"bandwidth": bandwidth(), "passes": {}, "rates": {}, "fma_rate": kernel_fma_rate()}
+            r = {
+                "bandwidth": bandwidth(),
+                "passes": {},
+                "rates": {},
+                "fma_rate": kernel_fma_rate(target.model.rows_dtype),
+            }
             for (role, forward), engine in engines.items():
                 r["passes"][f"{role}/{forward}"] = pass_times(
                     engine.model, ids, ks if role == "target" else [0], args.steps

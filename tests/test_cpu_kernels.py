@@ -68,6 +68,70 @@ def test_fp8_products_on_every_path(storage, isa, per_channel, threads):
                 assert torch.equal(kernels.PackedLinear(q, b, scale=scale, storage=other, isa=other_isa)(x), full)
 
 
+bf16_rows = pytest.mark.skipif(not kernels.BF16_ROWS, reason=f"this CPU lacks {kernels.BF16_ISA}")
+
+
+@bf16_rows
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+@pytest.mark.parametrize("storage", kernels.FP8_STORAGES)
+def test_bf16_row_products_against_float64(storage, per_channel, threads):
+    """The pair formats (bfloat16 rows, vdpbf16ps): against float64 on the rows rounded to bfloat16 and the
+    dequantized weights (subnormal codes, K not a multiple of 4), each row bitwise the same alone, in any batch
+    and on any thread count, and the same bits from either storage of the codes."""
+    gen = torch.Generator().manual_seed(11)
+    for n, k, bias in [(960, 576, False), (50, 30, True), (64, 1536, True)]:
+        w = torch.randn(n, k, generator=gen) / k**0.5
+        w[0, :8] = torch.tensor([1e-6, -3e-7, 0.0, 5e-8, 1e-3, -1e-3, 2.0, -2.0])  # subnormal and zero codes
+        q, scale = fp8.quantize(w, per_channel=per_channel)
+        b = torch.randn(n, generator=gen) if bias else None
+        linear = kernels.PackedLinear(q, b, scale=scale, storage=storage, rows=torch.bfloat16)
+        assert linear.rows == torch.bfloat16 and linear.fields[1] == {"e4m3": 4, "bf16": 3}[storage]
+        x = torch.randn(30, k, generator=gen)
+        full = linear(x)
+        exact = x.bfloat16().double() @ fp8.dequantize(q, scale, torch.float64).T + (b.double() if bias else 0)
+        torch.testing.assert_close(full.double(), exact, atol=1e-5, rtol=1e-5)
+        assert not torch.equal(full, kernels.PackedLinear(q, b, scale=scale, storage=storage)(x))  # other rows
+        for m in (1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 25):
+            for row in {0, m // 2, m - 1}:
+                assert torch.equal(linear(x[row : row + m][:1]), full[row : row + 1]), (n, k, m, row)
+                assert torch.equal(linear(x[:m])[row], full[row]), (n, k, m, row)
+        torch.set_num_threads(3 - threads)
+        assert torch.equal(linear(x), full)
+        torch.set_num_threads(threads)
+        for other in kernels.FP8_STORAGES:
+            assert torch.equal(kernels.PackedLinear(q, b, scale=scale, storage=other, rows=torch.bfloat16)(x), full)
+        wb = w.bfloat16()
+        plain = kernels.PackedLinear(wb, b, rows=torch.bfloat16)
+        exact = x.bfloat16().double() @ wb.double().T + (b.double() if bias else 0)
+        torch.testing.assert_close(plain(x).double(), exact, atol=1e-5, rtol=1e-5)
+        assert torch.equal(plain(x[3:4]), plain(x)[3:4])
+
+
+@bf16_rows
+def test_a_bfloat16_model_takes_bfloat16_rows_and_stays_batch_invariant():
+    """A bfloat16 build's products (layers and head) round their rows to bfloat16; a position's logits are the
+    same bits decoded alone, verified behind other rows or batched; close to the float32-row forward."""
+    hf = _hf_model("llama", seed=4)
+    state = fp8.quantize_state_dict(hf.state_dict(), per_channel=False)
+    model = CompactModel(hf.config, state, dtype=torch.bfloat16, device=torch.device("cpu"))
+    assert model.rows_dtype == torch.bfloat16 and model.head.rows == torch.bfloat16
+    assert "avx512bf16, bfloat16 rows" in model.kernel_summary
+    ids = _ids(60, 8)
+    with torch.inference_mode():
+        full = model.forward([Segment(ids, 0, model.new_kv(60), 20)])[0]
+        kv = model.new_kv(60)
+        model.forward([Segment(ids[:40], 0, kv, 1)])
+        stepwise = torch.cat([model.forward([Segment([ids[p]], p, kv, 1)])[0] for p in range(40, 60)])
+        batched = model.forward([Segment(_ids(7, 2), 0, model.new_kv(7), 3), Segment(ids, 0, model.new_kv(60), 20)])[1]
+    assert torch.equal(full, stepwise) and torch.equal(full, batched)
+    f32 = CompactModel(hf.config, state, dtype=torch.float32, device=torch.device("cpu"))
+    with torch.inference_mode():
+        wide = f32.forward([Segment(ids, 0, f32.new_kv(60), 20)])[0]
+    # rows rounded to bfloat16 (2^-9 relative) at every product of a 2-layer model, and a bfloat16 KV cache
+    torch.testing.assert_close(full, wide, atol=0.05, rtol=0.02)
+    assert (full.argmax(-1) == wide.argmax(-1)).float().mean() >= 0.9
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_instruction_sets_give_the_same_bits(dtype):
     gen = torch.Generator().manual_seed(3)
@@ -86,13 +150,21 @@ def test_bad_packed_linear_arguments_are_named():
         kernels.PackedLinear(q, None, scale=scale, storage="int8")
     with pytest.raises(ValueError, match="does not run here"):
         kernels.PackedLinear(q, None, scale=scale, isa="neon")
+    with pytest.raises(ValueError, match="float32 or bfloat16 rows"):
+        kernels.PackedLinear(q, None, scale=scale, rows=torch.float16)
+    if kernels.BF16_ROWS:
+        with pytest.raises(ValueError, match="bfloat16 or FP8 weights"):
+            kernels.PackedLinear(torch.randn(16, 16), None, rows=torch.bfloat16)
+    else:
+        with pytest.raises(ValueError, match=kernels.BF16_ISA):
+            kernels.PackedLinear(q, None, scale=scale, rows=torch.bfloat16)
 
 
 def test_the_fp8_storage_is_measured_or_pinned(monkeypatch):
-    monkeypatch.setattr(kernels, "_fp8_storage", None)
+    monkeypatch.setattr(kernels, "_fp8_storage", {})
     monkeypatch.setenv(kernels.FP8_STORAGE_ENV, "bf16")
     assert kernels.fp8_storage() == "bf16" and kernels.FP8_STORAGE_ENV in kernels.fp8_storage_reason()
-    monkeypatch.setattr(kernels, "_fp8_storage", None)
+    monkeypatch.setattr(kernels, "_fp8_storage", {})
     monkeypatch.setenv(kernels.FP8_STORAGE_ENV, "fp4")
     with pytest.raises(ValueError, match=kernels.FP8_STORAGE_ENV):
         kernels.fp8_storage()

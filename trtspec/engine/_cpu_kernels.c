@@ -1,6 +1,7 @@
 /* The embedded engine's CPU kernels (x86-64, AVX-512 or AVX2 + FMA + F16C), float32 activations:
  *   linear     y[M, N] = x[M, K] W^T * scale (+ bias), weights float32, bfloat16 or FP8 E4M3 codes, streamed
- *              once per call for up to 12 (AVX-512) or 6 (AVX2) rows;
+ *              once per call for up to 12 (AVX-512) or 6 (AVX2) rows; or, for a bfloat16 model on a CPU with
+ *              AVX512_BF16 and AVX512_VBMI, the rows rounded to bfloat16 and multiplied in pairs (below);
  *   rms_norm   y = w * (x / rms(x)), after adding a residual into x when one is given;
  *   attention  rotary embedding of the new rows' queries and keys, their keys and values written into the
  *              sequence's KV cache, and causal (optionally sliding-window) attention over it;
@@ -32,8 +33,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Weight formats of a packed linear (kernels.PackedLinear), and the instruction sets a product can use */
-enum { W_F32 = 0, W_BF16 = 1, W_E4M3 = 2 };
+/* Weight formats of a packed linear (kernels.PackedLinear), and the instruction sets a product can use. The
+ * pair formats hold bfloat16 values or E4M3 codes laid out for vdpbf16ps, and take their rows in bfloat16. */
+enum { W_F32 = 0, W_BF16 = 1, W_E4M3 = 2, W_BF16_PAIRS = 3, W_E4M3_PAIRS = 4 };
 enum { ISA_AVX2 = 0, ISA_AVX512 = 1 };
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -46,9 +48,10 @@ enum { ISA_AVX2 = 0, ISA_AVX512 = 1 };
 #define BLOCK 16
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 #define TARGET512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define TARGETBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,f16c")))
 #define INLINE inline __attribute__((always_inline))
 
-static const int ELEM[3] = {4, 2, 1};
+static const int ELEM[5] = {4, 2, 1, 2, 1};
 
 /* FP8 E4M3 codes as IEEE half floats, 16 at a time: each code sign-extended to 16 bits and shifted up by 7
  * puts its exponent and mantissa (bits 0-6) at fp16 bits 7-13 and its sign at bit 15; bit 14, a copy of the
@@ -209,25 +212,146 @@ TARGET512 static void tiles_avx512(const float *xm, int K, int rows, int g, cons
     }
 }
 
+/* The pair formats: a bfloat16 model's products as bfloat16 hardware multiplies them (AVX512_BF16's vdpbf16ps,
+ * two bfloat16 products added to a float32 sum per instruction), with the rows rounded to bfloat16 to nearest
+ * even, as a bfloat16 network's products take them. A block's weights are packed by pairs of k: [K/2][16][2],
+ * so one vector holds the 16 outputs' weights at k = 2j and 2j + 1, and each output is one chain over
+ * j = 0..K/2-1 in order, whatever the tile. Twice the multiply-adds per instruction, and bfloat16 weights need
+ * no widening, so a pass of many rows stays bound by the weights' bytes longer than the float32 path.
+ * FP8 codes become bfloat16 through two byte lookups (vpermi2b: a code's low 7 bits index 128 entries), the
+ * sign ORed in; the 64 codes of two pairs come packed so that the lookups' two interleaves give pair j and
+ * pair j + 1 (kernels.PackedLinear). The values are exact (E4M3 fits bfloat16), so no epilogue factor. */
+static uint8_t E4M3_BF16_LO[128], E4M3_BF16_HI[128];
+
+static void init_e4m3_tables(void) {
+    for (int i = 0; i < 128; i++) {
+        int e = i >> 3, m = i & 7;
+        /* 0x7F is a NaN code; read as 480 like the F16C path (the quantizer never writes it) */
+        float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        E4M3_BF16_LO[i] = (uint8_t)(bits >> 16);
+        E4M3_BF16_HI[i] = (uint8_t)(bits >> 24);
+    }
+}
+
+/* The rows x[M][K] as bfloat16, rounded to nearest even, into xb[M][Kp] (Kp >= K a multiple of 4; zeros after K) */
+TARGETBF static void rows_as_bf16(const float *x, ptrdiff_t M, int K, int Kp, uint16_t *xb) {
+    for (ptrdiff_t m = 0; m < M; m++)
+        for (int i = 0; i < Kp; i += 16) {
+            __mmask16 in = K - i >= 16 ? 0xFFFF : K > i ? (__mmask16)((1u << (K - i)) - 1) : 0;
+            __mmask16 out = Kp - i >= 16 ? 0xFFFF : (__mmask16)((1u << (Kp - i)) - 1);
+            __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, x + m * K + i));
+            _mm256_mask_storeu_epi16(xb + m * Kp + i, out, (__m256i)h);
+        }
+}
+
+/* A tile of the pair formats, as tile_avx512 but over pairs: `x` is the rows as bfloat16 pairs (uint32 each,
+ * `ldx` of them a row), K the number of pairs (even) */
+TARGETBF static INLINE void tile_pairs(const float *x, ptrdiff_t ldx, int R, int G, int K, const char *w, ptrdiff_t stride,
+                                       int fmt, float *y, ptrdiff_t ldy, const float *scale, const float *bias, const char *ahead) {
+    const uint32_t *xp = (const uint32_t *)x;
+    __m512 acc[24];
+    ptrdiff_t step = 2 * 2 * BLOCK * ELEM[fmt];        /* bytes of two pairs of one block */
+    __m512i lo0 = _mm512_loadu_si512(E4M3_BF16_LO), lo1 = _mm512_loadu_si512(E4M3_BF16_LO + 64);
+    __m512i hi0 = _mm512_loadu_si512(E4M3_BF16_HI), hi1 = _mm512_loadu_si512(E4M3_BF16_HI + 64);
+    __m512i sign = _mm512_set1_epi8((char)0x80);
+    for (int i = 0; i < R * G; i++) acc[i] = _mm512_setzero_ps();
+    for (int j = 0; j < K; j += 2) {
+        for (int g = 0; g < G; g++) {
+            const char *wg = w + g * stride + (j / 2) * step;
+            __m512i a, b;
+            if (ahead) _mm_prefetch(ahead + g * stride + (j / 2) * step, _MM_HINT_T1);
+            if (fmt == W_E4M3_PAIRS) {
+                __m512i c = _mm512_loadu_si512(wg);
+                __m512i lo = _mm512_permutex2var_epi8(lo0, c, lo1);
+                __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, c, hi1), c, sign, 0xF8);
+                a = _mm512_unpacklo_epi8(lo, hi);
+                b = _mm512_unpackhi_epi8(lo, hi);
+            } else {
+                if (ahead) _mm_prefetch(ahead + g * stride + (j / 2) * step + 64, _MM_HINT_T1);
+                a = _mm512_loadu_si512(wg);
+                b = _mm512_loadu_si512(wg + 64);
+            }
+            for (int r = 0; r < R; r++) {
+                __m512i xa = _mm512_set1_epi32((int)xp[r * ldx + j]), xb = _mm512_set1_epi32((int)xp[r * ldx + j + 1]);
+                acc[r * G + g] = _mm512_dpbf16_ps(acc[r * G + g], (__m512bh)a, (__m512bh)xa);
+                acc[r * G + g] = _mm512_dpbf16_ps(acc[r * G + g], (__m512bh)b, (__m512bh)xb);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float *sg = scale ? scale + g * BLOCK : NULL, *bg = bias ? bias + g * BLOCK : NULL;
+        __m512 s = sg ? _mm512_loadu_ps(sg) : _mm512_setzero_ps(), b = bg ? _mm512_loadu_ps(bg) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            __m512 a = acc[r * G + g];
+            if (sg) a = _mm512_mul_ps(a, s);
+            if (bg) a = _mm512_add_ps(a, b);
+            _mm512_storeu_ps(y + r * ldy + g * BLOCK, a);
+        }
+    }
+}
+
+/* The pair formats' tile shapes: at most 20 accumulators, since the lookups hold five more registers and the
+ * two pairs of a block two more (24 spilled: a 6-row pass cost more than a 7-row one) */
+#define ROWS_PAIRS(M) ((M) < 5 ? (int)(M) : 5)
+#define GROUP_PAIRS(M) ((M) <= 2 ? 8 : (M) <= 4 ? 4 : 3)
+
+#define PAIRS_2(G)                                                                                       \
+    switch (rows) { CASE_R(pairs, 1, G); default: tile_pairs(xm, K, 2, G, K, wb, stride, fmt, ym, N, sb, bb, ahead); }
+#define PAIRS_5(G)                                                                                       \
+    switch (rows) { CASE_R(pairs, 1, G); CASE_R(pairs, 2, G); CASE_R(pairs, 3, G); CASE_R(pairs, 4, G);     \
+                    default: tile_pairs(xm, K, 5, G, K, wb, stride, fmt, ym, N, sb, bb, ahead); }
+#define PAIRS_10(G)                                                                                      \
+    switch (rows) { CASE_R(pairs, 1, G); CASE_R(pairs, 2, G); CASE_R(pairs, 3, G); CASE_R(pairs, 4, G);     \
+                    CASE_R(pairs, 5, G); CASE_R(pairs, 6, G); CASE_R(pairs, 7, G); CASE_R(pairs, 8, G);     \
+                    CASE_R(pairs, 9, G); default: tile_pairs(xm, K, 10, G, K, wb, stride, fmt, ym, N, sb, bb, ahead); }
+
+TARGETBF static void tiles_pairs(const float *xm, int K, int rows, int g, const char *wb, ptrdiff_t stride, int fmt,
+                                 float *ym, ptrdiff_t N, const float *sb, const float *bb, const char *ahead) {
+    switch (g) {                                /* rows * g <= 20 accumulators */
+    case 8: PAIRS_2(8) break;
+    case 7: PAIRS_2(7) break;
+    case 6: PAIRS_2(6) break;
+    case 5: PAIRS_2(5) break;
+    case 4: PAIRS_5(4) break;
+    case 3: PAIRS_5(3) break;
+    case 2: PAIRS_10(2) break;
+    default: PAIRS_10(1) break;
+    }
+}
+
 /* Blocks b0..b1-1 (one thread's share) against all M rows, g blocks at a time, every group of rows in turn.
  * With more rows than one tile, every tile also fetches the next group's blocks into L2, so that the weights
  * keep streaming from memory while the later tiles compute from cache. Past the last block the address is
  * merely not fetched: a prefetch never faults. */
 static void linear_blocks(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N, const float *scale,
                           const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1, int isa) {
-    ptrdiff_t stride = (ptrdiff_t)K * BLOCK * ELEM[fmt];
-    int wide = isa == ISA_AVX512;
-    int group = wide ? GROUP_AVX512(M) : GROUP_AVX2(M), per_tile = wide ? ROWS_AVX512(M) : ROWS_AVX2(M);
-    tiles_fn tiles = wide ? tiles_avx512 : tiles_avx2;
+    int pairs = fmt >= W_BF16_PAIRS, wide = pairs || isa == ISA_AVX512;
+    uint16_t *xb = NULL;
+    ptrdiff_t ldx = K;                          /* what a tile's x and K are: floats, or bfloat16 pairs */
+    if (pairs) {
+        if (b0 >= b1) return;
+        int Kp = (K + 3) & ~3;
+        xb = malloc(sizeof(uint16_t) * M * Kp);
+        rows_as_bf16(x, M, K, Kp, xb);
+        x = (const float *)xb;
+        ldx = Kp / 2;
+    }
+    ptrdiff_t stride = (pairs ? (ptrdiff_t)ldx * 2 : K) * BLOCK * ELEM[fmt];
+    int group = pairs ? GROUP_PAIRS(M) : wide ? GROUP_AVX512(M) : GROUP_AVX2(M);
+    int per_tile = pairs ? ROWS_PAIRS(M) : wide ? ROWS_AVX512(M) : ROWS_AVX2(M);
+    tiles_fn tiles = pairs ? tiles_pairs : wide ? tiles_avx512 : tiles_avx2;
     for (ptrdiff_t b = b0; b < b1; b += group) {
         int g = b1 - b < group ? (int)(b1 - b) : group;
         const char *wb = w + b * stride, *ahead = M > per_tile ? wb + g * stride : NULL;
         const float *sb = scale ? scale + b * BLOCK : NULL, *bb = bias ? bias + b * BLOCK : NULL;
         for (ptrdiff_t m = 0; m < M; m += per_tile) {
             int rows = M - m < per_tile ? (int)(M - m) : per_tile;
-            tiles(x + m * K, K, rows, g, wb, stride, fmt, y + m * N + b * BLOCK, N, sb, bb, ahead);
+            tiles(x + m * ldx, (int)ldx, rows, g, wb, stride, fmt, y + m * N + b * BLOCK, N, sb, bb, ahead);
         }
     }
+    free(xb);
 }
 
 /* This thread's share of y[M, N] = x[M, K] W^T * scale + bias, where `lin` is (packed W, format, N, scale, bias)
@@ -527,12 +651,18 @@ TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, 
 #endif
 
 /* The instruction sets a linear can use on this CPU, the widest last: "avx2" wherever the kernels run (AVX2, FMA
- * and F16C), "avx512" too where the CPU has AVX-512F; none where the kernels do not run */
+ * and F16C), "avx512" too where the CPU has AVX-512F, and "avx512bf16" (the pair formats) where it also has
+ * AVX512_BF16, _BW, _VL and _VBMI; none where the kernels do not run */
 static PyObject *py_isas(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
 #ifdef HAVE_KERNEL
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return __builtin_cpu_supports("avx512f") ? Py_BuildValue("(ss)", "avx2", "avx512") : Py_BuildValue("(s)", "avx2");
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !__builtin_cpu_supports("f16c"))
+        return PyTuple_New(0);
+    if (!__builtin_cpu_supports("avx512f")) return Py_BuildValue("(s)", "avx2");
+    if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi"))
+        return Py_BuildValue("(sss)", "avx2", "avx512", "avx512bf16");
+    return Py_BuildValue("(ss)", "avx2", "avx512");
 #endif
     return PyTuple_New(0);
 }
@@ -564,12 +694,13 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, const char *spec, Py_s
 #define F(i) ((float *)v[i])
 
 /* linear(x, M, K, w, fmt, N, scale, bias, y, threads, isa): x [M, K] and y [M, N] contiguous float32, w packed
- * [N/16][K][16] in format fmt (0 float32, 1 bfloat16, 2 FP8 E4M3 codes), scale and bias N floats or 0 */
+ * [N/16][K][16] in format fmt (0 float32, 1 bfloat16, 2 FP8 E4M3 codes) or by pairs (3 bfloat16, 4 E4M3 codes,
+ * K padded to a multiple of 4; only where isas() names avx512bf16), scale and bias N floats or 0 */
 static PyObject *py_linear(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t v[11];
     if (parse(args, nargs, "iiiiiiiiiii", v, NULL)) return NULL;
-    if (v[5] % 16 || v[1] < 0 || v[2] <= 0 || v[4] < W_F32 || v[4] > W_E4M3 || v[10] < ISA_AVX2 || v[10] > ISA_AVX512) {
-        PyErr_SetString(PyExc_ValueError, "linear: N must be a multiple of 16, M >= 0, K > 0, fmt 0-2, isa 0-1");
+    if (v[5] % 16 || v[1] < 0 || v[2] <= 0 || v[4] < W_F32 || v[4] > W_E4M3_PAIRS || v[10] < ISA_AVX2 || v[10] > ISA_AVX512) {
+        PyErr_SetString(PyExc_ValueError, "linear: N must be a multiple of 16, M >= 0, K > 0, fmt 0-4, isa 0-1");
         return NULL;
     }
     int64_t lin[5] = {v[3], v[4], v[5], v[6], v[7]};
@@ -628,4 +759,9 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_cpu_kernels", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__cpu_kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__cpu_kernels(void) {
+#ifdef HAVE_KERNEL
+    init_e4m3_tables();
+#endif
+    return PyModule_Create(&module);
+}

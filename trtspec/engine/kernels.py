@@ -48,7 +48,8 @@ def _cpu_module():
     return _cpu_kernels if _cpu_kernels.isas() else None
 
 
-_ISA_CODE = {"avx2": 0, "avx512": 1}
+_ISA_CODE = {"avx2": 0, "avx512": 1}  # the instruction sets of float32 rows, as the kernel numbers them
+BF16_ISA = "avx512bf16"  # AVX512_BF16 (+ _BW, _VL, _VBMI): bfloat16 rows, multiplied in pairs by vdpbf16ps
 ISA_ENV = "TRTSPEC_CPU_ISA"  # caps the instruction set the kernels use (avx2 on an AVX-512 machine)
 
 
@@ -57,14 +58,19 @@ def _isas() -> tuple[str, ...]:
     import os
 
     have = tuple(_CPU.isas()) if _CPU is not None else ()
+    levels = (*_ISA_CODE, BF16_ISA)
     cap = os.environ.get(ISA_ENV, "").strip()
-    if cap and cap not in _ISA_CODE:
-        raise ValueError(f"${ISA_ENV}={cap!r}: set it to one of {', '.join(_ISA_CODE)}, or unset it")
-    return tuple(isa for isa in have if not cap or _ISA_CODE[isa] <= _ISA_CODE[cap])
+    if cap and cap not in levels:
+        raise ValueError(f"${ISA_ENV}={cap!r}: set it to one of {', '.join(levels)}, or unset it")
+    return tuple(isa for isa in have if not cap or levels.index(isa) <= levels.index(cap))
 
 
 _CPU = _cpu_module()
-ISAS = _isas()
+_RUNNABLE = _isas()
+ISAS = tuple(isa for isa in _RUNNABLE if isa in _ISA_CODE)  # for float32 rows; every one gives the same bits
+# whether a bfloat16 model's products can take their rows in bfloat16 here, as its GEMMs on a GPU do: twice the
+# multiply-adds per instruction, and FP8 codes or bfloat16 weights without widening to float32 (PackedLinear)
+BF16_ROWS = BF16_ISA in _RUNNABLE
 _FORMATS = {torch.float32: ("float32", 0), torch.bfloat16: ("bfloat16", 1), torch.uint8: ("e4m3", 2)}  # name, code
 FP8_STORAGES = ("e4m3", "bf16")
 # the KV cache elements the attention kernel reads and writes (float32 computed, rounded to nearest even when stored)
@@ -263,7 +269,12 @@ class PackedLinear:
     as [N/16][K][16]: float32 or bfloat16 as given, or FP8 E4M3 codes (`weight` of dtype float8_e4m3fn with
     its `scale`, per tensor or per output channel) kept as codes or as their exact bfloat16 values
     (`storage`, by default what `fp8_storage` measured fastest here). `isa`: "avx2" or "avx512", by default
-    the widest this CPU has; every choice gives the same bits."""
+    the widest this CPU has; every choice gives the same bits.
+
+    `rows=torch.bfloat16` (bfloat16 or FP8 weights, where BF16_ROWS): the kernel rounds each row to bfloat16
+    (nearest even) and multiplies pairs of k with vdpbf16ps, on W packed by pairs ([N/16][K/2][16][2], K
+    padded to a multiple of 4; the codes of two pairs interleaved for the kernel's byte lookups). Other bits
+    than float32 rows, the same for every storage, and each row still one chain in a fixed order."""
 
     MIN_ROWS = 1
     BLOCK = 16
@@ -276,12 +287,21 @@ class PackedLinear:
         scale: torch.Tensor | None = None,
         storage: str | None = None,
         isa: str | None = None,
+        rows: torch.dtype = torch.float32,
     ):
         n, k = weight.shape
+        if rows not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"rows of {rows}: PackedLinear takes float32 or bfloat16 rows")
+        if rows == torch.bfloat16 and not BF16_ROWS:
+            raise ValueError(
+                f"bfloat16 rows need the {BF16_ISA} instruction set (this CPU runs {', '.join(_RUNNABLE)})"
+            )
+        if rows == torch.bfloat16 and weight.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+            raise ValueError(f"bfloat16 rows go with bfloat16 or FP8 weights, not {weight.dtype}")
         if weight.dtype == torch.float8_e4m3fn:
             if scale is None:
                 raise ValueError("an FP8 weight needs its scale")
-            storage = storage or fp8_storage()
+            storage = storage or fp8_storage(rows)
             if storage not in FP8_STORAGES:
                 raise ValueError(f"FP8 storage {storage!r}: choose one of {', '.join(FP8_STORAGES)}")
             weight = weight.view(torch.uint8) if storage == "e4m3" else weight.to(torch.bfloat16)  # both exact
@@ -295,11 +315,21 @@ class PackedLinear:
                 f"instruction set {self.isa!r} does not run here (this CPU runs {', '.join(ISAS) or 'none'})"
             )
         blocks = -(-n // self.BLOCK)
-        self.n, self.n_padded, self.k = n, blocks * self.BLOCK, k
-        w = torch.zeros(self.n_padded, k, dtype=weight.dtype)
-        w[:n] = weight
-        self.packed = w.view(blocks, self.BLOCK, k).transpose(1, 2).contiguous()
+        self.n, self.n_padded, self.k, self.rows = n, blocks * self.BLOCK, k, rows
+        pairs = rows == torch.bfloat16
+        kp = -(-k // 4) * 4 if pairs else k
+        w = torch.zeros(self.n_padded, kp, dtype=weight.dtype)
+        w[:n, :k] = weight
+        if not pairs:
+            self.packed = w.view(blocks, self.BLOCK, k).transpose(1, 2).contiguous()
+        elif weight.dtype == torch.bfloat16:  # [block][pair][16 outputs][2]
+            self.packed = w.view(blocks, self.BLOCK, kp // 2, 2).permute(0, 2, 1, 3).contiguous()
+        else:
+            # per block and 4 k: the 64 bytes as (output // 4, pair, output % 4, k % 2), which the kernel's byte
+            # interleaves turn into the 16 outputs' two pairs, one vector each
+            self.packed = w.view(blocks, 4, 4, kp // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
         self.format, code = _FORMATS[weight.dtype]
+        code += 2 if pairs else 0  # the pair formats: 3 bfloat16, 4 E4M3
         self.scale = None if scale is None else self._padded(scale.float().reshape(-1).expand(n))
         self.bias = None if bias is None else self._padded(bias.float())
         self.nbytes = self.packed.numel() * self.packed.element_size()
@@ -328,42 +358,40 @@ class PackedLinear:
         return y if self.n_padded == self.n else y[:, : self.n]
 
 
-_fp8_storage: str | None = None
-_fp8_reason = ""
+_fp8_storage: dict[torch.dtype, tuple[str, str]] = {}  # rows dtype -> (storage, why)
 
 
-def fp8_storage() -> str:
-    """How FP8 weights are kept for trtspec's CPU kernel on this machine: "e4m3" (1 byte a weight, widened
-    through F16C in the kernel) or "bf16" (2 bytes, widened with a shift). Which streams faster depends on
-    the machine: the codes halve the bytes but cost more instructions per weight, which a core with little
-    bandwidth to spare hides and one with much may not. Measured once per process on one-row and four-row
-    products over weights larger than the last-level cache, unless $TRTSPEC_FP8_WEIGHTS names one."""
-    global _fp8_storage, _fp8_reason
-    if _fp8_storage is None:
+def fp8_storage(rows: torch.dtype = torch.float32) -> str:
+    """How FP8 weights are kept for trtspec's CPU kernel on this machine, for products on `rows` of that dtype:
+    "e4m3" (1 byte a weight, converted in the kernel) or "bf16" (2 bytes, used as they are, or widened with a
+    shift). Which streams faster depends on the machine: the codes halve the bytes but cost more instructions
+    per weight, which a core with little bandwidth to spare hides and one with much may not. Measured once per
+    process on one-row and four-row products over weights larger than the last-level cache, unless
+    $TRTSPEC_FP8_WEIGHTS names one."""
+    if rows not in _fp8_storage:
         import os
 
         pinned = os.environ.get(FP8_STORAGE_ENV, "").strip()
         if pinned and pinned not in FP8_STORAGES:
             raise ValueError(f"${FP8_STORAGE_ENV}={pinned!r}: set it to one of {', '.join(FP8_STORAGES)}, or unset it")
         if pinned:
-            _fp8_storage, _fp8_reason = pinned, f"pinned by ${FP8_STORAGE_ENV}"
+            _fp8_storage[rows] = pinned, f"pinned by ${FP8_STORAGE_ENV}"
         else:
-            seconds = measure_fp8_storages()
-            _fp8_storage = min(seconds, key=seconds.get)
-            _fp8_reason = (
-                "measured: " + ", ".join(f"{name} {s * 1e12:.0f} ps" for name, s in seconds.items()) + " a weight"
-            )
-    return _fp8_storage
+            seconds = measure_fp8_storages(rows=rows)
+            why = "measured: " + ", ".join(f"{name} {s * 1e12:.0f} ps" for name, s in seconds.items()) + " a weight"
+            _fp8_storage[rows] = min(seconds, key=seconds.get), why
+    return _fp8_storage[rows][0]
 
 
-def fp8_storage_reason() -> str:
-    """Why fp8_storage chose what it chose (after it has)."""
-    return _fp8_reason
+def fp8_storage_reason(rows: torch.dtype = torch.float32) -> str:
+    """Why fp8_storage chose what it chose for such rows (after it has)."""
+    return _fp8_storage.get(rows, ("", ""))[1]
 
 
-def measure_fp8_storages(weights_mb: int = 48, reps: int = 3) -> dict[str, float]:
-    """Seconds per weight of a one-row plus a four-row product, for each FP8 storage, interleaved; the best of
-    `reps`. The weights (`weights_mb` million, normal E4M3 values) outgrow a last-level cache of that size."""
+def measure_fp8_storages(weights_mb: int = 48, reps: int = 3, *, rows: torch.dtype = torch.float32) -> dict[str, float]:
+    """Seconds per weight of a one-row plus a four-row product on `rows`, for each FP8 storage, interleaved; the
+    best of `reps`. The weights (`weights_mb` million, normal E4M3 values) outgrow a last-level cache of that
+    size."""
     import time
 
     k = 1024
@@ -371,7 +399,7 @@ def measure_fp8_storages(weights_mb: int = 48, reps: int = 3) -> dict[str, float
     codes = torch.randint(0x08, 0x70, (weights_mb * 1024, k), dtype=torch.uint8, generator=gen)
     codes |= torch.randint(0, 2, codes.shape, dtype=torch.uint8, generator=gen) << 7
     weight, scale = codes.view(torch.float8_e4m3fn), torch.tensor(0.01)
-    linears = {s: PackedLinear(weight, None, scale=scale, storage=s) for s in FP8_STORAGES}
+    linears = {s: PackedLinear(weight, None, scale=scale, storage=s, rows=rows) for s in FP8_STORAGES}
     del codes, weight
     x = torch.randn(4, k, generator=gen)
     best = dict.fromkeys(linears, float("inf"))
@@ -437,9 +465,10 @@ class Fp8Linear:
         return out + self.bias if self.bias is not None else out
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str):
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, kind: str, rows: torch.dtype = torch.float32):
+    """`rows`: what a packed product rounds its rows to (PackedLinear); the other kinds take them as they come."""
     if kind == "packed":
-        return PackedLinear(weight, bias)
+        return PackedLinear(weight, bias, rows=rows)
     if kind == "prepacked":
         return PrepackedLinear(weight, bias)
     if kind == "dense":

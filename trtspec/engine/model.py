@@ -107,6 +107,10 @@ class CompactModel:
         # the KV cache in the configured dtype where the attention kernel reads it (half the bytes of float32, so
         # twice the tokens in the same budget); float32 compute either way
         self.kv_dtype = dtype if self.fused and dtype in kernels.KV_FORMATS else self.dtype
+        # a bfloat16 model's products take their rows in bfloat16 where the CPU multiplies bfloat16 pairs, as the
+        # model's GEMMs do on a GPU (TensorRT-LLM's and transformers'); accumulation stays float32
+        packed_bf16 = self.linear_kind == "packed" and dtype == torch.bfloat16 and kernels.BF16_ROWS
+        self.rows_dtype = torch.bfloat16 if packed_bf16 else torch.float32
         self._load(state)
         self.rotary = _rotary(config, device)
         self.layer_table = self._layer_table()
@@ -130,9 +134,10 @@ class CompactModel:
                 return kernels.Fp8Linear(w8, scale, b, self.dtype)
         if self.linear_kind == "packed" and all(state[n].dtype == fp8.FP8_DTYPE for n in names):
             # trtspec's CPU kernel reads the E4M3 codes themselves and scales its outputs
-            return kernels.PackedLinear(torch.cat([state[n] for n in names]), b, scale=self._row_scales(state, names))
+            w8, scale = torch.cat([state[n] for n in names]), self._row_scales(state, names)
+            return kernels.PackedLinear(w8, b, scale=scale, rows=self.rows_dtype)
         w = torch.cat([_dequantized(state, n, self.weight_dtype) for n in names]).to(self.device)
-        return kernels.make_linear(w, b, kind=self.linear_kind)
+        return kernels.make_linear(w, b, kind=self.linear_kind, rows=self.rows_dtype)
 
     @staticmethod
     def _row_scales(state, names: list[str]) -> torch.Tensor:
@@ -169,7 +174,7 @@ class CompactModel:
             "lm_head.weight" not in state or getattr(self.config, "tie_word_embeddings", False)
         )
         head = _dequantized(state, "model.embed_tokens.weight" if tied else "lm_head.weight", self.weight_dtype)
-        self.head = kernels.make_linear(head.to(self.device), None, kind=self.linear_kind)
+        self.head = kernels.make_linear(head.to(self.device), None, kind=self.linear_kind, rows=self.rows_dtype)
         if subset_head.head_tokens(self.config):
             self.head_ids = state["lm_head.token_ids"].to(self.device)
         self.vocab_size = self.config.vocab_size
@@ -191,9 +196,12 @@ class CompactModel:
             return self.linear_kind
         linears = [lin for layer in self.layers for lin in layer.values() if isinstance(lin, kernels.PackedLinear)]
         formats = {lin.format for lin in linears}
-        text = f"packed ({linears[0].isa}), layer weights {'/'.join(sorted(formats))}, head {self.head.format}"
+        isa = kernels.BF16_ISA if self.rows_dtype == torch.bfloat16 else linears[0].isa
+        rows = str(self.rows_dtype).removeprefix("torch.")
+        text = f"packed ({isa}, {rows} rows), layer weights {'/'.join(sorted(formats))}, head {self.head.format}"
         if any(lin.scale is not None for lin in linears):
-            text += f" (FP8 kept as {kernels.fp8_storage()}: {kernels.fp8_storage_reason()})"
+            storage, why = kernels.fp8_storage(self.rows_dtype), kernels.fp8_storage_reason(self.rows_dtype)
+            text += f" (FP8 kept as {storage}: {why})"
         text += f", KV cache {str(self.kv_dtype).removeprefix('torch.')}"
         return text + (", all decoder layers in one kernel call" if self.layer_table is not None else "")
 
