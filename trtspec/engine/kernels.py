@@ -7,11 +7,13 @@ with draft tokens after it, or computed in one pass with other requests' sequenc
   install), on weights packed once as [N/16][K][16] in float32, bfloat16 or, for an FP8 model, the E4M3
   codes themselves (1 byte a weight, or 2 as their exact bfloat16 values where this machine streams those
   faster: `fp8_storage`), widened exactly in the kernel with the scale applied to the output; float32
-  activations. Each output is one multiply-add chain over K in order, whatever the number of rows and on
-  either instruction set, so rows are batch-invariant by construction and the two instruction sets give
-  the same bits; and it streams the weights at close to the machine's read bandwidth, which a decode step's
-  few hundred small products need (oneDNN's float32 product reached half of it on a 2-core AVX2 machine, and
-  a bfloat16 weight on a CPU without bfloat16 instructions took PyTorch's slow path).
+  activations, or, for a bfloat16 model on a CPU with AVX512_BF16, activations rounded to bfloat16 and
+  multiplied in pairs of k (`rows`, `BF16_ROWS`). Each output is one multiply-add chain over K in order,
+  whatever the number of rows and on either instruction set, so rows are batch-invariant by construction and
+  the two instruction sets give the same bits (for float32 rows); and it streams the weights at close to the
+  machine's read bandwidth, which a decode step's few hundred small products need (oneDNN's float32 product
+  reached half of it on a 2-core AVX2 machine, and a bfloat16 weight on a CPU without bfloat16 instructions
+  took PyTorch's slow path).
 - `PrepackedLinear` (CPU without the kernel: no compiler at install, or no AVX2): oneDNN's prepacked linear
   (`mkldnn._linear_pointwise` on a `_reorder_linear_weight` weight) gives bitwise equal rows for any number of
   rows >= 2; a single row takes another path (a GEMV) whose sums round differently, so fewer than four rows
@@ -294,7 +296,7 @@ class PackedLinear:
             raise ValueError(f"rows of {rows}: PackedLinear takes float32 or bfloat16 rows")
         if rows == torch.bfloat16 and not BF16_ROWS:
             raise ValueError(
-                f"bfloat16 rows need the {BF16_ISA} instruction set (this CPU runs {', '.join(_RUNNABLE)})"
+                f"bfloat16 rows need the {BF16_ISA} instruction set (this CPU runs {', '.join(_RUNNABLE) or 'none'})"
             )
         if rows == torch.bfloat16 and weight.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise ValueError(f"bfloat16 rows go with bfloat16 or FP8 weights, not {weight.dtype}")
