@@ -135,6 +135,20 @@ TARGET static INLINE void tile_avx2(const float *x, ptrdiff_t ldx, int R, int G,
     }
 }
 
+/* An AVX-512 tile's R x G accumulators through the epilogue into y */
+TARGET512 static INLINE void store_512(const __m512 *acc, int R, int G, int fmt, float *y, ptrdiff_t ldy,
+                                       const float *scale, const float *bias) {
+    for (int g = 0; g < G; g++) {
+        const float *sg = scale ? scale + g * BLOCK : NULL, *bg = bias ? bias + g * BLOCK : NULL;
+        __m512 s = sg ? _mm512_loadu_ps(sg) : _mm512_setzero_ps(), b = bg ? _mm512_loadu_ps(bg) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            __m512 a = acc[r * G + g];
+            EPILOGUE(512, a, s, b, fmt, sg, bg);
+            _mm512_storeu_ps(y + r * ldy + g * BLOCK, a);
+        }
+    }
+}
+
 TARGET512 static INLINE void tile_avx512(const float *x, ptrdiff_t ldx, int R, int G, int K, const char *w, ptrdiff_t stride,
                                          int fmt, float *y, ptrdiff_t ldy, const float *scale, const float *bias, const char *ahead) {
     __m512 acc[24];                                   /* R * G <= 24 of AVX-512's 32 registers */
@@ -151,15 +165,7 @@ TARGET512 static INLINE void tile_avx512(const float *x, ptrdiff_t ldx, int R, i
             for (int g = 0; g < G; g++) acc[r * G + g] = _mm512_fmadd_ps(wv[g], xv, acc[r * G + g]);
         }
     }
-    for (int g = 0; g < G; g++) {
-        const float *sg = scale ? scale + g * BLOCK : NULL, *bg = bias ? bias + g * BLOCK : NULL;
-        __m512 s = sg ? _mm512_loadu_ps(sg) : _mm512_setzero_ps(), b = bg ? _mm512_loadu_ps(bg) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) {
-            __m512 a = acc[r * G + g];
-            EPILOGUE(512, a, s, b, fmt, sg, bg);
-            _mm512_storeu_ps(y + r * ldy + g * BLOCK, a);
-        }
-    }
+    store_512(acc, R, G, fmt, y, ldy, scale, bias);
 }
 
 /* The tile shapes, chosen by the number of rows: a single row needs several blocks at once to keep enough
@@ -280,16 +286,7 @@ TARGETBF static INLINE void tile_pairs(const float *x, ptrdiff_t ldx, int R, int
             }
         }
     }
-    for (int g = 0; g < G; g++) {
-        const float *sg = scale ? scale + g * BLOCK : NULL, *bg = bias ? bias + g * BLOCK : NULL;
-        __m512 s = sg ? _mm512_loadu_ps(sg) : _mm512_setzero_ps(), b = bg ? _mm512_loadu_ps(bg) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) {
-            __m512 a = acc[r * G + g];
-            if (sg) a = _mm512_mul_ps(a, s);
-            if (bg) a = _mm512_add_ps(a, b);
-            _mm512_storeu_ps(y + r * ldy + g * BLOCK, a);
-        }
-    }
+    store_512(acc, R, G, fmt, y, ldy, scale, bias);    /* the pair formats' values are exact: no 2^8 to undo */
 }
 
 /* The pair formats' tile shapes: at most 20 accumulators, since the lookups hold five more registers and the
@@ -330,7 +327,7 @@ static void linear_blocks(const float *x, ptrdiff_t M, int K, const char *w, int
     int pairs = fmt >= W_BF16_PAIRS, wide = pairs || isa == ISA_AVX512;
     uint16_t *xb = NULL;
     ptrdiff_t ldx = K;                          /* what a tile's x and K are: floats, or bfloat16 pairs */
-    if (pairs) {
+    if (pairs) {            /* each thread rounds the rows itself: a few thousand values, and no barrier */
         if (b0 >= b1) return;
         int Kp = (K + 3) & ~3;
         xb = malloc(sizeof(uint16_t) * M * Kp);
