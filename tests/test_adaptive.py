@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, FixedDraftLength, expected_tokens
-from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
+from trtspec.orchestrator.drafters.prompt_lookup import NgramIndex, PromptLookupDrafter, find_continuation
 
 # ---- n-gram matcher ------------------------------------------------------------------------------------------
 
@@ -39,6 +39,32 @@ def test_continuation_is_cut_at_k_and_at_the_end():
     assert PromptLookupDrafter(max_matching_ngram_size=2).propose(tokens, 2).tokens == [3, 4]
     with pytest.raises(ValueError):
         PromptLookupDrafter(max_matching_ngram_size=0)
+
+
+def _scan(tokens, k, max_ngram, min_ngram):
+    """The definition, as a scan: the latest earlier start of the last n tokens, n from max_ngram down."""
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tokens[len(tokens) - n :]:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+@pytest.mark.parametrize("max_ngram,min_ngram", [(3, 1), (2, 2), (4, 2), (1, 1)])
+def test_the_index_of_a_growing_sequence_answers_as_the_scan(max_ngram, min_ngram):
+    """Grown a token or several at a time, or replaced by another sequence, the index answers as a scan of the
+    whole sequence would (small vocabulary: many matches, overlapping ones among them)."""
+    import random
+
+    rng = random.Random(max_ngram * 10 + min_ngram)
+    index = NgramIndex(max_ngram, min_ngram)
+    tokens: list[int] = []
+    for step in range(400):
+        if step % 97 == 96:
+            tokens = tokens[: rng.randrange(len(tokens))]  # not a growth: indexed anew
+        tokens = tokens + [rng.randrange(6) for _ in range(rng.choice([1, 1, 1, 3]))]
+        k = rng.randrange(1, 9)
+        assert index.continuation(tokens, k) == _scan(tokens, k, max_ngram, min_ngram), tokens
 
 
 # ---- cost model ----------------------------------------------------------------------------------------------
@@ -115,6 +141,34 @@ def test_probing_recovers_when_acceptance_returns():
     assert ctl.fallbacks["low_acceptance"] >= 2
     recovered = [d.k for d in feed(ctl, 1.0, 30)]
     assert recovered[-1] >= 4  # a probe found acceptance again and speculation came back
+
+
+def test_prompt_lookup_drafts_within_the_draft_model_s_fallback_stretch():
+    """A stretch is the draft model's fallback; prompt lookup, which costs no draft call, drafts inside it where it
+    offers a continuation and its own acceptance gains, and the stretch goes on after it."""
+    from trtspec.orchestrator.adaptive import LOOKUP
+
+    ctl = AdaptiveDraftLength(k_max=8, costs=CostModel(0.3, 0.05, 0.3), plain_stretch=16)  # a CPU's costs
+    for _ in range(30):  # the draft model's drafts are rejected until a stretch starts
+        stretch = ctl.decide(1000, {"draft_model": 4, LOOKUP: 0})
+        if not stretch.k:
+            break
+        ctl.observe(
+            num_draft_tokens=stretch.k, num_accepted_tokens=0, draft_seconds=0.004, verify_seconds=0.012, tokens=1
+        )
+    assert stretch.k == 0 and stretch.reason == "low_acceptance"
+    ctl.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.03, tokens=3)
+    found = ctl.decide(1000, {"draft_model": 4, LOOKUP: 6})
+    assert found.k >= 1 and found.source == LOOKUP
+    ctl.observe(
+        num_draft_tokens=6, num_accepted_tokens=6, draft_seconds=0.0, verify_seconds=0.012, tokens=7, source=LOOKUP
+    )
+    assert ctl.decide(1000, {"draft_model": 4, LOOKUP: 0}).reason == "low_acceptance"  # the stretch goes on
+    for _ in range(10):  # lookup's own drafts rejected, at 1.5 steps a pass: it no longer gains, and stops drafting
+        ctl.observe(
+            num_draft_tokens=6, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.015, tokens=1, source=LOOKUP
+        )
+    assert ctl.decide(1000, {"draft_model": 4, LOOKUP: 6}).k == 0
 
 
 def test_budget_bounds_k():

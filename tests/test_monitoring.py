@@ -189,7 +189,6 @@ def prometheus_scraping(server, rules: Path, root: Path):
     function (PromQL -> result list, asserting success) and stops it on exit."""
     import os
     import signal
-    import socket
     import time
 
     from trtspec.server import free_port
@@ -229,12 +228,16 @@ def prometheus_scraping(server, rules: Path, root: Path):
         return body["data"]
 
     try:
+        # ready, not just listening: Prometheus answers 503 on its port until its storage has started
         deadline = time.monotonic() + 60
         while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert time.monotonic() < deadline, "prometheus did not start"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:  # not listening yet (URLError), or 503 while starting (HTTPError)
+                pass
+            assert time.monotonic() < deadline, "prometheus did not become ready"
             time.sleep(0.5)
         yield api
     finally:

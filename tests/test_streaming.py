@@ -69,6 +69,10 @@ class _Parts:
         self.client.stops += 1
         self.client.engine.cancel(self.job_id)
 
+    def stop_soon(self):
+        self.client.stops += 1
+        self.client.engine.cancel(self.job_id)
+
 
 def draft_model(client):
     from trtspec.orchestrator.drafters import make_drafter
@@ -267,6 +271,9 @@ class Dying(StreamingClient):
             def stop(self):
                 parts.stop()
 
+            def stop_soon(self):
+                parts.stop_soon()
+
         return _Stream()
 
     def recover(self, cause):
@@ -289,3 +296,52 @@ def test_a_target_that_dies_twice_costs_time_not_the_request(engine, stream, spe
     with pytest.raises(EngineUnavailable, match="not healthy"):
         client = Dying(engine, deaths=[7])
         tokens_of(request, client, drafter(StreamingClient(engine)))
+
+
+@pytest.fixture(scope="module")
+def cycling(tmp_path_factory):
+    """A target whose next token depends on the last token alone (tiny.make_bigram_copy): its greedy text runs
+    into a cycle, which prompt lookup then drafts whole, and until then matches nothing."""
+    from tiny import make_bigram_copy, make_checkpoint, make_perturbed_copy, write_config
+
+    from trtspec.compile import run_build
+    from trtspec.engine.runtime import Engine
+
+    root = tmp_path_factory.mktemp("cycling")
+    base = make_checkpoint(root / "base", layers=1, seed=3)
+    target = make_bigram_copy(base, root / "target")
+    config = write_config(
+        root / "build.yaml",
+        target,
+        make_perturbed_copy(base, root / "draft", noise=0.01),
+        speculation={"max_draft_len": 8},
+        engine={"max_input_len": 96, "max_seq_len": 200},
+    )
+    return Engine.load(run_build(config, root / "engines") / "target")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_prompt_lookup_ends_a_plain_stretch_where_it_finds_a_match(cycling, stream):
+    """Prompt lookup as a deployment runs it (auto without a draft model, adaptive): while it finds nothing, the
+    target decodes in one streaming call, looked up at each token; a match stops that call, which is read on to
+    its end (the step in progress is kept), and the match is verified. Outputs equal target-only, and the calls
+    are one per stretch and one per verification, not one per token."""
+    from trtspec.orchestrator.drafters import make_drafter
+
+    client = StreamingClient(cycling)
+    prompt = [17, 90, 211, 45, 8]
+    whole, _, _ = tokens_of(SpecRequest(prompt, 120, end_id=-1), client)
+    first = next(i for i in range(2, len(whole)) if whole[i - 2 : i] in [whole[j : j + 2] for j in range(i - 2)])
+    client.calls = 0
+    drafter = make_drafter("auto", model=None, lookup=make_drafter("prompt_lookup"), lookup_k=8)
+    tokens, _, stats = tokens_of(
+        SpecRequest(prompt, 120, num_draft_tokens=8, end_id=-1, stream=stream),
+        client,
+        drafter,
+        policy=AdaptiveDraftLength(8),
+    )
+    assert tokens == whole and first > 2  # a stretch of plain tokens first, then the cycle
+    assert stats.num_drafts >= 3 and stats.sources == {"prompt_lookup": stats.num_drafts}
+    assert stats.num_accepted_tokens >= 0.8 * stats.num_draft_tokens  # the cycle's continuation: accepted
+    assert client.stops == 1  # the stretch before the cycle, stopped where the first match came
+    assert client.calls == stats.iterations == 2 + stats.num_drafts  # the first token, one stretch, the drafts

@@ -55,7 +55,7 @@ class Block:
 
     round: int
     concurrency: int
-    k: int
+    k: int | None  # None: the request names no K, the deployment's for its draft source
     prompts: tuple[int, ...]
     adaptive: bool = False
 
@@ -163,7 +163,7 @@ def run_block(
     fields = dict(request_fields or {})
     if "adaptive_draft_length" in fields:
         fields["adaptive_draft_length"] = block.adaptive
-    if settings.speculation and (k > 0 or settings.speculation == "none"):
+    if settings.speculation and (k is None or k > 0 or settings.speculation == "none"):
         fields["speculation"] = settings.speculation
     stream = settings.stream and not probe
 

@@ -127,7 +127,7 @@ def run_spec_bench(
     prompts: Prompts,
     *,
     methods: tuple[str, ...],
-    k: int,
+    k: int | None,
     adaptive: bool,
     skipped: dict[str, int],
     progress=None,
@@ -277,6 +277,10 @@ NAMES = {
 }
 
 
+def k_text(k: int | None) -> str:
+    return "the deployment's K" if k is None else f"K≤{k}"
+
+
 def render(report: dict, console) -> None:
     """Spec-Bench's table, one per concurrency: speed-up per task and overall, mean accepted tokens."""
     from rich.table import Table
@@ -288,7 +292,7 @@ def render(report: dict, console) -> None:
         tasks = [t for t in TASKS if any(t in e["tasks"] for e in entries)]
         table = Table(
             title=f"Spec-Bench, C={c}: {s['questions']} questions ({skipped} skipped: longer than "
-            f"max_input_len), {s['max_tokens']} tokens, greedy, K≤{s['num_draft_tokens']}"
+            f"max_input_len), {s['max_tokens']} tokens, greedy, {k_text(s['num_draft_tokens'])}"
             f"{' adaptive' if s['adaptive_draft_length'] else ''}"
         )
         table.add_column("method")

@@ -252,12 +252,12 @@ def _spec_bench(settings, *, per_task, speculation, ks, adaptive, progress, comm
     methods = [m for m in sb.METHODS if m in ("none", speculation or m)]
     if not params.get("tensorrt_llm_draft_model_name"):  # (auto without a draft model is prompt lookup alone)
         methods = [m for m in methods if m != "draft_model"]
-    served = ServingSettings.from_parameters(params)  # the draft length the deployment gives `speculation` alone
-    k = max(ks) if ks else served.speculation_num_draft_tokens
+    served = ServingSettings.from_parameters(params)
+    k = max(ks) if ks else None  # None: each method at the deployment's draft length for it
     adaptive = adaptive if adaptive is not None else served.adaptive_draft_length
     console.print(
         f"Spec-Bench: {len(kept)} questions ({sum(skipped.values())} longer than max_input_len skipped), "
-        f"C = {', '.join(map(str, settings.concurrencies))}, {', '.join(methods)}, K≤{k}"
+        f"C = {', '.join(map(str, settings.concurrencies))}, {', '.join(methods)}, {sb.k_text(k)}"
         f"{' adaptive' if adaptive else ''}, {settings.max_tokens} tokens, interleaved",
         highlight=False,
     )

@@ -143,13 +143,17 @@ class AdaptiveDraftLength:
         if bound <= 0:
             return Decision(0, plain_tokens=remaining)
         if self._plain_left > 0:
+            # a stretch is the draft model's fallback: prompt lookup, which costs no draft call, still drafts
+            # where it found a continuation that gains on its own acceptance
+            k, gain = self._best(LOOKUP, (offers or {}).get(LOOKUP, 0), bound)
+            if k and gain >= 1.0 + self.margin:
+                return Decision(k, source=LOOKUP)
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
         if offers is not None and not any(offers.values()):
             return Decision(0, plain_tokens=1)  # nothing to draft from right now: one token, then look again
         source, k, gain = None, 0, 1.0
         for name, longest in offers.items() if offers is not None else [(None, bound)]:
-            costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if name == LOOKUP else self.costs
-            k_here, gain_here = costs.best(self.alpha_of(name), min(bound, longest))
+            k_here, gain_here = self._best(name, longest, bound)
             if k_here and (not k or gain_here > gain):
                 source, k, gain = name, k_here, gain_here
         if gain < 1.0 + self.margin:
@@ -161,6 +165,13 @@ class AdaptiveDraftLength:
             self._accepted_since_stretch = 0
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
         return Decision(k, source=source)
+
+    def _best(self, source: str | None, longest: int, bound: int) -> tuple[int, float]:
+        """(k, gain) of the best draft from `source` of at most `longest` tokens (prompt lookup costs no draft)."""
+        if longest <= 0:
+            return 0, 1.0
+        costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if source == LOOKUP else self.costs
+        return costs.best(self.alpha_of(source), min(bound, longest))
 
     def observe(
         self,

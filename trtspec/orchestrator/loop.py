@@ -39,8 +39,9 @@ time, not the request: the loop holds every token so far and sends the whole seq
 (which waits for the target, or raises) it goes on from where it was, repeating nothing it has yielded.
 
 A speculative request's plain stretches (the policy's fallbacks, or nothing to draft from) are read from one
-streaming call for the whole remaining budget, streamed to the client or not: where the stretch ends the policy
-decides again while the call goes on, and the call is stopped only when drafting comes back. A new engine call
+streaming call for the whole remaining budget, streamed to the client or not: where the stretch ends (and at any
+token where prompt lookup finds a match) the policy decides again while the call goes on, and the call is stopped
+only when drafting comes back; it is then read on to its end, so the step in progress is kept. A new engine call
 joins the batch at the next forward pass at the earliest, so under load each one costs its request about a step;
 a request whose drafting never pays is one call after its first token, as it would be without speculation.
 """
@@ -56,7 +57,7 @@ import numpy as np
 
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
 from trtspec.errors import Cancelled, EngineUnavailable
-from trtspec.orchestrator.adaptive import Decision, FixedDraftLength
+from trtspec.orchestrator.adaptive import LOOKUP, Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import Draft, Drafter, DraftFailed
 from trtspec.orchestrator.stats import RequestStats
 
@@ -73,6 +74,10 @@ class EngineStream(Protocol):
 
     def stop(self) -> None:
         """Stop the call at the engine (a no-op once its last response arrived)."""
+
+    def stop_soon(self) -> None:
+        """Stop the call at the engine, and read on: the responses until its last are still iterated (the step in
+        progress when the stop arrives is the target's own decoding, and its token is kept)."""
 
 
 class StreamingEngineClient(EngineClient, Protocol):
@@ -334,15 +339,24 @@ class _Interrupted(Exception):
 
 class _Extension:
     """Where a plain stretch read from a streaming call ends, the policy decides again (the stretch's tokens
-    observed as a plain iteration): plain again extends the stretch in the same call, drafting ends it."""
+    observed as a plain iteration): plain again extends the stretch in the same call, drafting ends it. It also
+    decides again at any token where prompt lookup, which costs no draft call, found a continuation."""
 
     def __init__(self, policy, drafter, sequence: list[int], remaining: int, stretch: int, since: float):
         self.policy, self.drafter, self.sequence, self.remaining = policy, drafter, sequence, remaining
         self.end = stretch  # the stretch ends after this many of the call's tokens
         self.observed, self.since = 0, since  # tokens the policy has seen, and when the unseen ones began
 
+    def due(self, got: list[int]) -> bool:
+        """Whether to decide again after the call's tokens so far: at the stretch's end, or where prompt lookup
+        found something to draft."""
+        if len(got) >= self.end:
+            return True
+        offers = _offers(self.drafter, self.sequence + got, self.remaining - len(got))
+        return bool(offers and offers.get(LOOKUP))
+
     def __call__(self, got: list[int]) -> bool:
-        """Called with the call's tokens so far once they reach the stretch's end; True: read on."""
+        """Called with the call's tokens so far where `due`; True: read on."""
         now = time.perf_counter()
         self.policy.observe(
             num_draft_tokens=0,
@@ -376,15 +390,16 @@ def _relay(
     extend: _Extension | None = None,
 ):
     """Yield a plain stretch's tokens as the streaming call returns them, cut by the stop rules; stop the call
-    when a rule fires here first, when `extend` ends the stretch, or on any exit before its last response.
+    when a rule fires here first, or on any exit before its last response. When `extend` ends the stretch, the call
+    is stopped and read on to its end: the token of the step in progress then is kept, so the stop wastes no step.
     Returns (the stretch's tokens, finish reason or None)."""
     got: list[int] = []
-    reason, last, received, complete = None, None, 0, False
+    reason, last, received, complete, ending = None, None, 0, False, False
     try:
         for part in stream:
             last, received = part, received + len(part.new_tokens)
-            if reason:
-                continue  # the call's own end, after its last token: nothing to stop
+            if reason or (ending and not part.new_tokens):
+                continue  # the call's own end, after its last token, or the end of a call stopped here
             budget = request.max_tokens - generated - len(got)
             new, reason = _apply_stop_rules(
                 request,
@@ -400,8 +415,9 @@ def _relay(
                 yield new
             if reason and received < asked:
                 break
-            if extend is not None and not reason and len(got) >= extend.end and not extend(got):
-                break
+            if extend is not None and not (reason or ending) and extend.due(got) and not extend(got):
+                ending = True
+                stream.stop_soon()
         else:
             complete = True
     except EngineUnavailable as exc:
@@ -415,8 +431,10 @@ def _relay(
         trace.kv_blocks = [
             a + b for a, b in zip(trace.kv_blocks, last.kv_blocks)
         ]  # the perf outputs are running totals
-    if reason is None and complete and len(got) < asked:
-        reason = "end_id"  # the engine ended the call early: on the end token, which it does not return
+    if reason is None and complete and len(got) < asked and not ending:
+        # the engine ended the call early: on the end token, which it does not return (a call stopped here ended
+        # early for that; had it also met the end token, the next call says so at once)
+        reason = "end_id"
     return got, reason
 
 

@@ -278,11 +278,11 @@ class TritonPythonModel:
                 ),
                 self.draft_breaker,
             )
-        if plan.method != "auto":
-            return model or lookup
-        return make_drafter(
-            "auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens, lookup_k=self._lookup_k(plan)
-        )
+        if plan.method == "draft_model":
+            return model
+        # prompt lookup alone is auto without a model: it offers its match at each token of a plain stretch
+        lookup_k = self._lookup_k(plan) if plan.method == "auto" else plan.spec.num_draft_tokens
+        return make_drafter("auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens, lookup_k=lookup_k)
 
     def _lookup_k(self, plan: _Plan) -> int:
         """How far prompt lookup drafts under `auto`: max_draft_len, or the governor's cap when it rolled back."""
@@ -445,14 +445,18 @@ class TritonPythonModel:
         request names a `speculation` method; the deployment's default_num_draft_tokens (0 decodes plainly, as
         NVIDIA's BLS does). The source is the request's `speculation`, else the deployment's default_speculation.
         K lies within the target engine's max_draft_len, the source none drafts nothing, and a K > 0 from the
-        draft model needs a deployment that has one."""
+        draft model needs a deployment that has one. Prompt lookup costs no draft call, so where the request names
+        no K it drafts up to max_draft_len, as it does under auto (the deployment's K is the draft model's)."""
         method = f.text("speculation") or None
         if method is not None and method not in SPECULATION_METHODS:
             raise RequestError("speculation", f"must be one of {', '.join(SPECULATION_METHODS)}, got {method!r}")
         k = f.scalar("num_draft_tokens", int, None)
+        named = k is not None
         if k is None:
             k = self.settings.speculation_num_draft_tokens if method else self.settings.default_num_draft_tokens
         method = method or self.settings.default_speculation
+        if method == "prompt_lookup" and not named and k > 0:
+            k = self.settings.max_draft_len
         if k < 0 or k > self.settings.max_draft_len:
             raise RequestError(
                 "num_draft_tokens",

@@ -245,6 +245,7 @@ class _Stream:
     def __init__(self, client: BlsEngineClient, call):
         self.client, self.call = client, call
         self.finished = self.stopping = self.expired = False
+        self.ending = False  # stopped by stop_soon: read on to the last response
 
     def __iter__(self):
         client = self.client
@@ -334,4 +335,10 @@ class _Stream:
     def stop(self) -> None:
         if not self.finished and not self.stopping:
             self.stopping = True
+            if not self.ending:
+                self.client.send_stop()
+
+    def stop_soon(self) -> None:
+        if not self.finished and not self.stopping and not self.ending:
+            self.ending = True
             self.client.send_stop()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from trtspec.orchestrator.adaptive import LOOKUP
 from trtspec.orchestrator.drafters import Draft, Drafter
-from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter, find_continuation
+from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter
 
 MODEL = "draft_model"
 
@@ -35,7 +35,7 @@ class AutoDrafter:
         length = len(context)
         if self._found is None or self._found[0] != length or k > self._found[1]:
             cap = max(k, self.lookup_k or 0)
-            self._found = (length, cap, find_continuation(context, cap, self.lookup.max_ngram))
+            self._found = (length, cap, self.lookup.index.continuation(context, cap))
         return self._found[2][:k]
 
     def offers(self, context: list[int], limit: int) -> dict[str, int]:
