@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 
 from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, FixedDraftLength, expected_tokens
-from trtspec.orchestrator.drafters.prompt_lookup import NgramIndex, PromptLookupDrafter, find_continuation
+from trtspec.orchestrator.drafters.prompt_lookup import NgramIndex, PromptLookupDrafter
 
 # ---- n-gram matcher ------------------------------------------------------------------------------------------
+
+
+def find_continuation(tokens, k, max_ngram=3):
+    """A sequence looked up once, matches of one token and more."""
+    return NgramIndex(max_ngram, 1).continuation(tokens, k)
 
 
 def test_match_continues_the_most_recent_occurrence():

@@ -137,6 +137,19 @@ def bench(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
+    common = dict(  # the settings of either kind of run
+        url=url,
+        protocol=protocol,
+        model=model,
+        prompts_source=prompts_source,
+        tokenizer=tokenizer_dir,
+        concurrencies=tuple(b.parse_int_list(concurrencies, "--concurrency", minimum=1)),
+        max_tokens=max_tokens,
+        stream=stream,
+        numbered=not reuse_prompts,
+        seed=seed,
+        timeout=timeout,
+    )
     if prompts_source.startswith("spec-bench:"):
         ctx = click.get_current_context()
         given = {name for name in ("ks", "draft_length") if ctx.get_parameter_source(name).name != "DEFAULT"}
@@ -145,19 +158,7 @@ def bench(
                 raise click.UsageError(
                     f"--{name.split('_')[0]}: not with spec-bench (it measures draft sources, not K)"
                 )
-        settings = b.BenchSettings(
-            url=url,
-            protocol=protocol,
-            model=model,
-            prompts_source=prompts_source,
-            tokenizer=tokenizer_dir,
-            concurrencies=tuple(b.parse_int_list(concurrencies, "--concurrency", minimum=1)),
-            max_tokens=max_tokens,
-            stream=stream,
-            numbered=not reuse_prompts,
-            seed=seed,
-            timeout=timeout,
-        )
+        settings = b.BenchSettings(**common)
         with Progress(*columns, console=console, transient=True) as progress:
             report = _spec_bench(
                 settings,
@@ -185,21 +186,7 @@ def bench(
         if skipped:
             console.print(f"skipping K={','.join(map(str, skipped))}: above the deployment's max_draft_len {limit}")
     settings = b.BenchSettings(
-        url=url,
-        protocol=protocol,
-        model=model,
-        prompts_source=prompts_source,
-        tokenizer=tokenizer_dir,
-        concurrencies=tuple(b.parse_int_list(concurrencies, "--concurrency", minimum=1)),
-        ks=tuple(draft_lengths),
-        draft_length=draft_length,
-        max_tokens=max_tokens,
-        requests=requests,
-        stream=stream,
-        speculation=speculation,
-        numbered=not reuse_prompts,
-        seed=seed,
-        timeout=timeout,
+        **common, ks=tuple(draft_lengths), draft_length=draft_length, requests=requests, speculation=speculation
     )
     prompts = b.Prompts(
         b.load_prompt_set(prompts_source, tokenizer_dir), tokenizer_dir=tokenizer_dir, numbered=not reuse_prompts

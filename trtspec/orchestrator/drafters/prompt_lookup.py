@@ -47,12 +47,7 @@ class NgramIndex:
         for end in range(max(done - 1, 0), len(tokens) - 1):
             for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
                 self._starts[tuple(tokens[end - n + 1 : end + 1])] = end - n + 1
-        self._tokens = list(tokens)
-
-
-def find_continuation(tokens: list[int], k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
-    """NgramIndex.continuation of a sequence looked up once."""
-    return NgramIndex(max_ngram, min_ngram).continuation(tokens, k)
+        self._tokens += tokens[done:]
 
 
 # The shortest match that drafts: a single token (a common word, a comma) is followed by something else more
@@ -64,7 +59,6 @@ class PromptLookupDrafter:
     def __init__(self, *, max_matching_ngram_size: int = 3):
         if max_matching_ngram_size < 1:
             raise ValueError(f"max_matching_ngram_size must be >= 1, got {max_matching_ngram_size}")
-        self.max_ngram = max_matching_ngram_size
         self.index = NgramIndex(max_matching_ngram_size, min(MIN_MATCHING_NGRAM_SIZE, max_matching_ngram_size))
 
     def propose(self, context: list[int], k: int) -> Draft:
