@@ -15,6 +15,7 @@ from tiny import write_config
 
 from trtspec.contract import GenerationRequest, SamplingParams, request_to_tensors
 from trtspec.engine import kernels
+from trtspec.engine.kv import GROWTH_TOKENS
 from trtspec.engine.model import CompactModel, HFModel, Segment
 from trtspec.engine.runtime import Engine
 from trtspec.errors import EngineError, RequestError
@@ -400,6 +401,47 @@ def test_kept_caches_of_the_same_tokens_are_evicted_without_harm(built_fp8):
     outcomes = engine.generate_many(others)  # their room comes from evicting those
     assert engine.cache.stats.evictions >= 1 and all(len(o.new_tokens) == 30 for o in outcomes)
     assert engine.generate(same).output_ids == first[0].output_ids
+
+
+def _counting(engine, name: str) -> list:
+    """Count the calls of the engine model's `name` (new_kv: a new cache; copy_kv: a prefix copied into one)."""
+    calls, method = [], getattr(engine.model, name)
+    setattr(engine.model, name, lambda *a: (calls.append(a), method(*a))[1])
+    return calls
+
+
+def test_a_request_takes_its_own_cache_over_when_an_earlier_request_s_matches_as_far(built_fp8):
+    engine = Engine.load(built_fp8.target)
+    prompt = _ids(20, 5, engine.info.vocab_size)
+    earlier = engine.generate(GenerationRequest(input_ids=prompt, request_output_len=30, end_id=-1))
+    copies = _counting(engine, "copy_kv")
+    # the same text again, a few tokens a call: the earlier request's kept cache holds all of it
+    seq = list(prompt)
+    for _ in range(6):
+        result = engine.generate(GenerationRequest(input_ids=seq, request_output_len=3, end_id=-1))
+        seq = result.output_ids
+        assert result.reused_tokens == len(result.output_ids) - 4  # all but the newest token came from a cache
+    assert seq == earlier.output_ids[: len(seq)]
+    assert len(copies) == 1  # the first call copies the shared prefix; the others take their own cache over
+    assert len(engine.cache.entries) == 2
+
+
+def test_a_sequence_that_outgrows_its_cache_gets_room_to_grow(built_fp8):
+    engine = Engine.load(built_fp8.target)
+    pool = engine.cache
+    new = _counting(engine, "new_kv")
+    seq = _ids(20, 6, engine.info.vocab_size)
+    while len(seq) < 380:  # a request that verifies 3 tokens a call; capacities are whole 64-token key blocks
+        lease = pool.acquire(seq, len(seq) + 4, len(seq) - 1)
+        assert lease.cached == (len(seq) - 1 if len(seq) > 20 else 0)
+        seq = seq + [1, 2, 3]
+        pool.release(lease, seq[:-1])
+    # two caches: its first (64 positions), and the one it moved to at 66 tokens, with room for GROWTH_TOKENS more
+    # (384 positions); without that room, a new cache and a copy at every key block: 6
+    assert new == [(24,), (66 + GROWTH_TOKENS,)]
+    pool.budget_bytes = pool.running_bytes + pool.kept_bytes + pool.bytes_for(len(seq) + 64)
+    lease = pool.acquire(seq, len(seq) + 64, len(seq) - 1)  # no room to spare: exactly the call's need
+    assert lease.nbytes == pool.bytes_for(len(seq) + 64) and lease.cached == len(seq) - 1
 
 
 def test_a_fault_outside_the_forward_pass_fails_the_calls_in_flight_not_the_engine(built_fp8):
