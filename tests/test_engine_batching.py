@@ -15,7 +15,7 @@ from tiny import write_config
 
 from trtspec.contract import GenerationRequest, SamplingParams, request_to_tensors
 from trtspec.engine import kernels
-from trtspec.engine.kv import GROWTH_TOKENS
+from trtspec.engine.kv import GROWTH_TOKENS, _common_prefix
 from trtspec.engine.model import CompactModel, HFModel, Segment
 from trtspec.engine.runtime import Engine
 from trtspec.errors import EngineError, RequestError
@@ -424,6 +424,14 @@ def test_a_request_takes_its_own_cache_over_when_an_earlier_request_s_matches_as
     assert seq == earlier.output_ids[: len(seq)]
     assert len(copies) == 1  # the first call copies the shared prefix; the others take their own cache over
     assert len(engine.cache.entries) == 2
+
+
+def test_common_prefix_matches_a_scan():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        a, b = (tuple(rng.integers(0, 2, rng.integers(0, 40)).tolist()) for _ in range(2))
+        scan = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert _common_prefix(a, b) == scan
 
 
 def test_a_sequence_that_outgrows_its_cache_gets_room_to_grow(built_fp8):
