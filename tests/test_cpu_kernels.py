@@ -56,16 +56,22 @@ def test_fp8_products_on_every_path(storage, isa, per_channel, threads):
         full = linear(x)
         exact = x.double() @ fp8.dequantize(q, scale, torch.float64).T + (b.double() if bias else 0)
         torch.testing.assert_close(full.double(), exact, atol=1e-5, rtol=1e-5)
-        for m in (1, 2, 3, 4, 5, 7, 12, 13, 25):
-            for row in {0, m // 2, m - 1}:
-                assert torch.equal(linear(x[row : row + m][:1]), full[row : row + 1]), (n, k, m, row)
-                assert torch.equal(linear(x[:m])[row], full[row]), (n, k, m, row)
-        torch.set_num_threads(3 - threads)
-        assert torch.equal(linear(x), full)
-        torch.set_num_threads(threads)
+        _same_bits_in_any_batch(linear, x, full, (1, 2, 3, 4, 5, 7, 12, 13, 25), threads)
         for other_isa in kernels.ISAS:
             for other in kernels.FP8_STORAGES:
                 assert torch.equal(kernels.PackedLinear(q, b, scale=scale, storage=other, isa=other_isa)(x), full)
+
+
+def _same_bits_in_any_batch(linear, x, full, batches, threads):
+    """Each row of `full` (= linear(x)) comes out bitwise the same alone, in a batch of each size in `batches` at
+    its start, middle or end, and on the other thread count."""
+    for m in batches:
+        for row in {0, m // 2, m - 1}:
+            assert torch.equal(linear(x[row : row + m][:1]), full[row : row + 1]), (linear.n, linear.k, m, row)
+            assert torch.equal(linear(x[:m])[row], full[row]), (linear.n, linear.k, m, row)
+    torch.set_num_threads(3 - threads)
+    assert torch.equal(linear(x), full)
+    torch.set_num_threads(threads)
 
 
 bf16_rows = pytest.mark.skipif(not kernels.BF16_ROWS, reason=f"this CPU lacks {kernels.BF16_ISA}")
@@ -91,13 +97,7 @@ def test_bf16_row_products_against_float64(storage, per_channel, threads):
         exact = x.bfloat16().double() @ fp8.dequantize(q, scale, torch.float64).T + (b.double() if bias else 0)
         torch.testing.assert_close(full.double(), exact, atol=1e-5, rtol=1e-5)
         assert not torch.equal(full, kernels.PackedLinear(q, b, scale=scale, storage=storage)(x))  # other rows
-        for m in (1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 25):
-            for row in {0, m // 2, m - 1}:
-                assert torch.equal(linear(x[row : row + m][:1]), full[row : row + 1]), (n, k, m, row)
-                assert torch.equal(linear(x[:m])[row], full[row]), (n, k, m, row)
-        torch.set_num_threads(3 - threads)
-        assert torch.equal(linear(x), full)
-        torch.set_num_threads(threads)
+        _same_bits_in_any_batch(linear, x, full, (1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 25), threads)
         for other in kernels.FP8_STORAGES:
             assert torch.equal(kernels.PackedLinear(q, b, scale=scale, storage=other, rows=torch.bfloat16)(x), full)
         wb = w.bfloat16()

@@ -85,8 +85,8 @@ class KVPool:
         """A cache for a call over `ids` that may grow to `tokens` positions, holding the longest prefix of
         `ids` that a kept cache has (at most `max_cached` tokens); None while the running calls leave no room."""
         need = self.bytes_for(tokens)
-        best, keep = self._lookup(ids, max_cached, tokens)
-        if best is not None and keep == len(best.tokens) and self.model.kv_room(best.kv) >= tokens:
+        best, keep, whole = self._lookup(ids, max_cached, tokens)
+        if whole:
             self.entries.remove(best)  # the usual next call of the same sequence: take it over
             return self._lease(best.kv, keep, max(best.nbytes, need))
         if not self._make_room(need, spare=best):
@@ -94,11 +94,9 @@ class KVPool:
         if best is None or keep == 0 or best not in self.entries:  # no prefix, or it had to be evicted
             return self._lease(self.model.new_kv(tokens), 0, need)
         outgrown = keep == len(best.tokens)  # its sequence goes on in a larger cache
-        if (
-            outgrown
-            and self.running_bytes + self.kept_bytes + self.bytes_for(tokens + GROWTH_TOKENS) <= self.budget_bytes
-        ):
-            tokens, need = tokens + GROWTH_TOKENS, self.bytes_for(tokens + GROWTH_TOKENS)
+        grown = self.bytes_for(tokens + GROWTH_TOKENS)
+        if outgrown and self.running_bytes + self.kept_bytes + grown <= self.budget_bytes:
+            tokens, need = tokens + GROWTH_TOKENS, grown
         kv = self._fresh(best, keep, tokens)
         if outgrown:
             self.entries.remove(best)  # its content now lives in the larger cache
@@ -130,22 +128,22 @@ class KVPool:
 
     # ---- internals ---------------------------------------------------------------------------------------------
     def _lookup(self, ids: list[int], max_cached: int, tokens: int):
-        """The kept cache with the longest usable prefix of `ids` and that length. Of those that tie, one that holds
-        exactly that prefix and has room for the call is taken over as it is; any other costs a new cache and a copy
-        (about a millisecond per MB of fresh memory on a CPU: 3 decode steps of the demo target at 700 tokens). Ties
-        are the rule when the same text was generated before: a longer kept cache of an earlier request matches a
-        call as far as the request's own cache does."""
+        """(the kept cache with the longest usable prefix of `ids`, that length, whether the call takes it over).
+        Of those that tie, one that holds exactly that prefix and has room for the call is taken over as it is; any
+        other costs a new cache and a copy (about a millisecond per MB of fresh memory on a CPU: 3 decode steps of
+        the demo target at 700 tokens). Ties are the rule when the same text was generated before: a longer kept
+        cache of an earlier request matches a call as far as the request's own cache does."""
         self.stats.lookups += 1
         best, best_len, whole = None, 0, False
         if not self.reuse:
-            return None, 0
+            return None, 0, False
         ids = tuple(ids)
         for entry in self.entries:
             n = min(_common_prefix(entry.tokens, ids), max_cached)
             entry_whole = n == len(entry.tokens) and self.model.kv_room(entry.kv) >= tokens
             if n > best_len or (n == best_len and n and entry_whole and not whole):
                 best, best_len, whole = entry, n, entry_whole
-        return best, best_len
+        return best, best_len, whole
 
     def _make_room(self, need: int, spare) -> bool:
         """Evict kept caches (least recently used first, `spare` last) until `need` fits beside the running."""
