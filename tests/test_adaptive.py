@@ -228,9 +228,10 @@ def test_deployment_costs_learn_from_finished_requests():
 
 def test_deployment_costs_are_kept_per_load():
     """Costs learned while 8 requests share each pass must not judge a lone request, nor the other way round."""
-    from trtspec.orchestrator.adaptive import DeploymentCosts
+    from trtspec.orchestrator.adaptive import DeploymentCosts, load_bucket, load_range
 
-    assert [DeploymentCosts.bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17)] == [0, 0, 1, 2, 2, 3, 3, 4, 4, 5]
+    assert [load_bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17)] == [0, 0, 1, 2, 2, 3, 3, 4, 4, 5]
+    assert [load_range(b) for b in range(5)] == ["1", "2", "3-4", "5-8", "9-16"]
     shared = DeploymentCosts(CostModel(0.0, 0.05, 0.0), weight=1.0)
     busy = shared.policy(4, model_drafts=False, load=8)
     busy.observe(num_draft_tokens=0, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.010, tokens=1)

@@ -116,7 +116,7 @@ class Watch:
         return {a["labels"]["alertname"] for a in self.api("alerts")["alerts"] if a["state"] == "firing"}
 
     def state(self) -> str | None:
-        found = self.api("query", query="trtspec_speculation_state == 1")["result"]
+        found = self.api("query", query='trtspec_speculation_state{load="1"} == 1')["result"]
         return found[0]["metric"]["state"] if found else None
 
     def mark(self, what: str) -> None:

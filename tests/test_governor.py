@@ -1,9 +1,10 @@
 """The deployment's speculation governor: down on errors, low acceptance or no speed-up, back up on probes that pay,
-each change once, with its reason; requests admitted before a change do not judge the new level."""
+each change once, with its reason; requests admitted before a change do not judge the new level. One governor per
+load range: a load that does not pay rolls back its own range."""
 
 from __future__ import annotations
 
-from trtspec.orchestrator.governor import Governor, Outcome
+from trtspec.orchestrator.governor import Governor, LoadGovernors, Outcome
 
 
 class Clock:
@@ -23,12 +24,24 @@ def make(**kw):
 
 
 def run(
-    gov, clock, n, *, speculative=True, tpot=0.01, plain_tpot=0.02, drafted=8, accepted=6, failed=False, break_even=0.4
+    gov,
+    clock,
+    n,
+    *,
+    speculative=True,
+    tpot=0.01,
+    plain_tpot=0.02,
+    drafted=8,
+    accepted=6,
+    failed=False,
+    break_even=0.4,
+    load=None,
 ):
     """n requests admitted and finished one after the other, a second apart; those the governor admits without
-    drafting (cap 0) decode plainly at `plain_tpot`."""
+    drafting (cap 0) decode plainly at `plain_tpot`. `load`: admitted at this load (LoadGovernors)."""
+    at_load = () if load is None else (load,)
     for _ in range(n):
-        cap, probe, at = gov.admit()
+        cap, probe, at = gov.admit(*at_load)
         clock.now += 1.0
         spec = speculative and cap > 0
         gov.observe(
@@ -42,6 +55,7 @@ def run(
                 admitted_at=at,
             ),
             break_even,
+            *at_load,
         )
 
 
@@ -187,3 +201,47 @@ def test_a_floor_does_not_hide_judging_and_a_force_overrides_floors():
     gov.kv_cache(0.1)
     assert gov.state == "speculating"
     assert [why for *_, why in changes] == ["kv_cache", "operator", "operator_release", "kv_cache_cleared"]
+
+
+def make_ranges(**kw):
+    clock, changes = Clock(), []
+    govs = LoadGovernors(8, clock=clock, hold_seconds=10.0, on_change=lambda *change: changes.append(change), **kw)
+    return govs, clock, changes
+
+
+def test_a_load_that_does_not_pay_rolls_back_its_own_range_and_leaves_lone_requests_speculating():
+    """A burst of 4 requests whose shared passes cost more than their drafts return steps down the 3-4 range to
+    plain; lone requests keep their full draft length, and a heavier range seen later starts where 3-4 is."""
+    govs, clock, changes = make_ranges()
+    run(govs, clock, 5, speculative=False, tpot=0.02, load=1)
+    run(govs, clock, 5, speculative=False, tpot=0.02, load=4)
+    run(govs, clock, 20, tpot=0.01, load=1)
+    run(govs, clock, 10, tpot=0.03, accepted=7, load=4)  # accepted, but slower than plain at that load
+    clock.now += 20
+    run(govs, clock, 10, tpot=0.03, accepted=7, load=3)
+    assert changes == [
+        ("3-4", "speculating", "reduced", "slower_than_plain", 4),
+        ("3-4", "reduced", "plain", "slower_than_plain", 0),
+    ]
+    assert govs.admit(1)[0] == 8 and govs.admit(2)[0] == 8  # 2 was never seen: it starts from 1's level
+    assert govs.at(8).state == "plain" and govs.at(8).cap() == 0  # 5-8 starts from 3-4's level
+    assert [label for label, _ in govs.ranges()] == ["1", "2", "3-4", "5-8"]
+    assert len(changes) == 2  # a new range starting where a lighter one is makes no change
+
+
+def test_floors_and_forces_reach_every_range_those_seen_later_too():
+    govs, clock, changes = make_ranges()
+    govs.at(2)
+    govs.kv_cache(0.98)
+    assert [gov.state for _, gov in govs.ranges()] == ["plain", "plain"]
+    assert [c[0] for c in changes] == ["1", "2"] and {c[3] for c in changes} == {"kv_cache"}
+    govs.kv_cache(0.1)
+    govs.draft_down(True)
+    govs.force("plain", 60.0, reason="operator")
+    changes.clear()
+    later = govs.at(4)  # made under the outage's floor and the force: plain, and no change of its own
+    assert later.state == "plain" and later.forced and changes == []
+    clock.now += 60.0
+    assert [govs.admit(load)[0] for load in (1, 2, 4)] == [4, 4, 4]  # the force is over; the outage's floor holds
+    govs.draft_down(False)
+    assert [gov.cap() for _, gov in govs.ranges()] == [8, 8, 8]

@@ -430,11 +430,12 @@ def test_latency_error_and_deployment_metrics(spec_server):
     assert moved("trtspec_request_errors_total", kind="timeout") == 1
     assert moved("trtspec_draft_seconds_total") > 0 and moved("trtspec_verify_seconds_total") > 0
     assert 0 < find(after, "trtspec_break_even_acceptance", load="1") <= 1
-    states = {
-        st: find(after, "trtspec_speculation_state", state=st) for st in ("speculating", "reduced", "plain", "probing")
+    states = {  # the lone requests' load range, there from the start
+        st: find(after, "trtspec_speculation_state", load="1", state=st)
+        for st in ("speculating", "reduced", "plain", "probing")
     }
     assert sorted(states.values()) == [0, 0, 0, 1]  # one state at a time
-    assert find(after, "trtspec_draft_length_cap") == {"speculating": 4, "reduced": 2}.get(
+    assert find(after, "trtspec_draft_length_cap", load="1") == {"speculating": 4, "reduced": 2}.get(
         max(states, key=states.get), 0
     )
     info = [k for k in after if k.startswith("trtspec_build_info{")]
@@ -453,11 +454,11 @@ def test_a_forced_mode_reaches_the_bls_and_is_counted(spec_server):
     url = f"http://127.0.0.1:{control.port}/control"
     request = {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 4, "adaptive_draft_length": False}
 
-    def state(values):
+    def state(values):  # of the lone requests' load range (the requests here run one at a time)
         return next(
             k.split('state="')[1].split('"')[0]
             for k, v in values.items()
-            if k.startswith("trtspec_speculation_state{") and v == 1
+            if k.startswith("trtspec_speculation_state{") and 'load="1"' in k and v == 1
         )
 
     def moved(before, after, prefix):

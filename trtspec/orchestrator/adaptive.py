@@ -221,6 +221,16 @@ def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:
     return new if old is None else (1 - weight) * old + weight * new
 
 
+def load_bucket(load: int) -> int:
+    """A load (requests in flight, itself included) in powers of two: 0 for 1, 1 for 2, 2 for 3-4, 3 for 5-8, ..."""
+    return (max(load, 1) - 1).bit_length()
+
+
+def load_range(bucket: int) -> str:
+    """A bucket's loads as the metrics label them: "1", "2", "3-4", "5-8", ..."""
+    return f"{2 ** (bucket - 1) + 1}-{2**bucket}" if bucket > 1 else str(bucket + 1)
+
+
 class DeploymentCosts:
     """The cost models that new requests start from, shared by a deployment's requests (thread-safe): the
     configured one, moved a little toward what each finished adaptive request measured. The draft cost is the
@@ -238,13 +248,8 @@ class DeploymentCosts:
         self._weight = weight
         self._lock = threading.Lock()
 
-    @staticmethod
-    def bucket(load: int) -> int:
-        """0 for 1 request in flight, 1 for 2, 2 for 3-4, 3 for 5-8, ..."""
-        return (max(load, 1) - 1).bit_length()
-
     def _entry(self, load: int) -> tuple[CostModel, float | None]:
-        bucket = self.bucket(load)
+        bucket = load_bucket(load)
         if bucket in self._loads:
             return self._loads[bucket]
         lighter = [b for b in self._loads if b < bucket]
@@ -268,13 +273,12 @@ class DeploymentCosts:
             mine.verify_cost_per_token = _ewma(mine.verify_cost_per_token, theirs.verify_cost_per_token, w)
             if model_drafts:
                 mine.draft_cost_ratio = _ewma(mine.draft_cost_ratio, theirs.draft_cost_ratio, w)
-            self._loads[self.bucket(load)] = (mine, _ewma(step, policy.step_seconds, w))
+            self._loads[load_bucket(load)] = (mine, _ewma(step, policy.step_seconds, w))
 
     def break_even_at(self, load: int, k_max: int) -> tuple[str, float]:
         """The load's range ("1", "2", "3-4", "5-8", ...) and the break-even acceptance (CostModel.break_even) of
         the costs a request at that load starts from."""
-        b = self.bucket(load)
-        return (f"{2 ** (b - 1) + 1}-{2**b}" if b > 1 else str(b + 1)), self.costs_at(load).break_even(k_max)
+        return load_range(load_bucket(load)), self.costs_at(load).break_even(k_max)
 
     def costs_at(self, load: int = 1) -> CostModel:
         with self._lock:

@@ -17,6 +17,12 @@ the floor). Entering and leaving a floor are changes like any other, logged and 
 An operator (or Alertmanager, through `trtspec serve --control-port`: trtspec.control) can force a level for a
 time: the governor then neither judges nor probes, floors included, and when the time is up (or the force is
 released) it returns to the level it had before and judges again from there, as after any change.
+
+Whether speculation pays depends on the load: a verifying pass that carries the drafts of many requests is
+compute-bound where a lone request's is bound by the weights' bytes. So a deployment has one governor per load
+range (`LoadGovernors`: the requests in flight at admission, 1, 2, 3-4, 5-8, ..., as the learned costs), and a
+burst that does not pay rolls back its own range and leaves lone requests speculating. The floors and a force hold
+for every range.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
+
+from trtspec.orchestrator.adaptive import load_bucket, load_range
 
 LEVELS = ("speculating", "reduced", "plain")
 # The source material's GPU-memory thresholds, applied to the KV-cache blocks in use (the memory that moves: the
@@ -67,6 +75,7 @@ class Governor:
         kv_release: float = KV_RELEASE,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[str, str, str], None] = lambda old, new, reason: None,
+        level: int = 0,
     ):
         self.k_full, self.min_samples, self.min_probes = k_full, min_samples, min_probes
         self.min_failures = min_failures  # one failure is an incident, not a rate
@@ -74,7 +83,7 @@ class Governor:
         self.probe_every, self.hold_seconds, self.pays_below = probe_every, hold_seconds, pays_below
         self.kv_warning, self.kv_critical, self.kv_release = kv_warning, kv_critical, kv_release
         self.clock, self.on_change = clock, on_change
-        self.judged = 0 if k_full > 0 else 2  # the level judging reached; `level` adds the floors
+        self.judged = level if k_full > 0 else 2  # the level judging reached; `level` adds the floors
         self.floors: dict[str, int] = {}  # live conditions' floors: kv_cache, draft_down
         self.changed_at = float("-inf")
         self.recent: deque[Outcome] = deque(maxlen=window)
@@ -91,6 +100,11 @@ class Governor:
         if self.forced:
             return self.judged
         return max(self.judged, *self.floors.values()) if self.floors else self.judged
+
+    @property
+    def unforced(self) -> int:
+        """The level judging reached, a force aside."""
+        return self._level_before if self.forced else self.judged
 
     @property
     def state(self) -> str:
@@ -235,3 +249,73 @@ class Governor:
         self.recent.clear()
         if always or self.level != before:
             self.on_change(old, self.state, reason)
+
+
+class LoadGovernors:
+    """A Governor per load range, made as each range is first seen; the floors and a force reach every one, those
+    made later included. A range not seen yet starts at the judged level of the nearest lighter range that was
+    (speculation pays less the heavier the load). `on_change(load, old, new, reason, cap)`: `load` is the range's
+    label, `cap` its draft-length cap after the change."""
+
+    def __init__(
+        self, k_full: int, *, on_change: Callable[[str, str, str, str, int], None] = lambda *change: None, **options
+    ):
+        self.k_full, self._options, self._on_change = k_full, options, on_change
+        self._clock: Callable[[], float] = options.get("clock", time.monotonic)
+        self._lock = threading.RLock()
+        self._kv: float | None = None  # the last KV-cache signal and draft outage, for ranges made later
+        self._draft_down = False
+        self._force: tuple[str, float, str] | None = None  # (state, until, reason) of a force in progress
+        self.by_load: dict[int, Governor] = {}
+        self.at(1)
+
+    def at(self, load: int) -> Governor:
+        """The governor of `load`'s range (made on first use)."""
+        bucket = load_bucket(load)
+        with self._lock:
+            if bucket not in self.by_load:
+                lighter = [b for b in self.by_load if b < bucket]
+                label = load_range(bucket)
+                gov = Governor(
+                    self.k_full, level=self.by_load[max(lighter)].unforced if lighter else 0, **self._options
+                )
+                # it starts under the floors and the force in progress: no change of its own to report
+                gov.kv_cache(self._kv)
+                gov.draft_down(self._draft_down)
+                if self._force is not None and self._force[1] > self._clock():
+                    gov.force(self._force[0], self._force[1] - self._clock(), self._force[2])
+                gov.on_change = lambda old, new, reason: self._on_change(label, old, new, reason, gov.cap())
+                self.by_load[bucket] = gov
+            return self.by_load[bucket]
+
+    def admit(self, load: int) -> tuple[int, bool, float]:
+        return self.at(load).admit()
+
+    def observe(self, outcome: Outcome, break_even: float, load: int) -> None:
+        """A finished request, judged in the range it was admitted at (the range whose cap it drafted under)."""
+        self.at(load).observe(outcome, break_even)
+
+    def ranges(self) -> list[tuple[str, Governor]]:
+        """(label, governor) of every range seen, lightest first."""
+        with self._lock:
+            return [(load_range(b), self.by_load[b]) for b in sorted(self.by_load)]
+
+    def force(self, state: str | None, seconds: float = 0.0, reason: str = "operator") -> None:
+        with self._lock:
+            if state is not None and state not in LEVELS:
+                raise ValueError(f"state {state!r}: choose one of {', '.join(LEVELS)}")
+            self._force = None if state is None else (state, self._clock() + seconds, reason)
+            for gov in self.by_load.values():
+                gov.force(state, seconds, reason)
+
+    def kv_cache(self, fraction: float | None) -> None:
+        with self._lock:
+            self._kv = fraction
+            for gov in self.by_load.values():
+                gov.kv_cache(fraction)
+
+    def draft_down(self, down: bool) -> None:
+        with self._lock:
+            self._draft_down = down
+            for gov in self.by_load.values():
+                gov.draft_down(down)

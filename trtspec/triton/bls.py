@@ -29,7 +29,7 @@ from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, Deploy
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
-from trtspec.orchestrator.governor import Governor, Outcome
+from trtspec.orchestrator.governor import LoadGovernors, Outcome
 from trtspec.orchestrator.loop import SpecRequest, Trace, speculate
 from trtspec.orchestrator.stats import RequestStats
 from trtspec.serving_settings import ServingSettings
@@ -78,13 +78,13 @@ class TritonPythonModel:
         self.metrics = Metrics(self.name, settings.build_info())
         self.metrics.break_even(*self.costs.break_even_at(1, self.settings.max_draft_len))
         self.metrics.gpu_memory_planned(settings.gpu_memory_planned_fraction)
-        # the deployment's rollback: full draft length, reduced, plain (trtspec.orchestrator.governor)
-        self.governor = Governor(
+        # the deployment's rollback, per load range: full draft length, reduced, plain (trtspec.orchestrator.governor)
+        self.governor = LoadGovernors(
             settings.default_num_draft_tokens or settings.speculation_num_draft_tokens,
             hold_seconds=settings.governor_hold_seconds,
             on_change=self._governed,
         )
-        self.metrics.governor(self.governor.state, self.governor.cap())
+        self._show_governors()
         # an operator's or Alertmanager's force, through `trtspec serve --control-port` (trtspec.control)
         self.control, self._control_lock = Watcher(os.environ.get(CONTROL_ENV)), threading.Lock()
         # KV-cache pressure on the target, from the server's own metrics (trtspec.triton.kv_watch)
@@ -186,7 +186,8 @@ class TritonPythonModel:
             spec.num_draft_tokens = 0
             stats.fallbacks["load"] = 1
         self._controlled()
-        cap, probe, admitted = self.governor.admit()
+        cap, probe, admitted = self.governor.admit(load)
+        admitted_load = load  # `load` becomes the peak load below, for the costs
         if cap < self.governor.k_full:  # rolled back: every draft source drafts at most `cap`
             plan.cap = cap
             if spec.num_draft_tokens > cap:
@@ -245,7 +246,7 @@ class TritonPythonModel:
                 )
         except Exception as exc:
             if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
-                self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
+                self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), admitted_load)
             raise
         self._govern(
             Outcome(
@@ -256,7 +257,7 @@ class TritonPythonModel:
                 probe=probe,
                 admitted_at=admitted,
             ),
-            load,
+            admitted_load,
         )
 
     def _drafter(self, plan: _Plan, watch):
@@ -319,11 +320,16 @@ class TritonPythonModel:
         return recover
 
     def _govern(self, outcome: Outcome, load: int) -> None:
-        """A finished request to the governor, with the break-even of its load's costs (also the gauge's)."""
+        """A finished request to its load range's governor, with the break-even of that load's costs (also the
+        gauge's); `load`: the requests in flight at its admission."""
         loads, even = self.costs.break_even_at(load, self.settings.max_draft_len)
         self.metrics.break_even(loads, even)
-        self.governor.observe(outcome, even)
-        self.metrics.governor(self.governor.state, self.governor.cap())  # probing starts without a change of level
+        self.governor.observe(outcome, even, load)
+        self._show_governors()  # probing starts without a change of level, and a range may be new
+
+    def _show_governors(self) -> None:
+        for label, gov in self.governor.ranges():
+            self.metrics.governor(label, gov.state, gov.cap())
 
     def _controlled(self) -> None:
         """Apply a force the control file gained or lost since the last request."""
@@ -340,14 +346,14 @@ class TritonPythonModel:
             else:
                 self.governor.force(None, reason="force")
 
-    def _governed(self, old: str, new: str, reason: str) -> None:
-        """A change of the deployment's speculation level (judged, a floor's, or a force's): logged once, counted by
+    def _governed(self, load: str, old: str, new: str, reason: str, cap: int) -> None:
+        """A change of a load range's speculation level (judged, a floor's, or a force's): logged once, counted by
         reason, in the state gauge."""
         pb_utils.Logger.log_warn(
-            f"{self.name}: speculation {old} -> {new} ({reason}); draft-length cap now {self.governor.cap()}"
+            f"{self.name}: speculation at load {load} {old} -> {new} ({reason}); draft-length cap now {cap}"
         )
-        self.metrics.governor_change(new, reason)
-        self.metrics.governor(new, self.governor.cap())
+        self.metrics.governor_change(load, new, reason)
+        self.metrics.governor(load, new, cap)
 
     def _draft_down(self, cause: Exception) -> None:
         """The first failure of an outage: say so once (a model whose process died is being reloaded: see

@@ -118,19 +118,20 @@ class Metrics:
             gauge,
         ).Metric(labels=self.labels | build)
         self._info.set(1)
-        state = family(
+        self._state = family(
             "trtspec_speculation_state",
-            "The deployment's speculation level (1 for the current state): "
+            "The speculation level of each load range (requests in flight; 1 for the current state): "
             "speculating, reduced, plain, probing (plain, with probes)",
             gauge,
         )
-        self._state = {st: state.Metric(labels=self.labels | {"state": st}) for st in STATES}
-        self._cap = one(
-            "trtspec_draft_length_cap", "The governor's draft-length cap for new requests (0: plain)", gauge
+        self._cap = family(
+            "trtspec_draft_length_cap",
+            "The governor's draft-length cap for new requests, by load (requests in flight; 0: plain)",
+            gauge,
         )
         self._changes = family(
             "trtspec_speculation_changes_total",
-            "Changes of the deployment's speculation level, by the state entered and the reason",
+            "Changes of the speculation level, by load (requests in flight), the state entered and the reason",
         )
         self._planned = family(
             "trtspec_gpu_memory_planned_ratio",
@@ -193,19 +194,19 @@ class Metrics:
             with self._lock:
                 self._child(self._planned).set(fraction)
 
-    def governor(self, state: str, cap: int) -> None:
-        """The governor's state and cap, sent only when they changed (each update is a message to the server)."""
+    def governor(self, load: str, state: str, cap: int) -> None:
+        """A load range's state and cap, sent only when they changed (each update is a message to the server)."""
         with self._lock:
-            if (state, cap) == self._shown.get("governor"):
+            if (state, cap) == self._shown.get(("governor", load)):
                 return
-            self._shown["governor"] = (state, cap)
-            for name, metric in self._state.items():
-                metric.set(1 if name == state else 0)
-            self._cap.set(cap)
+            self._shown[("governor", load)] = (state, cap)
+            for name in STATES:
+                self._child(self._state, load=load, state=name).set(1 if name == state else 0)
+            self._child(self._cap, load=load).set(cap)
 
-    def governor_change(self, state: str, reason: str) -> None:
+    def governor_change(self, load: str, state: str, reason: str) -> None:
         with self._lock:
-            self._child(self._changes, state=state, reason=reason).increment(1)
+            self._child(self._changes, load=load, state=state, reason=reason).increment(1)
 
     def error(self, kind: str) -> None:
         with self._lock:
