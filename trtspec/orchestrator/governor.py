@@ -20,8 +20,9 @@ released) it returns to the level it had before and judges again from there, as 
 
 Whether speculation pays depends on the load: a verifying pass that carries the drafts of many requests is
 compute-bound where a lone request's is bound by the weights' bytes. So a deployment has one governor per load
-range (`LoadGovernors`: the requests in flight at admission, 1, 2, 3-4, 5-8, ..., as the learned costs), and a
-burst that does not pay rolls back its own range and leaves lone requests speculating. The floors and a force hold
+range (`LoadGovernors`: requests in flight, 1, 2, 3-4, 5-8, ..., as the learned costs): the range of the load at a
+request's admission caps it, the range of the most requests it ran beside judges it, and a burst that does not pay
+rolls back its own range and leaves lone requests speculating. The floors and a force hold
 for every range.
 """
 
@@ -292,7 +293,8 @@ class LoadGovernors:
         return self.at(load).admit()
 
     def observe(self, outcome: Outcome, break_even: float, load: int) -> None:
-        """A finished request, judged in the range it was admitted at (the range whose cap it drafted under)."""
+        """A finished request, judged in the range of `load`: the most requests it ran beside (one admitted alone
+        that shared its passes with a burst judges the burst's range, not the lone requests')."""
         self.at(load).observe(outcome, break_even)
 
     def ranges(self) -> list[tuple[str, Governor]]:

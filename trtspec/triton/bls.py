@@ -187,7 +187,6 @@ class TritonPythonModel:
             stats.fallbacks["load"] = 1
         self._controlled()
         cap, probe, admitted = self.governor.admit(load)
-        admitted_load = load  # `load` becomes the peak load below, for the costs
         if cap < self.governor.k_full:  # rolled back: every draft source drafts at most `cap`
             plan.cap = cap
             if spec.num_draft_tokens > cap:
@@ -230,10 +229,11 @@ class TritonPythonModel:
                 else:
                     text.append(piece)
             rest = detok.flush()
+            # what it measured belongs to the most requests it ran beside, not to those at its start or end: its
+            # costs are learned there, and that load range's governor judges it
+            with self._active_lock:
+                load = peak_load()
             if isinstance(policy, AdaptiveDraftLength):
-                # the costs it measured belong to the most requests it ran beside, not to those at its start or end
-                with self._active_lock:
-                    load = peak_load()
                 self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
             self.metrics.record(stats, run.times_ns)
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -246,7 +246,9 @@ class TritonPythonModel:
                 )
         except Exception as exc:
             if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
-                self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), admitted_load)
+                with self._active_lock:
+                    load = peak_load()
+                self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
             raise
         self._govern(
             Outcome(
@@ -257,7 +259,7 @@ class TritonPythonModel:
                 probe=probe,
                 admitted_at=admitted,
             ),
-            admitted_load,
+            load,
         )
 
     def _drafter(self, plan: _Plan, watch):
@@ -321,7 +323,7 @@ class TritonPythonModel:
 
     def _govern(self, outcome: Outcome, load: int) -> None:
         """A finished request to its load range's governor, with the break-even of that load's costs (also the
-        gauge's); `load`: the requests in flight at its admission."""
+        gauge's); `load`: the most requests in flight during its life."""
         loads, even = self.costs.break_even_at(load, self.settings.max_draft_len)
         self.metrics.break_even(loads, even)
         self.governor.observe(outcome, even, load)
