@@ -22,8 +22,7 @@ Whether speculation pays depends on the load: a verifying pass that carries the 
 compute-bound where a lone request's is bound by the weights' bytes. So a deployment has one governor per load
 range (`LoadGovernors`: requests in flight, 1, 2, 3-4, 5-8, ..., as the learned costs): the range of the load at a
 request's admission caps it, the range of the most requests it ran beside judges it, and a burst that does not pay
-rolls back its own range and leaves lone requests speculating. The floors and a force hold
-for every range.
+rolls back its own range and leaves lone requests speculating. The floors and a force hold for every range.
 """
 
 from __future__ import annotations
