@@ -151,8 +151,13 @@ class TritonPythonModel:
             load = len(self._peaks)
             for k in self._peaks:
                 self._peaks[k] = max(self._peaks[k], load)
+
+        def peak_load() -> int:
+            with self._active_lock:
+                return self._peaks[key]
+
         try:
-            self._generate(_Fields(request), sender, load, lambda: self._peaks[key], arrived)
+            self._generate(_Fields(request), sender, load, peak_load, arrived)
         finally:
             with self._active_lock:
                 del self._peaks[key]
@@ -231,8 +236,7 @@ class TritonPythonModel:
             rest = detok.flush()
             # what it measured belongs to the most requests it ran beside, not to those at its start or end: its
             # costs are learned there, and that load range's governor judges it
-            with self._active_lock:
-                load = peak_load()
+            load = peak_load()
             if isinstance(policy, AdaptiveDraftLength):
                 self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
             self.metrics.record(stats, run.times_ns)
@@ -246,8 +250,7 @@ class TritonPythonModel:
                 )
         except Exception as exc:
             if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
-                with self._active_lock:
-                    load = peak_load()
+                load = peak_load()
                 self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
             raise
         self._govern(
