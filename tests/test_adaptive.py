@@ -267,3 +267,29 @@ def test_an_unseen_load_starts_from_the_nearest_lighter_one():
     assert shared.costs_at(16).verify_cost_fixed == pytest.approx(shared.costs_at(8).verify_cost_fixed)
     assert shared.costs_at(16).verify_cost_fixed > 1.0 > shared.costs_at(2).verify_cost_fixed
     assert shared.policy(2, model_drafts=True, load=4).step_seconds is None  # its own step, not a lighter load's
+
+
+def test_the_break_even_follows_the_sources_that_drafted():
+    """Prompt lookup costs no draft call: where it drafts most tokens, acceptance that pays for it must not be judged
+    against the draft model's break-even (a code-editing load at 1.4x was rolled back to plain decoding that way)."""
+    from trtspec.orchestrator.adaptive import DeploymentCosts
+
+    costs = CostModel(0.3, 0.15, 0.2)
+    model_even = costs.break_even(4)
+    lookup_even = CostModel(0.0, 0.15, 0.2).break_even(4)
+    assert lookup_even < model_even - 0.1
+    shared = DeploymentCosts(costs, weight=0.5)
+    assert shared.break_even_at(1, 4) == ("1", pytest.approx(model_even))  # nothing drafted yet: the draft model's
+    shared.drafted(load=1, lookup_tokens=0, draft_tokens=0)  # a plain request changes nothing
+    assert shared.break_even_at(1, 4)[1] == pytest.approx(model_even)
+    for _ in range(12):
+        shared.drafted(load=1, lookup_tokens=95, draft_tokens=100)
+    assert shared.break_even_at(1, 4)[1] == pytest.approx(0.95 * lookup_even + 0.05 * model_even, abs=1e-3)
+    # a heavier load not seen yet drafts as the nearest lighter one did; one that drafted from the model keeps its own
+    assert shared.break_even_at(6, 4)[1] == pytest.approx(shared.break_even_at(1, 4)[1])
+    for _ in range(12):
+        shared.drafted(load=2, lookup_tokens=0, draft_tokens=40)
+    assert shared.break_even_at(2, 4)[1] == pytest.approx(model_even, abs=1e-3)
+    assert shared.break_even_at(1, 4)[1] < 0.5 * (model_even + lookup_even)
+    # a deployment without a draft model starts from prompt lookup's break-even
+    assert DeploymentCosts(costs, lookup_share=1.0).break_even_at(1, 4)[1] == pytest.approx(lookup_even)

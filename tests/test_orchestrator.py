@@ -426,6 +426,7 @@ def test_auto_drafts_free_text_with_the_model(engines):
         )  # never falls back: every iteration drafts
         assert tokens == reference
         assert len(model.asked) == stats.sources["draft_model"] > stats.sources.get("prompt_lookup", 0)
+        assert sum(stats.source_tokens.values()) == stats.num_draft_tokens
 
 
 def test_auto_with_a_fixed_length_takes_a_found_continuation_first(copier):
@@ -435,6 +436,7 @@ def test_auto_with_a_fixed_length_takes_a_found_continuation_first(copier):
     auto, model = auto_drafter(draft)
     tokens, stats = run(SpecRequest(start + passage + start, 16, num_draft_tokens=4, end_id=-1), target, auto)
     assert tokens == passage and model.asked == [] and stats.sources == {"prompt_lookup": stats.num_drafts}
+    assert stats.source_tokens == {"prompt_lookup": stats.num_draft_tokens}
 
 
 def test_auto_keeps_prompt_lookup_when_the_draft_model_fails(engines):

@@ -240,11 +240,17 @@ class DeploymentCosts:
     ...): a verification costs more plain steps the more requests share each pass (their rows add up to a
     compute-bound pass where a lone request's is bound by its weights' bytes), so costs learned under load would
     stop a lone request from speculating where it pays, and the other way round. A load not seen yet starts from
-    the nearest lighter load that was (costs grow with load), not from the configured costs."""
+    the nearest lighter load that was (costs grow with load), not from the configured costs.
 
-    def __init__(self, costs: CostModel, weight: float = 0.2):
+    The break-even acceptance at a load is that of the drafts made there lately: prompt lookup's draft costs no
+    model call, so its break-even is lower than the draft model's, and the two are weighted by the share of the
+    draft tokens prompt lookup drafted (`drafted`; `lookup_share` before any: 1.0 where no draft model is deployed)."""
+
+    def __init__(self, costs: CostModel, weight: float = 0.2, lookup_share: float = 0.0):
         self._initial = dataclasses.replace(costs)
         self._loads: dict[int, tuple[CostModel, float | None]] = {}  # bucket -> (costs, plain step seconds)
+        self._initial_share = lookup_share
+        self._shares: dict[int, float] = {}  # bucket -> share of the draft tokens prompt lookup drafted, lately
         self._weight = weight
         self._lock = threading.Lock()
 
@@ -275,10 +281,29 @@ class DeploymentCosts:
                 mine.draft_cost_ratio = _ewma(mine.draft_cost_ratio, theirs.draft_cost_ratio, w)
             self._loads[load_bucket(load)] = (mine, _ewma(step, policy.step_seconds, w))
 
+    def drafted(self, *, load: int, lookup_tokens: int, draft_tokens: int) -> None:
+        """A finished request's draft tokens at its load, `lookup_tokens` of them from prompt lookup."""
+        if draft_tokens <= 0:
+            return
+        with self._lock:
+            share = _ewma(self._share(load), lookup_tokens / draft_tokens, self._weight)
+            self._shares[load_bucket(load)] = share
+
+    def _share(self, load: int) -> float:
+        bucket = load_bucket(load)
+        if bucket in self._shares:
+            return self._shares[bucket]
+        lighter = [b for b in self._shares if b < bucket]
+        return self._shares[max(lighter)] if lighter else self._initial_share
+
     def break_even_at(self, load: int, k_max: int) -> tuple[str, float]:
         """The load's range ("1", "2", "3-4", "5-8", ...) and the break-even acceptance (CostModel.break_even) of
-        the costs a request at that load starts from."""
-        return load_range(load_bucket(load)), self.costs_at(load).break_even(k_max)
+        the costs a request at that load starts from, for the mix of draft sources drafted there lately."""
+        with self._lock:
+            costs, share = dataclasses.replace(self._entry(load)[0]), self._share(load)
+        model = costs.break_even(k_max)
+        lookup = dataclasses.replace(costs, draft_cost_ratio=0.0).break_even(k_max)
+        return load_range(load_bucket(load)), share * lookup + (1.0 - share) * model
 
     def costs_at(self, load: int = 1) -> CostModel:
         with self._lock:

@@ -26,6 +26,7 @@ class RequestStats:
     fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
     fallback_iterations: dict[str, int] = field(default_factory=dict)  # reason -> plain iterations it cost
     sources: dict[str, int] = field(default_factory=dict)  # draft source -> iterations it drafted (auto)
+    source_tokens: dict[str, int] = field(default_factory=dict)  # draft source -> draft tokens it proposed
     recoveries: int = 0  # times the request waited for its target to come back and went on
 
     def record(
@@ -42,6 +43,7 @@ class RequestStats:
         self.iterations += 1
         if source and num_draft_tokens:
             self.sources[source] = self.sources.get(source, 0) + 1
+            self.source_tokens[source] = self.source_tokens.get(source, 0) + num_draft_tokens
         if fallback:
             self.fallback_iterations[fallback] = self.fallback_iterations.get(fallback, 0) + 1
         self.num_drafts += num_draft_tokens > 0

@@ -25,7 +25,7 @@ from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutra
 from trtspec.control import CONTROL_ENV, Watcher
 from trtspec.errors import Cancelled, DeadlineExceeded, EngineUnavailable, RequestError
 from trtspec.interfaces import SPECULATION_METHODS
-from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
+from trtspec.orchestrator.adaptive import LOOKUP, AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.detok import IncrementalDetokenizer
 from trtspec.orchestrator.drafters import make_drafter
@@ -68,7 +68,8 @@ class TritonPythonModel:
         )
         self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
         self.costs = DeploymentCosts(
-            CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed)
+            CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed),
+            lookup_share=0.0 if draft_name else 1.0,
         )
         self._peaks: dict[int, int] = {}  # requests in flight: the most requests in flight during each one's life
         self._active_lock = threading.Lock()
@@ -239,6 +240,9 @@ class TritonPythonModel:
             load = peak_load()
             if isinstance(policy, AdaptiveDraftLength):
                 self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
+            self.costs.drafted(
+                load=load, lookup_tokens=stats.source_tokens.get(LOOKUP, 0), draft_tokens=stats.num_draft_tokens
+            )
             self.metrics.record(stats, run.times_ns)
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             if spec.stream:
