@@ -231,6 +231,13 @@ def load_range(bucket: int) -> str:
     return f"{2 ** (bucket - 1) + 1}-{2**bucket}" if bucket > 1 else str(bucket + 1)
 
 
+def nearest_lighter(table: dict, bucket: int):
+    """The value of the heaviest bucket in `table` lighter than `bucket`, or None: where an unseen load starts
+    (what speculation costs and earns changes one way with load)."""
+    lighter = [b for b in table if b < bucket]
+    return table[max(lighter)] if lighter else None
+
+
 class DeploymentCosts:
     """The cost models that new requests start from, shared by a deployment's requests (thread-safe): the
     configured one, moved a little toward what each finished adaptive request measured. The draft cost is the
@@ -258,9 +265,9 @@ class DeploymentCosts:
         bucket = load_bucket(load)
         if bucket in self._loads:
             return self._loads[bucket]
-        lighter = [b for b in self._loads if b < bucket]
+        lighter = nearest_lighter(self._loads, bucket)
         # a lighter load's step time is not this one's: the request measures its own before refining costs
-        return (self._loads[max(lighter)][0], None) if lighter else (self._initial, None)
+        return (self._initial if lighter is None else lighter[0]), None
 
     def policy(self, k_max: int, *, model_drafts: bool, load: int = 1) -> AdaptiveDraftLength:
         with self._lock:
@@ -291,10 +298,8 @@ class DeploymentCosts:
 
     def _share(self, load: int) -> float:
         bucket = load_bucket(load)
-        if bucket in self._shares:
-            return self._shares[bucket]
-        lighter = [b for b in self._shares if b < bucket]
-        return self._shares[max(lighter)] if lighter else self._initial_share
+        share = self._shares[bucket] if bucket in self._shares else nearest_lighter(self._shares, bucket)
+        return self._initial_share if share is None else share
 
     def break_even_at(self, load: int, k_max: int) -> tuple[str, float]:
         """The load's range ("1", "2", "3-4", "5-8", ...) and the break-even acceptance (CostModel.break_even) of

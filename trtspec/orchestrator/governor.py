@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 
-from trtspec.orchestrator.adaptive import load_bucket, load_range
+from trtspec.orchestrator.adaptive import load_bucket, load_range, nearest_lighter
 
 LEVELS = ("speculating", "reduced", "plain")
 # The source material's GPU-memory thresholds, applied to the KV-cache blocks in use (the memory that moves: the
@@ -274,11 +274,9 @@ class LoadGovernors:
         bucket = load_bucket(load)
         with self._lock:
             if bucket not in self.by_load:
-                lighter = [b for b in self.by_load if b < bucket]
+                lighter = nearest_lighter(self.by_load, bucket)
                 label = load_range(bucket)
-                gov = Governor(
-                    self.k_full, level=self.by_load[max(lighter)].unforced if lighter else 0, **self._options
-                )
+                gov = Governor(self.k_full, level=0 if lighter is None else lighter.unforced, **self._options)
                 # it starts under the floors and the force in progress: no change of its own to report
                 gov.kv_cache(self._kv)
                 gov.draft_down(self._draft_down)
