@@ -25,9 +25,58 @@ def _busy_jiffies() -> int:
 
 
 def _own_jiffies() -> int:
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime of all threads
+    return process_jiffies("self")
+
+
+def process_jiffies(pid: str) -> int:
+    """utime + stime of all of a process's threads (0 for a process that is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def serving_processes(server: int | None = None) -> dict[str, str]:
+    """The processes of a trtspec deployment on this machine, by role: `tritonserver`, each Python-backend model's
+    stub by its model's name, and `trtspec serve` (which hosts the OpenAI front); empty where none runs here.
+    `server`: the tritonserver's pid, to take its own stubs alone where several servers run."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        program = os.path.basename(argv[0].decode(errors="replace"))
+        if server is not None and server not in (int(pid), parent):
+            continue
+        if program == "tritonserver":
+            found["tritonserver"] = pid
+        elif program == "triton_python_backend_stub" and len(argv) > 1:
+            found[os.path.basename(os.path.dirname(os.path.dirname(argv[1].decode(errors="replace"))))] = pid
+        elif b"serve" in argv and any(os.path.basename(a.decode(errors="replace")) == "trtspec" for a in argv[:2]):
+            found["trtspec serve"] = pid
+    return found
+
+
+class ProcessCpu:
+    """CPU seconds each serving process (and this one, as `client`) used during a block of work."""
+
+    def __init__(self, processes: dict[str, str]):
+        self.processes = processes | {"client": "self"}
+
+    def __enter__(self):
+        self.start = {role: process_jiffies(pid) for role, pid in self.processes.items()}
+        return self
+
+    def __exit__(self, *exc):
+        hz = os.sysconf("SC_CLK_TCK")
+        self.seconds = {role: (process_jiffies(pid) - self.start[role]) / hz for role, pid in self.processes.items()}
+        return False
 
 
 class CpuMeter:

@@ -9,6 +9,10 @@ Paths: `tensorrt_llm_bls` not streamed (gRPC), its `generate_stream` (HTTP SSE, 
 figure holds the front and not a client library). The prompts are the built-in chat set in the target's chat
 template (the OpenAI path sends the messages; the front applies the same template), `num_draft_tokens: 0`.
 
+Where the server runs on this machine, a second table gives each serving process's CPU per output token (the
+engine's stub, tritonserver, the BLS's stub, `trtspec serve` with the OpenAI front, the other models) and this
+client's, read from /proc around each cell.
+
 Every (concurrency, path) cell runs in each round, in a new random order per round, so drift in the machine's
 speed hits every path alike; each prompt is sent once with max_tokens 1 first, so every path finds the prompt in
 the engines' prefix cache. Reported per cell: aggregate output tokens/s (tokens of every request / the cell's
@@ -36,6 +40,9 @@ from rich.console import Console
 from rich.table import Table
 
 from trtspec.client import SpecClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_meter import ProcessCpu, serving_processes  # noqa: E402  benchmarks/cpu_meter.py, beside this script
 
 PATHS = ("bls", "generate_stream", "grpc_stream", "openai_stream")
 
@@ -82,6 +89,7 @@ def openai_stream(url: str, model: str, message: str, max_tokens: int) -> tuple[
 class Runner:
     def __init__(self, args, model_name: str, templated: dict[str, str]):
         self.args, self.model_name, self.templated = args, model_name, templated
+        self.processes = serving_processes()  # the server's processes, when it runs on this machine
 
     def one(self, path: str, prompt: str) -> tuple[str, int, list[float]]:
         """(text, tokens, inter-token latencies in s) of one request."""
@@ -106,11 +114,12 @@ class Runner:
 
     def cell(self, path: str, concurrency: int, prompts: list[str]) -> dict:
         start = time.perf_counter()
-        with ThreadPoolExecutor(concurrency) as pool:
+        with ProcessCpu(self.processes) as cpu, ThreadPoolExecutor(concurrency) as pool:
             results = list(pool.map(lambda p: self.one(path, p), prompts))
         wall = time.perf_counter() - start
         return {
             "seconds": wall,
+            "cpu_seconds": cpu.seconds,
             "tokens": sum(r[1] for r in results),
             "gaps": [g for r in results for g in r[2]],
             "texts": [r[0] for r in results],
@@ -146,7 +155,7 @@ def main() -> int:
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--output", default="streaming.json")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 120)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     paths = [p for p in args.paths.split(",") if p]
 
@@ -219,12 +228,49 @@ def main() -> int:
                 }
             )
     console.print(table)
+    if runner.processes:
+        console.print(cpu_table(cells, concurrencies, paths, report))
     if step:
         console.print(f"engine decode step (in process, server idle): {', '.join(f'{s:.1f}' for s in step_ms)} ms")
     console.print(f"outputs differing from the first path's: {mismatches}")
     report["mismatches"] = mismatches
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
     return 1 if mismatches else 0
+
+
+# the processes a streamed token passes, in the order it passes them; the rest of the serving processes are summed
+CPU_ROLES = ("tensorrt_llm", "tritonserver", "tensorrt_llm_bls", "trtspec serve", "client")
+
+
+def cpu_table(cells: dict, concurrencies: list[int], paths: list[str], report: dict) -> Table:
+    """CPU milliseconds per output token of each serving process and of this client, per cell: on a machine whose
+    cores the engine shares, every millisecond outside the engine is taken from its forward passes, so this says
+    where a path's cost is, more steadily than the ratio of rates that such a machine's drift moves."""
+    table = Table(title="CPU ms per output token, by process (this machine's server)")
+    for col in ("C", "path", "engine", "tritonserver", "BLS", "front", "other models", "client", "outside engine"):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    for c in concurrencies:
+        for p in paths:
+            runs = cells[(c, p)]
+            tokens = sum(r["tokens"] for r in runs)
+            per_token = {}
+            for r in runs:
+                for role, seconds in r["cpu_seconds"].items():
+                    per_token[role] = per_token.get(role, 0.0) + seconds * 1e3 / tokens
+            other = sum(v for role, v in per_token.items() if role not in CPU_ROLES)
+            outside = sum(v for role, v in per_token.items() if role not in ("tensorrt_llm", "client"))
+            table.add_row(
+                str(c),
+                p,
+                *(f"{per_token.get(role, 0.0):.2f}" for role in CPU_ROLES[:4]),
+                f"{other:.2f}",
+                f"{per_token.get('client', 0.0):.2f}",
+                f"{outside:.2f}",
+            )
+            for row in report["cells"]:
+                if row["concurrency"] == c and row["path"] == p:
+                    row["cpu_ms_per_token"] = per_token
+    return table
 
 
 if __name__ == "__main__":
