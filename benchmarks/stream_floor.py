@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = tokens / sum(r["seconds"] for r in runs)
         table.add_row(str(c), mode, f"{rate:.0f}", *(f"{per_token[r]:.3f}" for r in roles), f"{server_ms:.3f}")
         report["cells"].append(
-            {"concurrency": c, "mode": mode, "tokens_per_second": rate, "cpu_ms_per_token": per_token}
+            {"concurrency": c, "mode": mode, "tokens": tokens, "tokens_per_second": rate, "cpu_ms_per_token": per_token}
         )
     console.print(table)
     for item in filter(None, args.engine_cpu_ms.split(",")):
