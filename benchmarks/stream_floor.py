@@ -8,7 +8,9 @@ decoupled `floor_source` that answers as a streaming engine call does (one respo
 stretch. Clients ask `floor_relay` for `--tokens` tokens over HTTP, streamed (`generate_stream`, one response per
 token through both hops) and not (`generate`, one response with every token through each hop), with every
 concurrency interleaved in rounds. Reported per cell: tokens/s and the CPU milliseconds per token of tritonserver,
-each stub and this client, read from /proc.
+each stub and this client, read from /proc. Each model serves its requests one at a time, inside `execute`, so
+concurrent requests queue: the leanest relay there is (no thread to hand a response to), and so the lowest CPU per
+token and the highest bound below. A relay shaped as trtspec's BLS must be (a thread per request) costs more.
 
 What the floor means for a deployment whose engine shares these cores: a token's wall time is about (the engine's
 CPU per token + everything else's) / cores, so no streamed path with these two hops can reach a ratio to the same
