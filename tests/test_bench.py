@@ -656,3 +656,10 @@ def test_spec_bench_through_trtspec_bench(bench_server, tmp_path):
 
 
 SPEC_BENCH_TASKS = ("multi-turn conversation", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+def test_measured_requests_ask_for_perf_metrics_once_where_the_deployment_can():
+    # a streamed plain stretch would pay 19 perf tensors a token, a speculative iteration once for all its tokens
+    both = ["text_input", "adaptive_draft_length", "final_perf_metrics_only"]
+    assert b.request_options(both, adaptive=True) == {"adaptive_draft_length": True, "final_perf_metrics_only": True}
+    assert b.request_options(["text_input", "stream"]) == {}  # NVIDIA's BLS: neither input

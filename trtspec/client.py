@@ -402,6 +402,7 @@ class SpecClient:
         stop_after_s: float | None = None,
         speculation: str | None = None,
         adaptive_draft_length: bool | None = None,
+        final_perf_metrics_only: bool | None = None,
     ) -> Completion:
         """Generate from `prompt` with the BLS; None leaves a field to the deployment's default.
 
@@ -409,9 +410,10 @@ class SpecClient:
         of one at the end. `stop_after_s`: give up after that many seconds and return what arrived, with
         finish_reason "cancelled"; the request is cancelled (gRPC: stop_stream(cancel_requests=True); HTTP: the
         connection is closed, on which Triton cancels it). `end_id` -1: no end token (generate max_tokens);
-        `min_tokens`: no end before that many. `speculation` (trtspec.interfaces.SPECULATION_METHODS)
-        and `adaptive_draft_length` (false: draft exactly num_draft_tokens each iteration) go to deployments
-        that have those inputs; None leaves them out.
+        `min_tokens`: no end before that many. `speculation` (trtspec.interfaces.SPECULATION_METHODS),
+        `adaptive_draft_length` (false: draft exactly num_draft_tokens each iteration) and `final_perf_metrics_only`
+        (a streamed request's perf metrics with its last response alone) go to deployments that have those inputs;
+        None leaves them out.
         """
         fields = request_fields(
             prompt,
@@ -429,6 +431,7 @@ class SpecClient:
             stream=stream,
             speculation=speculation,
             adaptive_draft_length=adaptive_draft_length,
+            final_perf_metrics_only=final_perf_metrics_only,
         )
         with self._lock:
             if self.protocol == "grpc":

@@ -203,6 +203,20 @@ def run_block(
     return records, time.perf_counter() - start
 
 
+def request_options(inputs: Sequence[str], adaptive: bool = False) -> dict[str, object]:
+    """The fields of trtspec's own that every measured request sends, where the deployment's BLS has the input: the
+    draft length's kind, and perf metrics with the final response alone. Perf metrics on every response would cost
+    each streamed response 19 more tensors, which a plain stretch pays at every token and a speculative iteration
+    once for all its tokens, so target-only would pay more per token than speculation; the OpenAI front asks for
+    them the same way (final only)."""
+    fields: dict[str, object] = {}
+    if "adaptive_draft_length" in inputs:
+        fields["adaptive_draft_length"] = adaptive
+    if "final_perf_metrics_only" in inputs:
+        fields["final_perf_metrics_only"] = True
+    return fields
+
+
 def deployment_info(client) -> dict:
     """What the deployment says about itself: the BLS's inputs and parameters, the server's version (best effort)."""
     from trtspec.client import ClientError
@@ -287,7 +301,7 @@ def run_bench(
             raise BenchError(
                 f"{settings.model} has no `adaptive_draft_length` input: measure it with --draft-length fixed"
             )
-        fields = {"adaptive_draft_length": False} if adaptive_input else {}
+        fields = request_options(inputs)
         if settings.warmup:  # the first requests of a fresh server pay for its warm-up: keep them out
             for k, adaptive in cell_kinds:
                 block = Block(-1, 1, k, (0,), adaptive)

@@ -36,7 +36,16 @@ from pathlib import Path
 from trtspec.bench.arithmetic import _ratio
 from trtspec.bench.prompts import Prompts
 from trtspec.bench.report import SOURCE_NAMES, _fmt
-from trtspec.bench.run import Block, _Clients, _Numbers, deployment_info, environment, finish_environment, run_block
+from trtspec.bench.run import (
+    Block,
+    _Clients,
+    _Numbers,
+    deployment_info,
+    environment,
+    finish_environment,
+    request_options,
+    run_block,
+)
 from trtspec.errors import BenchError
 
 PREFIX = "spec-bench:"
@@ -162,7 +171,7 @@ def run_spec_bench(
                 with lock:
                     progress.advance(task)
 
-        fields = {"adaptive_draft_length": adaptive} if "adaptive_draft_length" in (info.get("inputs") or []) else {}
+        fields = request_options(info.get("inputs") or [], adaptive)
         for block, method, c, number in plan:
             if progress is not None:
                 progress.update(task, description=f"Spec-Bench C={c} {method}")
