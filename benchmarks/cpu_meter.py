@@ -24,10 +24,6 @@ def _busy_jiffies() -> int:
     return sum(values[:8]) - idle
 
 
-def _own_jiffies() -> int:
-    return process_jiffies("self")
-
-
 def process_jiffies(pid: str) -> int:
     """utime + stime of all of a process's threads (0 for a process that is gone)."""
     try:
@@ -84,13 +80,13 @@ class CpuMeter:
 
     def __enter__(self):
         gc.collect()
-        self.start, self.busy, self.own = time.perf_counter(), _busy_jiffies(), _own_jiffies()
+        self.start, self.busy, self.own = time.perf_counter(), _busy_jiffies(), process_jiffies("self")
         return self
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
         hz = os.sysconf("SC_CLK_TCK")
-        others = (_busy_jiffies() - self.busy) - (_own_jiffies() - self.own)
+        others = (_busy_jiffies() - self.busy) - (process_jiffies("self") - self.own)
         self.others_cores = max(others, 0) / hz / max(self.seconds, 1e-9)
         return False
 

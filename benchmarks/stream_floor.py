@@ -32,9 +32,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from trtspec.bench import parse_int_list, table_console, write_report
+from trtspec.errors import BenchError
 from trtspec.server import TritonServer, free_port
 
 HERE = Path(__file__).resolve().parent
@@ -77,11 +78,11 @@ def one(http_url: str, tokens: int, streamed: bool) -> int:
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"{RELAY}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    bodies = (line[5:] for line in resp if line.startswith(b"data:")) if streamed else [resp.read()]
     got = 0
-    for raw in resp if streamed else [b"data: " + resp.read()]:
-        if raw.startswith(b"data:"):
-            ids = json.loads(raw[5:]).get("output_ids", [])
-            got += len(ids) if isinstance(ids, list) else 1  # one id comes as a number
+    for body in bodies:
+        ids = json.loads(body).get("output_ids", [])
+        got += len(ids) if isinstance(ids, list) else 1  # one id comes as a number
     conn.close()
     return got
 
@@ -95,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-cpu-ms", default="", help="C:E,... the engine's CPU ms per token at concurrency C")
     parser.add_argument("--output", default="stream_floor.json")
     args = parser.parse_args(argv)
-    console = Console(width=None if sys.stdout.isatty() else 120)
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    console = table_console()
+    try:
+        concurrencies = parse_int_list(args.concurrency, "--concurrency", minimum=1)
+    except BenchError as exc:
+        raise SystemExit(f"error: {exc}") from None
     workdir = Path(tempfile.mkdtemp(prefix="trtspec-stream-floor-"))
     server = TritonServer(
         write_repository(workdir), http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(floor {streamed:.3f} ms a token streamed, {unary:.3f} ms unary, client included)",
             highlight=False,
         )
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(report, args.output)
     return 0
 
 

@@ -36,9 +36,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from trtspec.bench import table_console
 from trtspec.client import SpecClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -155,7 +155,7 @@ def main() -> int:
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--output", default="streaming.json")
     args = parser.parse_args()
-    console = Console(width=None if sys.stdout.isatty() else 120)
+    console = table_console()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     paths = [p for p in args.paths.split(",") if p]
 
