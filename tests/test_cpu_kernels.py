@@ -79,29 +79,32 @@ bf16_rows = pytest.mark.skipif(not kernels.BF16_ROWS, reason=f"this CPU lacks {k
 
 @bf16_rows
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+@pytest.mark.parametrize("isa", kernels.PAIR_ISAS)
 @pytest.mark.parametrize("storage", kernels.FP8_STORAGES)
-def test_bf16_row_products_against_float64(storage, per_channel, threads):
-    """The pair formats (bfloat16 rows, vdpbf16ps): against float64 on the rows rounded to bfloat16 and the
-    dequantized weights (subnormal codes, K not a multiple of 4), each row bitwise the same alone, in any batch
-    and on any thread count, and the same bits from either storage of the codes."""
+def test_bf16_row_products_against_float64(storage, isa, per_channel, threads):
+    """The pair formats (bfloat16 rows; vdpbf16ps, or AMX's tiles): against float64 on the rows rounded to
+    bfloat16 and the dequantized weights (subnormal codes, K not a multiple of 4, K/2 not a multiple of AMX's 16
+    pairs), each row bitwise the same alone, in any batch (more rows than one AMX tile holds included) and on any
+    thread count, and the same bits from either storage of the codes."""
     gen = torch.Generator().manual_seed(11)
-    for n, k, bias in [(960, 576, False), (50, 30, True), (64, 1536, True)]:
+    for n, k, bias in [(960, 576, False), (50, 30, True), (40, 100, True), (64, 1536, True)]:
         w = torch.randn(n, k, generator=gen) / k**0.5
         w[0, :8] = torch.tensor([1e-6, -3e-7, 0.0, 5e-8, 1e-3, -1e-3, 2.0, -2.0])  # subnormal and zero codes
         q, scale = fp8.quantize(w, per_channel=per_channel)
         b = torch.randn(n, generator=gen) if bias else None
-        linear = kernels.PackedLinear(q, b, scale=scale, storage=storage, rows=torch.bfloat16)
+        linear = kernels.PackedLinear(q, b, scale=scale, storage=storage, rows=torch.bfloat16, isa=isa)
         assert linear.rows == torch.bfloat16 and linear.fields[1] == {"e4m3": 4, "bf16": 3}[storage]
         x = torch.randn(30, k, generator=gen)
         full = linear(x)
         exact = x.bfloat16().double() @ fp8.dequantize(q, scale, torch.float64).T + (b.double() if bias else 0)
         torch.testing.assert_close(full.double(), exact, atol=1e-5, rtol=1e-5)
         assert not torch.equal(full, kernels.PackedLinear(q, b, scale=scale, storage=storage)(x))  # other rows
-        _same_bits_in_any_batch(linear, x, full, (1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 25), threads)
+        _same_bits_in_any_batch(linear, x, full, (1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 16, 17, 25), threads)
         for other in kernels.FP8_STORAGES:
-            assert torch.equal(kernels.PackedLinear(q, b, scale=scale, storage=other, rows=torch.bfloat16)(x), full)
+            same = kernels.PackedLinear(q, b, scale=scale, storage=other, rows=torch.bfloat16, isa=isa)
+            assert torch.equal(same(x), full)
         wb = w.bfloat16()
-        plain = kernels.PackedLinear(wb, b, rows=torch.bfloat16)
+        plain = kernels.PackedLinear(wb, b, rows=torch.bfloat16, isa=isa)
         exact = x.bfloat16().double() @ wb.double().T + (b.double() if bias else 0)
         torch.testing.assert_close(plain(x).double(), exact, atol=1e-5, rtol=1e-5)
         assert torch.equal(plain(x[3:4]), plain(x)[3:4])
@@ -115,7 +118,7 @@ def test_a_bfloat16_model_takes_bfloat16_rows_and_stays_batch_invariant():
     state = fp8.quantize_state_dict(hf.state_dict(), per_channel=False)
     model = CompactModel(hf.config, state, dtype=torch.bfloat16, device=torch.device("cpu"))
     assert model.rows_dtype == torch.bfloat16 and model.head.rows == torch.bfloat16
-    assert "avx512bf16, bfloat16 rows" in model.kernel_summary
+    assert f"{kernels.PAIR_ISAS[-1]}, bfloat16 rows" in model.kernel_summary
     ids = _ids(60, 8)
     with torch.inference_mode():
         full = model.forward([Segment(ids, 0, model.new_kv(60), 20)])[0]
@@ -148,13 +151,17 @@ def test_bad_packed_linear_arguments_are_named():
         kernels.PackedLinear(torch.randn(16, 16), None, scale=scale)
     with pytest.raises(ValueError, match="storage"):
         kernels.PackedLinear(q, None, scale=scale, storage="int8")
-    with pytest.raises(ValueError, match="does not run here"):
+    with pytest.raises(ValueError, match="does not run float32 rows here"):
         kernels.PackedLinear(q, None, scale=scale, isa="neon")
     with pytest.raises(ValueError, match="float32 or bfloat16 rows"):
         kernels.PackedLinear(q, None, scale=scale, rows=torch.float16)
+    with pytest.raises(ValueError, match="does not run float32 rows"):
+        kernels.PackedLinear(q, None, scale=scale, isa=kernels.BF16_ISA)
     if kernels.BF16_ROWS:
         with pytest.raises(ValueError, match="bfloat16 or FP8 weights"):
             kernels.PackedLinear(torch.randn(16, 16), None, rows=torch.bfloat16)
+        with pytest.raises(ValueError, match="does not run bfloat16 rows"):
+            kernels.PackedLinear(q, None, scale=scale, rows=torch.bfloat16, isa="avx512")
     else:
         with pytest.raises(ValueError, match=kernels.BF16_ISA):
             kernels.PackedLinear(q, None, scale=scale, rows=torch.bfloat16)

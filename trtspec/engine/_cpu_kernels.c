@@ -36,7 +36,7 @@
 /* Weight formats of a packed linear (kernels.PackedLinear), and the instruction sets a product can use. The
  * pair formats hold bfloat16 values or E4M3 codes laid out for vdpbf16ps, and take their rows in bfloat16. */
 enum { W_F32 = 0, W_BF16 = 1, W_E4M3 = 2, W_BF16_PAIRS = 3, W_E4M3_PAIRS = 4 };
-enum { ISA_AVX2 = 0, ISA_AVX512 = 1 };
+enum { ISA_AVX2 = 0, ISA_AVX512 = 1, ISA_AMX = 2 };  /* ISA_AMX: the pair formats on AMX tiles */
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HAVE_KERNEL 1
@@ -318,13 +318,129 @@ TARGETBF static void tiles_pairs(const float *xm, int K, int rows, int g, const 
     }
 }
 
+/* The pair formats on AMX (Intel's tile unit, AMX-BF16): tdpbf16ps multiplies a tile of up to 16 rows x 16 pairs by
+ * a tile of 16 pairs x 16 outputs (2 x 8,192 products) into up to 16 x 16 float32 sums, so a pass of up to 16 rows
+ * costs about what one row does and stays bound by the weights' bytes. A block packed by pairs ([K/2][16][2]) is
+ * already that second tile's layout, 64 bytes a pair; FP8 codes are first turned into bfloat16 by the lookups above,
+ * one chunk of 16 pairs at a time, into a 1 KiB buffer. Each output is one chain over the chunks in order, and
+ * within a chunk the instruction's fixed order: a row's sums never meet another row's, whatever the tile's number
+ * of rows, so rows stay batch-invariant (other bits than vdpbf16ps's: a product runs on one of the two, chosen by
+ * the isa argument for the whole model). Tiles: 0-3 the sums of up to 4 blocks, 4 a chunk of the rows, 5 a chunk of
+ * a block, 6 and 7 the same two for the last chunk when K/2 is not a multiple of 16. */
+#define TARGETAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,f16c")))
+#define AMX_GROUP 4
+#define AMX_ROWS 16
+#define CHUNK 16                                      /* pairs of k per tile */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+TARGETAMX static void amx_configure(int rows, int tail) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 5; t++) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
+    c.rows[5] = CHUNK, c.colsb[5] = 64;
+    if (tail) c.rows[6] = (uint8_t)rows, c.colsb[6] = (uint16_t)(tail * 4), c.rows[7] = (uint8_t)tail, c.colsb[7] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* `pairs` pairs of one block's E4M3 codes (packed as tile_pairs reads them) as bfloat16, 64 bytes a pair, into out */
+TARGETBF static INLINE void e4m3_pairs_as_bf16(const char *w, int pairs, char *out) {
+    __m512i lo0 = _mm512_loadu_si512(E4M3_BF16_LO), lo1 = _mm512_loadu_si512(E4M3_BF16_LO + 64);
+    __m512i hi0 = _mm512_loadu_si512(E4M3_BF16_HI), hi1 = _mm512_loadu_si512(E4M3_BF16_HI + 64);
+    __m512i sign = _mm512_set1_epi8((char)0x80);
+    for (int j = 0; j < pairs; j += 2) {
+        __m512i c = _mm512_loadu_si512(w + j * 32);
+        __m512i lo = _mm512_permutex2var_epi8(lo0, c, lo1);
+        __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, c, hi1), c, sign, 0xF8);
+        _mm512_storeu_si512(out + j * 64, _mm512_unpacklo_epi8(lo, hi));
+        _mm512_storeu_si512(out + j * 64 + 64, _mm512_unpackhi_epi8(lo, hi));
+    }
+}
+
+/* One chunk (c) of block g's pairs into tile T: straight from the packed bfloat16 weights, or decoded from codes */
+#define AMX_LOAD_B(T, g, c, pairs)                                                                         \
+    do {                                                                                                   \
+        const char *wc = wb + (g) * stride + (ptrdiff_t)(c) * CHUNK * 2 * BLOCK * ELEM[fmt];              \
+        if (fmt == W_E4M3_PAIRS) {                                                                         \
+            e4m3_pairs_as_bf16(wc, pairs, buf);                                                            \
+            _tile_loadd(T, buf, 64);                                                                       \
+        } else                                                                                             \
+            _tile_loadd(T, wc, 64);                                                                        \
+    } while (0)
+#define AMX_ACC(g, A, B)                                                                                   \
+    switch (g) {                                                                                           \
+    case 0: _tile_dpbf16ps(0, A, B); break;                                                                \
+    case 1: _tile_dpbf16ps(1, A, B); break;                                                                \
+    case 2: _tile_dpbf16ps(2, A, B); break;                                                                \
+    default: _tile_dpbf16ps(3, A, B);                                                                      \
+    }
+#define AMX_STORE(t, g)                                                                                    \
+    if (G > g) _tile_stored(t, ym + (g) * BLOCK, ldy)
+
+/* Blocks b0..b1-1 against the M rows xb (bfloat16, Kp a row, Kp a multiple of 4), AMX_GROUP blocks at a time and
+ * every group of up to AMX_ROWS rows in turn; the sums go to y through the pair formats' epilogue (scale, bias) */
+TARGETAMX static void amx_blocks(const uint16_t *xb, ptrdiff_t M, int Kp, const char *w, int fmt, ptrdiff_t N,
+                                 const float *scale, const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1) {
+    int P = Kp / 2, chunks = P / CHUNK, tail = P % CHUNK, configured = 0;
+    ptrdiff_t stride = (ptrdiff_t)P * 2 * BLOCK * ELEM[fmt], lda = (ptrdiff_t)Kp * 2, ldy = N * (ptrdiff_t)sizeof(float);
+    _Alignas(64) char buf[CHUNK * 64];
+    for (ptrdiff_t b = b0; b < b1; b += AMX_GROUP) {
+        int G = b1 - b < AMX_GROUP ? (int)(b1 - b) : AMX_GROUP;
+        const char *wb = w + b * stride;
+        for (ptrdiff_t m = 0; m < M; m += AMX_ROWS) {
+            int rows = M - m < AMX_ROWS ? (int)(M - m) : AMX_ROWS;
+            if (rows != configured) amx_configure(rows, tail), configured = rows;
+            const uint16_t *xm = xb + m * Kp;
+            float *ym = y + m * N + b * BLOCK;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int c = 0; c < chunks; c++) {
+                _tile_loadd(4, xm + c * 2 * CHUNK, lda);
+                for (int g = 0; g < G; g++) {
+                    AMX_LOAD_B(5, g, c, CHUNK);
+                    AMX_ACC(g, 4, 5);
+                }
+            }
+            if (tail) {
+                _tile_loadd(6, xm + chunks * 2 * CHUNK, lda);
+                for (int g = 0; g < G; g++) {
+                    AMX_LOAD_B(7, g, chunks, tail);
+                    AMX_ACC(g, 6, 7);
+                }
+            }
+            AMX_STORE(0, 0);
+            AMX_STORE(1, 1);
+            AMX_STORE(2, 2);
+            AMX_STORE(3, 3);
+            if (scale || bias)
+                for (int g = 0; g < G; g++) {
+                    const float *sg = scale ? scale + (b + g) * BLOCK : NULL, *bg = bias ? bias + (b + g) * BLOCK : NULL;
+                    __m512 s = sg ? _mm512_loadu_ps(sg) : _mm512_setzero_ps(), bv = bg ? _mm512_loadu_ps(bg) : s;
+                    for (int r = 0; r < rows; r++) {
+                        __m512 a = _mm512_loadu_ps(ym + r * N + g * BLOCK);
+                        EPILOGUE(512, a, s, bv, fmt, sg, bg);
+                        _mm512_storeu_ps(ym + r * N + g * BLOCK, a);
+                    }
+                }
+        }
+    }
+    if (configured) _tile_release();
+}
+
 /* Blocks b0..b1-1 (one thread's share) against all M rows, g blocks at a time, every group of rows in turn.
  * With more rows than one tile, every tile also fetches the next group's blocks into L2, so that the weights
  * keep streaming from memory while the later tiles compute from cache. Past the last block the address is
  * merely not fetched: a prefetch never faults. */
 static void linear_blocks(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N, const float *scale,
                           const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1, int isa) {
-    int pairs = fmt >= W_BF16_PAIRS, wide = pairs || isa == ISA_AVX512;
+    int pairs = fmt >= W_BF16_PAIRS, wide = pairs || isa >= ISA_AVX512;
     uint16_t *xb = NULL;
     ptrdiff_t ldx = K;                          /* what a tile's x and K are: floats, or bfloat16 pairs */
     if (pairs) {            /* each thread rounds the rows itself: a few thousand values, and no barrier */
@@ -332,6 +448,11 @@ static void linear_blocks(const float *x, ptrdiff_t M, int K, const char *w, int
         int Kp = (K + 3) & ~3;
         xb = malloc(sizeof(uint16_t) * M * Kp);
         rows_as_bf16(x, M, K, Kp, xb);
+        if (isa == ISA_AMX) {
+            amx_blocks(xb, M, Kp, w, fmt, N, scale, bias, y, b0, b1);
+            free(xb);
+            return;
+        }
         x = (const float *)xb;
         ldx = Kp / 2;
     }
@@ -647,9 +768,28 @@ TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, 
 }
 #endif
 
+/* The highest isa argument this process may pass: AMX's tiles need the kernel's leave first (isas() asks for it) */
+static int max_isa = ISA_AVX512;
+
+#if defined(HAVE_KERNEL) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+/* Whether this CPU has AMX-BF16 and AMX-TILE (CPUID leaf 7: EDX bits 22 and 24) and Linux lets this process use
+ * the tile data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18; Linux 5.16 and later) */
+static int amx_permitted(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24))) return 0;
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+#else
+static int amx_permitted(void) { return 0; }
+#endif
+
 /* The instruction sets a linear can use on this CPU, the widest last: "avx2" wherever the kernels run (AVX2, FMA
- * and F16C), "avx512" too where the CPU has AVX-512F, and "avx512bf16" (the pair formats) where it also has
- * AVX512_BF16, _BW, _VL and _VBMI; none where the kernels do not run */
+ * and F16C), "avx512" too where the CPU has AVX-512F, "avx512bf16" (the pair formats) where it also has
+ * AVX512_BF16, _BW, _VL and _VBMI, and "amx" (the pair formats on tiles) where it also has AMX-BF16 and the OS lets
+ * this process use it; none where the kernels do not run */
 static PyObject *py_isas(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
 #ifdef HAVE_KERNEL
     __builtin_cpu_init();
@@ -657,8 +797,13 @@ static PyObject *py_isas(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(args)) {
         return PyTuple_New(0);
     if (!__builtin_cpu_supports("avx512f")) return Py_BuildValue("(s)", "avx2");
     if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi"))
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi")) {
+        if (max_isa == ISA_AMX || amx_permitted()) {
+            max_isa = ISA_AMX;
+            return Py_BuildValue("(ssss)", "avx2", "avx512", "avx512bf16", "amx");
+        }
         return Py_BuildValue("(sss)", "avx2", "avx512", "avx512bf16");
+    }
     return Py_BuildValue("(ss)", "avx2", "avx512");
 #endif
     return PyTuple_New(0);
@@ -696,8 +841,9 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, const char *spec, Py_s
 static PyObject *py_linear(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t v[11];
     if (parse(args, nargs, "iiiiiiiiiii", v, NULL)) return NULL;
-    if (v[5] % 16 || v[1] < 0 || v[2] <= 0 || v[4] < W_F32 || v[4] > W_E4M3_PAIRS || v[10] < ISA_AVX2 || v[10] > ISA_AVX512) {
-        PyErr_SetString(PyExc_ValueError, "linear: N must be a multiple of 16, M >= 0, K > 0, fmt 0-4, isa 0-1");
+    if (v[5] % 16 || v[1] < 0 || v[2] <= 0 || v[4] < W_F32 || v[4] > W_E4M3_PAIRS || v[10] < ISA_AVX2 || v[10] > max_isa) {
+        PyErr_SetString(PyExc_ValueError, "linear: N must be a multiple of 16, M >= 0, K > 0, fmt 0-4, isa one isas() "
+                                          "names (0 avx2, 1 avx512, 2 amx)");
         return NULL;
     }
     int64_t lin[5] = {v[3], v[4], v[5], v[6], v[7]};
@@ -710,8 +856,9 @@ static PyObject *py_decoder(PyObject *Py_UNUSED(self), PyObject *const *args, Py
     Py_ssize_t v[18];
     double f[18];
     if (parse(args, nargs, "iiiiiiiiiiiiiiffii", v, f)) return NULL;
-    if (v[2] % 8 || v[11] % 8 || v[12] % 8 || v[10] <= 0 || v[9] % v[10] || v[17] < ISA_AVX2 || v[17] > ISA_AVX512) {
-        PyErr_SetString(PyExc_ValueError, "decoder: H, d and I must be multiples of 8, hq of hkv, isa 0-1");
+    if (v[2] % 8 || v[11] % 8 || v[12] % 8 || v[10] <= 0 || v[9] % v[10] || v[17] < ISA_AVX2 || v[17] > max_isa) {
+        PyErr_SetString(PyExc_ValueError, "decoder: H, d and I must be multiples of 8, hq of hkv, isa one isas() names "
+                                          "(0 avx2, 1 avx512, 2 amx)");
         return NULL;
     }
     CALL(decoder(F(0), v[1], (int)v[2], (const int64_t *)v[3], (int)v[4], (const int64_t *)v[5], (int)v[6], F(7), F(8),
@@ -746,7 +893,7 @@ static PyObject *py_attention(PyObject *Py_UNUSED(self), PyObject *const *args, 
 }
 
 static PyMethodDef methods[] = {
-    {"isas", py_isas, METH_NOARGS, "The instruction sets a linear can use here: avx2, avx512."},
+    {"isas", py_isas, METH_NOARGS, "The instruction sets a linear can use here: avx2, avx512, avx512bf16, amx."},
     {"linear", (PyCFunction)(void (*)(void))py_linear, METH_FASTCALL, "y = x W^T * scale (+ bias) on packed W."},
     {"decoder", (PyCFunction)(void (*)(void))py_decoder, METH_FASTCALL, "every decoder layer in one call."},
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL, "x += residual; y = w * x / rms(x)."},

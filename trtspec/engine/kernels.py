@@ -50,9 +50,11 @@ def _cpu_module():
     return _cpu_kernels if _cpu_kernels.isas() else None
 
 
-_ISA_CODE = {"avx2": 0, "avx512": 1}  # the instruction sets of float32 rows, as the kernel numbers them
 BF16_ISA = "avx512bf16"  # AVX512_BF16 (+ _BW, _VL, _VBMI): bfloat16 rows, multiplied in pairs by vdpbf16ps
+AMX_ISA = "amx"  # AMX-BF16 tiles: bfloat16 rows, up to 16 of them multiplied for about the cost of one
 ISA_ENV = "TRTSPEC_CPU_ISA"  # caps the instruction set the kernels use (avx2 on an AVX-512 machine)
+F32_ISAS = ("avx2", "avx512")  # the instruction sets of float32 rows, which all give the same bits
+_ISA_CODE = {"avx2": 0, "avx512": 1, BF16_ISA: 1, AMX_ISA: 2}  # as the kernel numbers them
 
 
 def _isas() -> tuple[str, ...]:
@@ -60,7 +62,7 @@ def _isas() -> tuple[str, ...]:
     import os
 
     have = tuple(_CPU.isas()) if _CPU is not None else ()
-    levels = (*_ISA_CODE, BF16_ISA)
+    levels = tuple(_ISA_CODE)
     cap = os.environ.get(ISA_ENV, "").strip()
     if cap and cap not in levels:
         raise ValueError(f"${ISA_ENV}={cap!r}: set it to one of {', '.join(levels)}, or unset it")
@@ -69,10 +71,13 @@ def _isas() -> tuple[str, ...]:
 
 _CPU = _cpu_module()
 _RUNNABLE = _isas()
-ISAS = tuple(isa for isa in _RUNNABLE if isa in _ISA_CODE)  # for float32 rows; every one gives the same bits
+ISAS = tuple(isa for isa in _RUNNABLE if isa in F32_ISAS)  # for float32 rows; every one gives the same bits
+# for bfloat16 rows (the pair formats): vdpbf16ps, or AMX's tiles where the CPU has them; the two round differently,
+# so a model's products all take the same one (the widest, unless $TRTSPEC_CPU_ISA caps it)
+PAIR_ISAS = tuple(isa for isa in _RUNNABLE if isa not in F32_ISAS)
 # whether a bfloat16 model's products can take their rows in bfloat16 here, as its GEMMs on a GPU do: twice the
 # multiply-adds per instruction, and FP8 codes or bfloat16 weights without widening to float32 (PackedLinear)
-BF16_ROWS = BF16_ISA in _RUNNABLE
+BF16_ROWS = bool(PAIR_ISAS)
 _FORMATS = {torch.float32: ("float32", 0), torch.bfloat16: ("bfloat16", 1), torch.uint8: ("e4m3", 2)}  # name, code
 FP8_STORAGES = ("e4m3", "bf16")
 # the KV cache elements the attention kernel reads and writes (float32 computed, rounded to nearest even when stored)
@@ -270,13 +275,14 @@ class PackedLinear:
     """trtspec's own CPU product (`_cpu_kernels.c`): y = x W^T * scale + b for float32 rows x, on W packed once
     as [N/16][K][16]: float32 or bfloat16 as given, or FP8 E4M3 codes (`weight` of dtype float8_e4m3fn with
     its `scale`, per tensor or per output channel) kept as codes or as their exact bfloat16 values
-    (`storage`, by default what `fp8_storage` measured fastest here). `isa`: "avx2" or "avx512", by default
-    the widest this CPU has; every choice gives the same bits.
+    (`storage`, by default what `fp8_storage` measured fastest here). `isa`: one of ISAS, by default the
+    widest this CPU has; every choice gives the same bits.
 
     `rows=torch.bfloat16` (bfloat16 or FP8 weights, where BF16_ROWS): the kernel rounds each row to bfloat16
     (nearest even) and multiplies pairs of k with vdpbf16ps, on W packed by pairs ([N/16][K/2][16][2], K
-    padded to a multiple of 4; the codes of two pairs interleaved for the kernel's byte lookups). Other bits
-    than float32 rows, the same for every storage, and each row still one chain in a fixed order."""
+    padded to a multiple of 4; the codes of two pairs interleaved for the kernel's byte lookups), or, with
+    `isa="amx"`, with AMX's tile products on the same packing. Other bits than float32 rows (and AMX others than
+    vdpbf16ps), the same for every storage, and each row still one chain in a fixed order."""
 
     MIN_ROWS = 1
     BLOCK = 16
@@ -311,10 +317,12 @@ class PackedLinear:
             raise ValueError("a scale goes with FP8 weights only")
         elif weight.dtype != torch.bfloat16:
             weight = weight.float()
-        self.isa = isa or ISAS[-1]
-        if self.isa not in ISAS:
+        choices = PAIR_ISAS if rows == torch.bfloat16 else ISAS
+        self.isa = isa or choices[-1]
+        if self.isa not in choices:
             raise ValueError(
-                f"instruction set {self.isa!r} does not run here (this CPU runs {', '.join(ISAS) or 'none'})"
+                f"instruction set {self.isa!r} does not run {str(rows).removeprefix('torch.')} rows here (this CPU "
+                f"runs {', '.join(choices) or 'none'} for them)"
             )
         blocks = -(-n // self.BLOCK)
         self.n, self.n_padded, self.k, self.rows = n, blocks * self.BLOCK, k, rows

@@ -196,8 +196,7 @@ class CompactModel:
             return self.linear_kind
         linears = [lin for layer in self.layers for lin in layer.values() if isinstance(lin, kernels.PackedLinear)]
         formats = {lin.format for lin in linears}
-        isa = kernels.BF16_ISA if self.rows_dtype == torch.bfloat16 else linears[0].isa
-        rows = str(self.rows_dtype).removeprefix("torch.")
+        isa, rows = linears[0].isa, str(self.rows_dtype).removeprefix("torch.")
         text = f"packed ({isa}, {rows} rows), layer weights {'/'.join(sorted(formats))}, head {self.head.format}"
         if any(lin.scale is not None for lin in linears):
             storage, why = kernels.fp8_storage(self.rows_dtype), kernels.fp8_storage_reason(self.rows_dtype)
