@@ -388,7 +388,7 @@ TARGETAMX static void amx_blocks(const uint16_t *xb, ptrdiff_t M, int Kp, const 
                                  const float *scale, const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1) {
     int P = Kp / 2, chunks = P / CHUNK, tail = P % CHUNK, configured = 0;
     ptrdiff_t stride = (ptrdiff_t)P * 2 * BLOCK * ELEM[fmt], lda = (ptrdiff_t)Kp * 2, ldy = N * (ptrdiff_t)sizeof(float);
-    _Alignas(64) char buf[CHUNK * 64];
+    _Alignas(64) char buf[AMX_GROUP * CHUNK * 64];
     for (ptrdiff_t b = b0; b < b1; b += AMX_GROUP) {
         int G = b1 - b < AMX_GROUP ? (int)(b1 - b) : AMX_GROUP;
         const char *wb = w + b * stride;
@@ -402,9 +402,13 @@ TARGETAMX static void amx_blocks(const uint16_t *xb, ptrdiff_t M, int Kp, const 
             _tile_zero(2);
             _tile_zero(3);
             for (int c = 0; c < chunks; c++) {
+                if (fmt == W_E4M3_PAIRS)
+                    for (int g = 0; g < G; g++)
+                        e4m3_pairs_as_bf16(wb + g * stride + (ptrdiff_t)c * CHUNK * 32, CHUNK, buf + g * CHUNK * 64);
                 _tile_loadd(4, xm + c * 2 * CHUNK, lda);
                 for (int g = 0; g < G; g++) {
-                    AMX_LOAD_B(5, g, c, CHUNK);
+                    if (fmt == W_E4M3_PAIRS) _tile_loadd(5, buf + g * CHUNK * 64, 64);
+                    else _tile_loadd(5, wb + g * stride + (ptrdiff_t)c * CHUNK * 64, 64);
                     AMX_ACC(g, 4, 5);
                 }
             }
