@@ -229,3 +229,16 @@ def test_greedy_accepts_iff_the_argmax_matches(params):
             assert n_acc == m
             assert emitted == best[: m + 1]
     assert accept_draft(torch.tensor([[0.0, 1.0]]), [], params=params) == (0, [1])  # no draft: one token
+
+
+def test_greedy_select_is_torch_argmax_ties_and_nan_included():
+    """Greedy picks as torch.argmax does (the first of the largest; a NaN wins) in every dtype and layout it gets."""
+    gen = torch.Generator().manual_seed(13)
+    rows = [
+        torch.randn(49152, generator=gen),
+        torch.tensor([1.0, 3.0, 3.0, -2.0]),
+        torch.tensor([0.0, float("nan"), 5.0]),
+    ]
+    rows += [torch.randn(2, 300, generator=gen)[:, 7], torch.randn(300, generator=gen).bfloat16()]
+    for row in rows:
+        assert select(row, SamplingParams(), None) == int(torch.argmax(row))
