@@ -1,7 +1,8 @@
 /* The embedded engine's CPU kernels (x86-64, AVX-512 or AVX2 + FMA + F16C), float32 activations:
  *   linear     y[M, N] = x[M, K] W^T * scale (+ bias), weights float32, bfloat16 or FP8 E4M3 codes, streamed
  *              once per call for up to 12 (AVX-512) or 6 (AVX2) rows; or, for a bfloat16 model on a CPU with
- *              AVX512_BF16 and AVX512_VBMI, the rows rounded to bfloat16 and multiplied in pairs (below);
+ *              AVX512_BF16 and AVX512_VBMI, the rows rounded to bfloat16 and multiplied in pairs (below; on AMX tiles
+ *              where the CPU has AMX-BF16);
  *   rms_norm   y = w * (x / rms(x)), after adding a residual into x when one is given;
  *   attention  rotary embedding of the new rows' queries and keys, their keys and values written into the
  *              sequence's KV cache, and causal (optionally sliding-window) attention over it;
@@ -322,7 +323,8 @@ TARGETBF static void tiles_pairs(const float *xm, int K, int rows, int g, const 
  * a tile of 16 pairs x 16 outputs (2 x 8,192 products) into up to 16 x 16 float32 sums, so a pass of up to 16 rows
  * costs about what one row does and stays bound by the weights' bytes. A block packed by pairs ([K/2][16][2]) is
  * already that second tile's layout, 64 bytes a pair; FP8 codes are first turned into bfloat16 by the lookups above,
- * one chunk of 16 pairs at a time, into a 1 KiB buffer. Each output is one chain over the chunks in order, and
+ * a chunk of 16 pairs of every block of a group at a time, into a buffer that the tile loads then read (a load
+ * right behind the stores that wrote its bytes waits for them). Each output is one chain over the chunks in order, and
  * within a chunk the instruction's fixed order: a row's sums never meet another row's, whatever the tile's number
  * of rows, so rows stay batch-invariant (other bits than vdpbf16ps's: a product runs on one of the two, chosen by
  * the isa argument for the whole model). Tiles: 0-3 the sums of up to 4 blocks, 4 a chunk of the rows, 5 a chunk of
