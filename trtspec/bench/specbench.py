@@ -8,8 +8,10 @@ is skipped and counted.
 
 Each block of C questions runs once per method, the methods in a shuffled order, so they meet the same questions
 and the same machine noise. The methods send a question with the same request number (see bench/__init__.py), so
-that their greedy outputs can be compared: the method that runs it first fills the prefix KV cache for the others,
-and the shuffle spreads that prefill saving over the methods alike (a prefill is a few percent of a 96-token answer).
+that their greedy outputs can be compared; before them, the block is sent once untimed (target-only, one token), so
+that every method finds the prompt in the target's prefix KV cache. Without it the method that ran a question first
+paid its prefill for all of them: on a CPU a long question's prefill (summarization, RAG: 600-900 tokens) took as
+long as half its 96-token answer, so each task's speed-ups leaned by which method the shuffle put first.
 The methods: target-only (`speculation: none`), then each draft source with the deployment's own
 draft length and adaptive policy (`speculation: draft_model`, `prompt_lookup`, `auto`). As Spec-Bench reports:
 
@@ -172,9 +174,14 @@ def run_spec_bench(
                     progress.advance(task)
 
         fields = request_options(info.get("inputs") or [], adaptive)
+        warmed: set[int] = set()
         for block, method, c, number in plan:
             if progress is not None:
                 progress.update(task, description=f"Spec-Bench C={c} {method}")
+            if number not in warmed:  # the block's prompts into the prefix cache, untimed (see the module docstring)
+                warm = dataclasses.replace(settings, speculation="none", max_tokens=1, stream=False)
+                run_block(clients, dataclasses.replace(block, k=0), prompts, warm, numbers=_Numbers(number))
+                warmed.add(number)
             s = dataclasses.replace(settings, speculation=method)
             records, wall = run_block(
                 clients, block, prompts, s, numbers=_Numbers(number), request_fields=fields, on_done=done, keep_ids=True
