@@ -319,6 +319,10 @@ TARGETBF static void tiles_pairs(const float *xm, int K, int rows, int g, const 
     }
 }
 
+/* AMX's intrinsics need GCC 11 or clang 12; an older compiler builds the other paths without it (isas() then
+ * never names amx) rather than failing the whole extension */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define HAVE_AMX 1
 /* The pair formats on AMX (Intel's tile unit, AMX-BF16): tdpbf16ps multiplies a tile of up to 16 rows x 16 pairs by
  * a tile of 16 pairs x 16 outputs (2 x 8,192 products) into up to 16 x 16 float32 sums, so a pass of up to 16 rows
  * costs about what one row does and stays bound by the weights' bytes. A block packed by pairs ([K/2][16][2]) is
@@ -439,6 +443,7 @@ TARGETAMX static void amx_blocks(const uint16_t *xb, ptrdiff_t M, int Kp, const 
     }
     if (configured) _tile_release();
 }
+#endif
 
 /* Blocks b0..b1-1 (one thread's share) against all M rows, g blocks at a time, every group of rows in turn.
  * With more rows than one tile, every tile also fetches the next group's blocks into L2, so that the weights
@@ -454,11 +459,13 @@ static void linear_blocks(const float *x, ptrdiff_t M, int K, const char *w, int
         int Kp = (K + 3) & ~3;
         xb = malloc(sizeof(uint16_t) * M * Kp);
         rows_as_bf16(x, M, K, Kp, xb);
+#ifdef HAVE_AMX
         if (isa == ISA_AMX) {
             amx_blocks(xb, M, Kp, w, fmt, N, scale, bias, y, b0, b1);
             free(xb);
             return;
         }
+#endif
         x = (const float *)xb;
         ldx = Kp / 2;
     }
@@ -777,7 +784,7 @@ TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, 
 /* The highest isa argument this process may pass: AMX's tiles need the kernel's leave first (isas() asks for it) */
 static int max_isa = ISA_AVX512;
 
-#if defined(HAVE_KERNEL) && defined(__linux__)
+#if defined(HAVE_AMX) && defined(__linux__)
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
