@@ -368,16 +368,6 @@ TARGETBF static INLINE void e4m3_pairs_as_bf16(const char *w, int pairs, char *o
     }
 }
 
-/* One chunk (c) of block g's pairs into tile T: straight from the packed bfloat16 weights, or decoded from codes */
-#define AMX_LOAD_B(T, g, c, pairs)                                                                         \
-    do {                                                                                                   \
-        const char *wc = wb + (g) * stride + (ptrdiff_t)(c) * CHUNK * 2 * BLOCK * ELEM[fmt];              \
-        if (fmt == W_E4M3_PAIRS) {                                                                         \
-            e4m3_pairs_as_bf16(wc, pairs, buf);                                                            \
-            _tile_loadd(T, buf, 64);                                                                       \
-        } else                                                                                             \
-            _tile_loadd(T, wc, 64);                                                                        \
-    } while (0)
 #define AMX_ACC(g, A, B)                                                                                   \
     switch (g) {                                                                                           \
     case 0: _tile_dpbf16ps(0, A, B); break;                                                                \
@@ -387,6 +377,21 @@ TARGETBF static INLINE void e4m3_pairs_as_bf16(const char *w, int pairs, char *o
     }
 #define AMX_STORE(t, g)                                                                                    \
     if (G > g) _tile_stored(t, ym + (g) * BLOCK, ldy)
+/* Chunk c (`pairs` pairs of k) of the rows into tile A and of each of the G blocks into tile B, each block's products
+ * into its sums. Codes are decoded for every block before the first tile load: a load right behind the stores that
+ * wrote its bytes waits for them */
+#define AMX_CHUNK(A, B, c, pairs)                                                                          \
+    do {                                                                                                   \
+        if (fmt == W_E4M3_PAIRS)                                                                           \
+            for (int g = 0; g < G; g++)                                                                    \
+                e4m3_pairs_as_bf16(wb + g * stride + (ptrdiff_t)(c) * CHUNK * 32, pairs, buf + g * CHUNK * 64); \
+        _tile_loadd(A, xm + (c) * 2 * CHUNK, lda);                                                         \
+        for (int g = 0; g < G; g++) {                                                                      \
+            if (fmt == W_E4M3_PAIRS) _tile_loadd(B, buf + g * CHUNK * 64, 64);                             \
+            else _tile_loadd(B, wb + g * stride + (ptrdiff_t)(c) * CHUNK * 64, 64);                        \
+            AMX_ACC(g, A, B);                                                                              \
+        }                                                                                                  \
+    } while (0)
 
 /* Blocks b0..b1-1 against the M rows xb (bfloat16, Kp a row, Kp a multiple of 4), AMX_GROUP blocks at a time and
  * every group of up to AMX_ROWS rows in turn; the sums go to y through the pair formats' epilogue (scale, bias) */
@@ -407,38 +412,18 @@ TARGETAMX static void amx_blocks(const uint16_t *xb, ptrdiff_t M, int Kp, const 
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
-            for (int c = 0; c < chunks; c++) {
-                if (fmt == W_E4M3_PAIRS)
-                    for (int g = 0; g < G; g++)
-                        e4m3_pairs_as_bf16(wb + g * stride + (ptrdiff_t)c * CHUNK * 32, CHUNK, buf + g * CHUNK * 64);
-                _tile_loadd(4, xm + c * 2 * CHUNK, lda);
-                for (int g = 0; g < G; g++) {
-                    if (fmt == W_E4M3_PAIRS) _tile_loadd(5, buf + g * CHUNK * 64, 64);
-                    else _tile_loadd(5, wb + g * stride + (ptrdiff_t)c * CHUNK * 64, 64);
-                    AMX_ACC(g, 4, 5);
-                }
-            }
-            if (tail) {
-                _tile_loadd(6, xm + chunks * 2 * CHUNK, lda);
-                for (int g = 0; g < G; g++) {
-                    AMX_LOAD_B(7, g, chunks, tail);
-                    AMX_ACC(g, 6, 7);
-                }
-            }
+            for (int c = 0; c < chunks; c++) AMX_CHUNK(4, 5, c, CHUNK);
+            if (tail) AMX_CHUNK(6, 7, chunks, tail);
             AMX_STORE(0, 0);
             AMX_STORE(1, 1);
             AMX_STORE(2, 2);
             AMX_STORE(3, 3);
-            if (scale || bias)
-                for (int g = 0; g < G; g++) {
-                    const float *sg = scale ? scale + (b + g) * BLOCK : NULL, *bg = bias ? bias + (b + g) * BLOCK : NULL;
-                    __m512 s = sg ? _mm512_loadu_ps(sg) : _mm512_setzero_ps(), bv = bg ? _mm512_loadu_ps(bg) : s;
-                    for (int r = 0; r < rows; r++) {
-                        __m512 a = _mm512_loadu_ps(ym + r * N + g * BLOCK);
-                        EPILOGUE(512, a, s, bv, fmt, sg, bg);
-                        _mm512_storeu_ps(ym + r * N + g * BLOCK, a);
-                    }
-                }
+            if (scale || bias) {  /* the sums back through the epilogue the other AVX-512 tiles use */
+                __m512 acc[AMX_ROWS * AMX_GROUP];
+                for (int r = 0; r < rows; r++)
+                    for (int g = 0; g < G; g++) acc[r * G + g] = _mm512_loadu_ps(ym + r * N + g * BLOCK);
+                store_512(acc, rows, G, fmt, ym, N, scale ? scale + b * BLOCK : NULL, bias ? bias + b * BLOCK : NULL);
+            }
         }
     }
     if (configured) _tile_release();
