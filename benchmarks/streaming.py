@@ -38,8 +38,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from trtspec.bench import table_console
+from trtspec.bench import parse_int_list, table_console
 from trtspec.client import SpecClient
+from trtspec.errors import BenchError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_meter import ProcessCpu, serving_processes  # noqa: E402  benchmarks/cpu_meter.py, beside this script
@@ -156,7 +157,10 @@ def main() -> int:
     parser.add_argument("--output", default="streaming.json")
     args = parser.parse_args()
     console = table_console()
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    try:
+        concurrencies = parse_int_list(args.concurrency, "--concurrency", minimum=1)
+    except BenchError as exc:
+        raise SystemExit(f"error: {exc}") from None
     paths = [p for p in args.paths.split(",") if p]
 
     with urllib.request.urlopen(f"{args.openai_url}/v1/models") as resp:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import urllib.request
 
 import numpy as np
 import pytest
@@ -607,13 +606,10 @@ def test_spec_bench_reader(tmp_path):
 
 def _bls_requests(server) -> float:
     """The inference requests the server's BLS has answered, from Triton's metrics."""
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as resp:
-        text = resp.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("nv_inference_request_success{") and 'model="tensorrt_llm_bls"' in line
-    )
+    from trtspec.client import fetch_metrics
+
+    samples = fetch_metrics(server.metrics_url, "nv_inference_request_success")
+    return sum(v for key, v in samples.items() if 'model="tensorrt_llm_bls"' in key)
 
 
 def test_spec_bench_through_trtspec_bench(bench_server, tmp_path):

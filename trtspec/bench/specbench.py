@@ -174,12 +174,11 @@ def run_spec_bench(
                     progress.advance(task)
 
         fields = request_options(info.get("inputs") or [], adaptive)
-        warmed: set[int] = set()
+        warm, warmed = dataclasses.replace(settings, speculation="none", max_tokens=1, stream=False), set()
         for block, method, c, number in plan:
             if progress is not None:
                 progress.update(task, description=f"Spec-Bench C={c} {method}")
             if number not in warmed:  # the block's prompts into the prefix cache, untimed (see the module docstring)
-                warm = dataclasses.replace(settings, speculation="none", max_tokens=1, stream=False)
                 run_block(clients, dataclasses.replace(block, k=0), prompts, warm, numbers=_Numbers(number))
                 warmed.add(number)
             s = dataclasses.replace(settings, speculation=method)
