@@ -28,7 +28,7 @@ class StreamingClient:
     parts come as the scheduler chooses the tokens (one per step), and `stop` is the engine's stop request."""
 
     def __init__(self, engine):
-        self.engine, self.calls, self.stops = engine, 0, 0
+        self.engine, self.calls, self.stops, self.streamed = engine, 0, 0, 0
         self.streams = True  # StreamingEngineClient.streams
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -37,6 +37,7 @@ class StreamingClient:
 
     def stream(self, request: GenerationRequest):
         self.calls += 1
+        self.streamed += 1
         return _Parts(self, request)
 
 
@@ -133,9 +134,10 @@ def test_stop_words_cut_a_streamed_stretch_at_the_word(engine):
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_plain_stretches_go_on_in_one_call_while_the_policy_keeps_choosing_plain(engine, stream):
-    """An adaptive policy whose costs make drafting lose: its first token, then ONE streaming call for the rest,
-    whose stretches end in decisions, not in new calls (each new call waits for a forward pass to join), streamed
-    to the client or not; the target's own tokens."""
+    """An adaptive policy whose costs make drafting lose: its first token, then, streamed to the client, ONE
+    streaming call for the rest, whose stretches end in decisions, not in new calls (each new call waits for a
+    forward pass to join). Not streamed, nothing is relayed token by token: each stretch is one call that returns
+    its tokens at once. The target's own tokens either way."""
     client = StreamingClient(engine)
     whole, _, _ = tokens_of(SpecRequest(PROMPT, 60, end_id=-1), client)
     drafter = draft_model(client)
@@ -144,10 +146,13 @@ def test_plain_stretches_go_on_in_one_call_while_the_policy_keeps_choosing_plain
     tokens, _, stats = tokens_of(
         SpecRequest(PROMPT, 60, num_draft_tokens=3, end_id=-1, stream=stream), client, drafter, policy=policy
     )
-    assert tokens == whole
-    assert client.calls == 2 and client.stops == 0 and stats.iterations == 2
+    assert tokens == whole and client.stops == 0
     assert policy.fallbacks["low_acceptance"] >= 4  # stretches of 4, 8, 16, 32: each ended in a decision
     assert stats.fallbacks["low_acceptance"] == policy.fallbacks["low_acceptance"]
+    if stream:
+        assert client.calls == client.streamed == 2 and stats.iterations == 2
+    else:  # the first token, then the stretches of 4, 8, 16 and the last 31 tokens
+        assert client.streamed == 0 and client.calls == stats.iterations == 5
 
 
 class Scripted:
@@ -182,10 +187,12 @@ def test_drafting_coming_back_stops_the_stretch_s_call(engine, stream):
         SpecRequest(PROMPT, 40, num_draft_tokens=2, end_id=-1, stream=stream), client, drafter, policy=policy
     )
     assert tokens == whole
-    assert client.stops == 1  # the stretch's call, stopped where drafting came back
     plain = [n for drafted, n in policy.observed if not drafted]
-    assert plain[:3] == [5, 5, 5]  # three stretches of one call, each observed where it ended
-    assert stats.num_drafts >= 1 and stats.iterations == 2 + stats.num_drafts
+    assert plain[:3] == [5, 5, 5]  # three stretches, each observed where it ended
+    if stream:  # in one call, stopped where drafting came back
+        assert client.stops == 1 and stats.num_drafts >= 1 and stats.iterations == 2 + stats.num_drafts
+    else:  # a call each, which ends with its stretch: nothing to stop
+        assert client.stops == 0 and stats.num_drafts >= 1 and stats.iterations == 4 + stats.num_drafts
 
 
 def test_a_stop_frees_the_slot_within_one_step(engine):
@@ -323,8 +330,9 @@ def cycling(tmp_path_factory):
 @pytest.mark.parametrize("stream", [True, False])
 def test_prompt_lookup_ends_a_plain_stretch_where_it_finds_a_match(cycling, stream):
     """Prompt lookup as a deployment runs it (auto without a draft model, adaptive): while it finds nothing, the
-    target decodes in one streaming call, looked up at each token; a match stops that call, which is read on to
-    its end (the step in progress is kept), and the match is verified. Outputs equal target-only, and the calls
+    target decodes in one call. Streamed, that call is looked up at each token, and a match stops it, which is read
+    on to its end (the step in progress is kept); not streamed, the engine ends it at the first match, an n-gram
+    given as a stop word. Then the match is verified. Outputs equal target-only, and the calls
     are one per stretch and one per verification, not one per token."""
     from trtspec.orchestrator.drafters import make_drafter
 
@@ -341,7 +349,63 @@ def test_prompt_lookup_ends_a_plain_stretch_where_it_finds_a_match(cycling, stre
         policy=AdaptiveDraftLength(8),
     )
     assert tokens == whole and first > 2  # a stretch of plain tokens first, then the cycle
-    assert stats.num_drafts >= 3 and stats.sources == {"prompt_lookup": stats.num_drafts}
+    assert stats.num_drafts >= (3 if stream else 1) and stats.sources == {"prompt_lookup": stats.num_drafts}
     assert stats.num_accepted_tokens >= 0.8 * stats.num_draft_tokens  # the cycle's continuation: accepted
-    assert client.stops == 1  # the stretch before the cycle, stopped where the first match came
-    assert client.calls == stats.iterations == 2 + stats.num_drafts  # the first token, one stretch, the drafts
+    if stream:  # the stretch before the cycle, stopped where the first match came
+        assert client.stops == 1
+        assert client.calls == stats.iterations == 2 + stats.num_drafts  # the first token, one stretch, the drafts
+    else:
+        # the engine ends a plain call where the text completes an n-gram the call's sequence held at its start;
+        # the cycle begins inside the first one, so it is looked up when that call ends (LOOKUP_STRETCH tokens)
+        assert client.stops == client.streamed == 0 and client.calls == stats.iterations
+        # a call per draft and per plain stretch (the first token, the one before the cycle, the policy's fallbacks
+        # of 8, 16, 32 tokens), not per token
+        assert stats.iterations - stats.num_drafts <= 8
+
+
+def test_a_plain_call_not_streamed_ends_where_prompt_lookup_finds_a_match(engine):
+    """Not streamed, prompt lookup finding nothing costs one unary call, not a call per token: the engine gets the
+    n-grams lookup would continue from as stop words and ends the call at the first one the text completes, which
+    the loop then drafts from; a call ended there is not taken for one that met the end token."""
+    from trtspec.orchestrator.drafters import make_drafter
+
+    client = StreamingClient(engine)
+    text, _, _ = tokens_of(SpecRequest(PROMPT, 60, end_id=-1), client)
+    # a prompt holding the target's own text up to a point where it goes on with text it has not repeated yet,
+    # and later completes an n-gram of the prompt (the tiny target repeats itself, as small models do)
+    cut = next(i for i in range(8, 30) if text[i + 8 : i + 30] and _first_repeat(text[: i + 1], text[i + 1 :]) > 4)
+    prompt, rest = PROMPT + text[: cut + 1], text[cut + 1 :]
+    calls = []
+    generate = client.generate
+
+    def recording(request):
+        result = generate(request)
+        calls.append((request.request_output_len, len(request.stop_words), len(result.new_tokens)))
+        return result
+
+    client.generate = recording
+    expected, _, _ = tokens_of(SpecRequest(prompt, 20, end_id=-1), client)
+    assert expected == rest[:20]
+    calls.clear()
+    tokens, _, stats = tokens_of(
+        SpecRequest(prompt, 20, num_draft_tokens=4, end_id=-1),
+        client,
+        make_drafter("auto", model=None, lookup=make_drafter("prompt_lookup"), lookup_k=4),
+        policy=AdaptiveDraftLength(4),
+    )
+    assert tokens == expected and client.streamed == 0 and stats.finish_reason == "length"
+    asked, words, got = calls[1]  # after the first token: plain until lookup finds something
+    assert words > 0 and got == _first_repeat(prompt, rest[1:]) < asked
+    assert stats.num_drafts >= 1 and stats.sources == {"prompt_lookup": stats.num_drafts}
+
+
+def _first_repeat(before: list[int], after: list[int]) -> int:
+    """How many tokens of `after` come until the sequence first ends with a 2-gram that `before` holds with a token
+    after it (0: never)."""
+    grams = {tuple(before[i : i + 2]) for i in range(len(before) - 2)}
+    seq = list(before)
+    for n, token in enumerate(after, 1):
+        seq.append(token)
+        if tuple(seq[-2:]) in grams:
+            return n
+    return 0

@@ -30,7 +30,7 @@ import torch
 from trtspec.contract import GenerationRequest, GenerationResult
 from trtspec.engine.kv import KVPool, Lease
 from trtspec.engine.model import Segment
-from trtspec.engine.sampling import Rules, accept_draft, completes_word, log_prob, prepare, select
+from trtspec.engine.sampling import Rules, StopWords, accept_draft, log_prob, prepare, select
 from trtspec.errors import EngineError
 
 # unconfigured, a warning still reaches stderr (Python's last-resort handler), which Triton's log holds
@@ -69,6 +69,7 @@ class Job:
             self.draft_logits = torch.as_tensor(request.draft_logits)[: len(self.draft), :vocab_size].float()
         self.tokens = self.seq + self.draft  # what the first step must have in the cache
         self.rules = Rules(request.penalties, request.bad_words, request.return_log_probs)
+        self.stop_words = StopWords(request.stop_words)
         self.step_rows = len(self.draft) + 1  # logits rows that choose tokens in the first step
         # context logits need every prompt position through the network, so nothing cached is reused
         self.first_logits = len(self.tokens) if request.return_context_logits else self.step_rows
@@ -125,7 +126,7 @@ class Job:
         if r.return_generation_logits:
             self.kept_logits.append(logits[-1])
         if len(self.new) >= r.request_output_len or (
-            r.stop_words and completes_word(self.seq + self.new, r.stop_words)
+            self.stop_words and self.stop_words.completed_by(self.seq + self.new)
         ):
             return True
         if self.on_token is not None:
@@ -168,9 +169,10 @@ class Job:
         )
         if self.end_id is not None and self.end_id in emitted:  # the end token and what follows are not returned
             emitted = emitted[: emitted.index(self.end_id)]
-        if r.stop_words:  # nor a completed stop word
+        if self.stop_words:  # nor a completed stop word
             end = next(
-                (i + 1 for i in range(len(emitted)) if completes_word(self.seq + emitted[: i + 1], r.stop_words)), None
+                (i + 1 for i in range(len(emitted)) if self.stop_words.completed_by(self.seq + emitted[: i + 1])),
+                None,
             )
             emitted = emitted[:end] if end else emitted
         accepted = min(accepted, len(emitted))

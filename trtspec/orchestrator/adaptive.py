@@ -91,6 +91,9 @@ class FixedDraftLength:
     def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
         return Decision(min(self.k_max, remaining - 1), plain_tokens=remaining)
 
+    def shortest_lookup_draft(self, remaining: int) -> int:
+        return 1 if self.k_max > 0 and remaining > 1 else 0
+
     def observe(
         self,
         *,
@@ -165,6 +168,16 @@ class AdaptiveDraftLength:
             self._accepted_since_stretch = 0
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
         return Decision(k, source=source)
+
+    def shortest_lookup_draft(self, remaining: int) -> int:
+        """The shortest continuation found by prompt lookup that `decide` would draft now (0: none would be), without
+        changing any state: a plain call need not end where lookup finds less."""
+        bound = min(self.k_max, remaining - 1)
+        for longest in range(1, bound + 1):
+            k, gain = self._best(LOOKUP, longest, bound)
+            if k and gain >= 1.0 + self.margin:
+                return longest
+        return 0
 
     def _best(self, source: str | None, longest: int, bound: int) -> tuple[int, float]:
         """(k, gain) of the best draft from `source` of at most `longest` tokens (prompt lookup costs no draft)."""

@@ -237,15 +237,23 @@ class _Speculation:
         # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
         asked = decision.plain_tokens if decision.k == 0 else 1
         plain = 1 if request.stream and not self.can_stream else max(1, min(asked, remaining))
-        # a stretch the policy chose plain goes on in one streaming call while it keeps choosing plain (not an empty
-        # draft: a drafter of one source says only by proposing that it has nothing, so that is one token and a look)
+        # (not an empty draft: a drafter of one source says only by proposing that it has nothing, so that is one
+        # token and a look)
+        stretch = self.speculative and not first and decision.k == 0
+        # streamed to the client: a stretch the policy chose plain goes on in one streaming call while it keeps
+        # choosing plain
         extend = (
             _Extension(self.policy, self.drafter, self.sequence, remaining, plain, drafted_at)
-            if self.can_stream and self.speculative and not first and decision.k == 0
+            if stretch and self.can_stream and request.stream
             else None
         )
-        streamed = self.can_stream and not num_draft_tokens and (request.stream or extend is not None)
-        call = _verify_request(request, self.sequence, draft, remaining if extend else plain, self.generated)
+        # not streamed: one call for the stretch, which the engine ends where prompt lookup would find a match (with
+        # nothing to draft now, the stretch runs until it does)
+        lookup = self._lookup_words(remaining) if stretch and not request.stream else []
+        if stretch and not request.stream and (lookup or decision.reason is None):
+            plain = min(remaining if decision.reason is None else plain, LOOKUP_STRETCH)
+        streamed = self.can_stream and not num_draft_tokens and request.stream
+        call = _verify_request(request, self.sequence, draft, remaining if extend else plain, self.generated, lookup)
         try:
             if streamed:  # the stretch's tokens are yielded as they arrive, 4. the stop rules applied to each part
                 new, reason = yield from _relay(
@@ -275,6 +283,8 @@ class _Speculation:
             # 4. stop rules. The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer
             # tokens than it could have, a plain one fewer than asked, a verification no bonus token
             ended = len(new) < (num_accepted_tokens + 1 if num_draft_tokens else plain)
+            if ended and lookup and _ends_with_one(self.sequence + new, lookup):
+                ended = False  # the call ended where prompt lookup finds a match, not on the end token
             new, reason = _apply_stop_rules(
                 request, self.sequence, new, self.generated + len(new) >= request.max_tokens, ended
             )
@@ -306,6 +316,14 @@ class _Speculation:
             finish_reason=reason,
         )
 
+    def _lookup_words(self, remaining: int) -> list[list[int]]:
+        """The n-grams whose completion ends a plain call of a request that is not streamed, so that the policy
+        decides again there: where prompt lookup will find a continuation long enough for the policy to draft it
+        (none when the drafter has no lookup, or the policy would draft nothing it finds)."""
+        words = getattr(self.drafter, "lookup_words", None)
+        shortest = getattr(self.policy, "shortest_lookup_draft", lambda remaining: 0)(remaining)
+        return words(self.sequence, shortest) if words is not None and shortest else []
+
     def _draft(self, decision: Decision, remaining: int) -> tuple[Draft | None, Decision]:
         """Step 2: the draft `decision` asks for (None when it decodes plainly), and the decision it goes on with.
         A drafter that fails goes on with its other source (auto: prompt lookup); one with none leaves the rest of
@@ -327,6 +345,11 @@ class _Speculation:
 def _offers(drafter, sequence: list[int], remaining: int) -> dict[str, int] | None:
     """What each draft source can give now, from a drafter with several (auto); None from one with a single source."""
     return drafter.offers(sequence, remaining - 1) if hasattr(drafter, "offers") else None
+
+
+# A plain call that prompt lookup may end goes at most this far: the n-grams it is given are the sequence's at its
+# start, so the text it generates is looked up when the next call starts.
+LOOKUP_STRETCH = 32
 
 
 class _Interrupted(Exception):
@@ -452,7 +475,7 @@ def accepted_prefix(draft: list[int], new: list[int]) -> int:
 
 
 def _verify_request(
-    request: SpecRequest, sequence: list[int], draft, plain_tokens: int, generated: int
+    request: SpecRequest, sequence: list[int], draft, plain_tokens: int, generated: int, lookup: list[list[int]] = ()
 ) -> GenerationRequest:
     has_draft = draft is not None and bool(draft.tokens)
     return GenerationRequest(
@@ -467,7 +490,8 @@ def _verify_request(
         penalties=request.penalties,
         bad_words=request.bad_words,
         stop_words=request.stop_words
-        + ([[e] for e in request.other_end_ids] if generated >= request.min_tokens else []),
+        + ([[e] for e in request.other_end_ids] if generated >= request.min_tokens else [])
+        + list(lookup),
         return_log_probs=request.return_log_probs,
         return_generation_logits=request.return_generation_logits,
         return_context_logits=request.return_context_logits and generated == 0,
@@ -507,6 +531,10 @@ def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int],
     if not new:  # an engine that returns nothing would loop forever
         return new, "end_id"
     return new, None
+
+
+def _ends_with_one(sequence: list[int], words: list[list[int]]) -> bool:
+    return any(len(w) <= len(sequence) and sequence[-len(w) :] == w for w in words)
 
 
 def _longest(words: list[list[int]]) -> int:

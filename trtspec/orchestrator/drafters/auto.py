@@ -53,6 +53,9 @@ class AutoDrafter:
             return Draft(found, source=LOOKUP)
         return self.model.propose(context, k)
 
+    def lookup_words(self, context: list[int], shortest: int = 1) -> list[list[int]]:
+        return self.lookup.lookup_words(context, shortest)
+
     def without_model(self) -> AutoDrafter:
         """The same request's drafter once its draft model failed: prompt lookup alone."""
         self.model = None

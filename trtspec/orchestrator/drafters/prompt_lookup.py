@@ -38,6 +38,13 @@ class NgramIndex:
                 return tokens[start + n : start + n + k]
         return []
 
+    def shortest(self, tokens: list[int], min_continuation: int = 1) -> list[list[int]]:
+        """The n-grams of the shortest length followed by at least `min_continuation` tokens: once the sequence
+        ends with one of them, `continuation` finds that much (every longer match ends with one)."""
+        self._grow(tokens)
+        n, length = self.min_ngram, len(tokens)
+        return [list(g) for g, start in self._starts.items() if len(g) == n and length - start - n >= min_continuation]
+
     def _grow(self, tokens: list[int]) -> None:
         done = len(self._tokens)
         if len(tokens) < done or tokens[:done] != self._tokens:
@@ -63,6 +70,11 @@ class PromptLookupDrafter:
 
     def propose(self, context: list[int], k: int) -> Draft:
         return Draft(self.index.continuation(context, k), source="prompt_lookup")
+
+    def lookup_words(self, context: list[int], shortest: int = 1) -> list[list[int]]:
+        """Where a plain stretch should end for this drafter to draft at least `shortest` tokens: the sequence
+        ending with one of these (stop words to the engine)."""
+        return self.index.shortest(context, shortest)
 
     def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         pass
