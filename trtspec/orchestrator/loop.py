@@ -242,8 +242,8 @@ class _Speculation:
         # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
         asked = decision.plain_tokens if decision.k == 0 else 1
         plain = 1 if request.stream and not self.can_stream else max(1, min(asked, remaining))
-        # (not an empty draft: a drafter of one source says only by proposing that it has nothing, so that is one
-        # token and a look)
+        # a stretch: the policy chose plain (not an empty draft: a drafter of one source says it has nothing only by
+        # proposing nothing, which is one token and a look)
         stretch = self.speculative and not first and decision.k == 0
         # streamed to the client: a stretch the policy chose plain goes on in one streaming call while it keeps
         # choosing plain
