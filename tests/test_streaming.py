@@ -373,7 +373,7 @@ def test_a_plain_call_not_streamed_ends_where_prompt_lookup_finds_a_match(engine
     text, _, _ = tokens_of(SpecRequest(PROMPT, 60, end_id=-1), client)
     # a prompt holding the target's own text up to a point where it goes on with text it has not repeated yet,
     # and later completes an n-gram of the prompt (the tiny target repeats itself, as small models do)
-    cut = next(i for i in range(8, 30) if text[i + 8 : i + 30] and _first_repeat(text[: i + 1], text[i + 1 :]) > 4)
+    cut = next(i for i in range(8, 30) if _first_repeat(PROMPT + text[: i + 1], text[i + 1 :]) > 5)
     prompt, rest = PROMPT + text[: cut + 1], text[cut + 1 :]
     calls = []
     generate = client.generate
@@ -395,14 +395,14 @@ def test_a_plain_call_not_streamed_ends_where_prompt_lookup_finds_a_match(engine
     )
     assert tokens == expected and client.streamed == 0 and stats.finish_reason == "length"
     asked, words, got = calls[1]  # after the first token: plain until lookup finds something
-    assert words > 0 and got == _first_repeat(prompt, rest[1:]) < asked
+    assert words > 0 and got == _first_repeat(prompt, rest) - 1 < asked
     assert stats.num_drafts >= 1 and stats.sources == {"prompt_lookup": stats.num_drafts}
 
 
 def _first_repeat(before: list[int], after: list[int]) -> int:
-    """How many tokens of `after` come until the sequence first ends with a 2-gram that `before` holds with a token
-    after it (0: never)."""
-    grams = {tuple(before[i : i + 2]) for i in range(len(before) - 2)}
+    """How many tokens of `after` come until `before + after` first ends with a 2-gram of `before` (0: never): after
+    its first token, where prompt lookup's stop words end a plain call on a prompt `before`."""
+    grams = {tuple(before[i : i + 2]) for i in range(len(before) - 1)}
     seq = list(before)
     for n, token in enumerate(after, 1):
         seq.append(token)
