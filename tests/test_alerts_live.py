@@ -218,9 +218,14 @@ def test_a_full_kv_cache_fires_its_alert_and_the_governor_decodes_plainly_until_
             ),
             60,
         )
-        # nine clients whose calls hold 7 blocks each want 63 of the 64 blocks
+        # nine clients whose calls hold 7 blocks each want 63 of the 64 blocks: streamed, so that a plain stretch is
+        # one call for the rest of the budget (a request that is not streamed takes a stretch at a time)
         traffic = Traffic(
-            small_kv_server.grpc_url, WORDS, pause=0.0, clients=9, fields={"max_tokens": 200, "min_tokens": 200}
+            small_kv_server.grpc_url,
+            WORDS,
+            pause=0.0,
+            clients=9,
+            fields={"max_tokens": 200, "min_tokens": 200, "stream": True},
         )
         try:
             watch.wait_for("governor plain (kv_cache)", lambda: watch.state() == "plain", 60)
