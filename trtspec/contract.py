@@ -114,6 +114,28 @@ class GenerationResult:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
 
+class StopWords:
+    """A request's stop words by length, so that whether a sequence ends with one costs a set lookup per length
+    however many there are (a plain call that prompt lookup may end carries hundreds)."""
+
+    def __init__(self, words: list[list[int]]):
+        self.by_length: dict[int, set[tuple[int, ...]]] = {}
+        for w in words:
+            if w:
+                self.by_length.setdefault(len(w), set()).add(tuple(w))
+
+    def __bool__(self) -> bool:
+        return bool(self.by_length)
+
+    @property
+    def longest(self) -> int:
+        return max(self.by_length, default=0)
+
+    def completed_by(self, sequence: list[int]) -> bool:
+        """Whether `sequence` ends with one of the words."""
+        return any(n <= len(sequence) and tuple(sequence[-n:]) in grams for n, grams in self.by_length.items())
+
+
 # ---- conversions ------------------------------------------------------------------------------------------
 
 

@@ -67,24 +67,6 @@ def log_prob(logits: torch.Tensor, token: int) -> float:
     return float(torch.log_softmax(logits.float(), dim=-1)[token])
 
 
-class StopWords:
-    """A request's stop words by length, so that whether a sequence ends with one costs a set lookup per length
-    however many there are (a plain call that prompt lookup may end carries hundreds)."""
-
-    def __init__(self, words: list[list[int]]):
-        self.by_length: dict[int, set[tuple[int, ...]]] = {}
-        for w in words:
-            if w:
-                self.by_length.setdefault(len(w), set()).add(tuple(w))
-
-    def __bool__(self) -> bool:
-        return bool(self.by_length)
-
-    def completed_by(self, sequence: list[int]) -> bool:
-        """Whether `sequence` ends with one of the words."""
-        return any(n <= len(sequence) and tuple(sequence[-n:]) in grams for n, grams in self.by_length.items())
-
-
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Logits [..., V] -> the distribution the sampler draws from: temperature, then top-k, then top-p."""
     scaled = logits.float() / params.temperature

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.contract import GenerationRequest, GenerationResult
+from trtspec.contract import GenerationRequest, GenerationResult, StopWords
 from trtspec.engine.kv import KVPool, Lease
 from trtspec.engine.model import Segment
-from trtspec.engine.sampling import Rules, StopWords, accept_draft, log_prob, prepare, select
+from trtspec.engine.sampling import Rules, accept_draft, log_prob, prepare, select
 from trtspec.errors import EngineError
 
 # unconfigured, a warning still reaches stderr (Python's last-resort handler), which Triton's log holds

@@ -60,7 +60,7 @@ from typing import Protocol
 
 import numpy as np
 
-from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams
+from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams, StopWords
 from trtspec.errors import Cancelled, EngineUnavailable
 from trtspec.orchestrator.adaptive import LOOKUP, Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import Draft, Drafter, DraftFailed
@@ -254,8 +254,9 @@ class _Speculation:
         )
         # not streamed: one call for the stretch, which the engine ends where prompt lookup would find a match (with
         # nothing to draft now, the stretch runs until it does)
-        lookup = self._lookup_words(remaining) if stretch and not request.stream else []
-        if stretch and not request.stream and (lookup or decision.reason is None):
+        unary_stretch = stretch and not request.stream
+        lookup = self._lookup_words(remaining) if unary_stretch else []
+        if unary_stretch and (lookup or decision.reason is None):
             plain = min(remaining if decision.reason is None else plain, LOOKUP_STRETCH)
         streamed = self.can_stream and not num_draft_tokens and request.stream
         call = _verify_request(request, self.sequence, draft, remaining if extend else plain, self.generated, lookup)
@@ -288,7 +289,7 @@ class _Speculation:
             # 4. stop rules. The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer
             # tokens than it could have, a plain one fewer than asked, a verification no bonus token
             ended = len(new) < (num_accepted_tokens + 1 if num_draft_tokens else plain)
-            if ended and lookup and _ends_with_one(self.sequence + new, lookup):
+            if ended and lookup and StopWords(lookup).completed_by(self.sequence + new):
                 ended = False  # the call ended where prompt lookup finds a match, not on the end token
             new, reason = _apply_stop_rules(
                 request, self.sequence, new, self.generated + len(new) >= request.max_tokens, ended
@@ -518,16 +519,17 @@ def _record(trace: Trace, result: GenerationResult, kept: int, kv: bool = True) 
 def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int], at_budget: bool, ended: bool):
     """Cut `new` at the first completed stop word (or end token, from an engine that returns it); return (tokens
     to keep, finish reason or None). `ended`: the engine stopped on the end token."""
-    tail = list(sequence[-_longest(request.stop_words) :]) if request.stop_words else []
+    stops = StopWords(request.stop_words)
+    tail = list(sequence[-stops.longest :]) if stops else []
     before = len(sequence) - len(request.prompt)  # tokens generated before `new`
     for i, token in enumerate(new):
         if request.end_id is not None and token == request.end_id:
             return new[:i], "end_id"
         if token in request.other_end_ids and before + i >= request.min_tokens:
             return new[:i], "end_id"
-        if request.stop_words:
+        if stops:
             tail.append(token)
-            if any(len(w) <= len(tail) and tail[-len(w) :] == w for w in request.stop_words):
+            if stops.completed_by(tail):
                 return new[: i + 1], "stop_words"
     if ended:
         return new, "end_id"
@@ -536,11 +538,3 @@ def _apply_stop_rules(request: SpecRequest, sequence: list[int], new: list[int],
     if not new:  # an engine that returns nothing would loop forever
         return new, "end_id"
     return new, None
-
-
-def _ends_with_one(sequence: list[int], words: list[list[int]]) -> bool:
-    return any(len(w) <= len(sequence) and sequence[-len(w) :] == w for w in words)
-
-
-def _longest(words: list[list[int]]) -> int:
-    return max((len(w) for w in words), default=0)
