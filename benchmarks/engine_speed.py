@@ -15,7 +15,10 @@ Every repetition measures, interleaved, so that the machine's noise hits all of 
   e. the draft's decode step as the draft-then-verify loop runs it: right after a target step of two rows (a
      verification at K=1), which leaves the caches holding the target's weights, against back to back;
   f. the target's decode step at long contexts (--long-contexts), its KV cache in the dtype the engine keeps it
-     (bfloat16 for a bfloat16 build) against float32, side by side.
+     (bfloat16 for a bfloat16 build) against float32, side by side;
+  g. greedy generation of --generate tokens by one request from a single token, each step's token picked from
+     its logits, the model's own loop without the scheduler: what llama.cpp's `llama-bench -n 128 -p 0` (tg128)
+     measures, so that the two compare directly.
 Ratios are taken within a repetition, then the median over repetitions is reported.
 $TRTSPEC_CPU_ISA=avx2 measures the AVX2 kernels on an AVX-512 machine; $TRTSPEC_FP8_WEIGHTS=bf16 the FP8 weights
 kept as bfloat16.
@@ -138,6 +141,17 @@ def long_context_steps(model, ids: list[int], contexts: list[int], steps: int) -
     return out
 
 
+def greedy_rate(model, first: int, tokens: int) -> float:
+    """Tokens/s of greedy generation of `tokens` tokens from the single token `first` at position 0, one row a
+    step (llama-bench's tg: no prompt to process, then one token at a time)."""
+    kv = model.new_kv(tokens + 1)
+    token = first
+    t = time.perf_counter()
+    for pos in range(tokens):
+        token = int(model.forward([Segment([token], pos, kv, 1)])[0][-1].argmax())
+    return tokens / (time.perf_counter() - t)
+
+
 def batched_rate(engine: Engine, prompts: list[list[int]], concurrency: int, tokens: int) -> float:
     """Aggregate tokens/s of `concurrency` target-only requests run together (fresh prompts: no reuse)."""
     requests = [GenerationRequest(input_ids=p, request_output_len=tokens, end_id=-1) for p in prompts[:concurrency]]
@@ -176,6 +190,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=9, help="decode steps timed per repetition")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tokens", type=int, default=32, help="tokens per request in the batching part")
+    p.add_argument("--generate", type=int, default=128, help="tokens of the greedy generation part (0: skip it)")
     p.add_argument(
         "--url",
         help="gRPC address of a server running this pair's repository (e.g. 127.0.0.1:8001): "
@@ -215,6 +230,8 @@ def main(argv=None) -> int:
                 )
             if "draft" in roles:
                 r["loop"] = draft_in_loop(target.model, engines["draft", "compact"].model, ids, args.steps)
+            if args.generate:
+                r["greedy"] = greedy_rate(target.model, ids[0], args.generate)
             if contexts and hasattr(target.model, "kv_dtype"):
                 r["long"] = long_context_steps(target.model, ids, contexts, args.steps)
             batch = prompts[8 * (rep + 1) : 8 * (rep + 2)]
@@ -274,6 +291,8 @@ def main(argv=None) -> int:
         report[f"passes_{forward}"] = {
             k + 1: median(lambda r: r["passes"][name][k] / r["passes"][name][0]) for k in ks[1:]
         }
+    if args.generate:
+        report["greedy"] = {"tokens": args.generate, "tokens_per_s": median(lambda r: r["greedy"])}
     report["rates"] = {c: median(lambda r: r["rates"][c]) for c in (1, 4, 8)}
     report["rate_ratio"] = {c: median(lambda r: r["rates"][c] / r["rates"][1]) for c in (1, 4, 8)}
     if args.url:
@@ -357,6 +376,12 @@ def _print(console: Console, r: dict) -> None:
         t.add_row("after a target pass", f"{d['after_target_ms']:.1f}", f"{d['after_target_in_target_steps']:.3f}")
         t.add_row("the target pass of 2 rows", f"{d['verify_ms']:.1f}", f"{d['verify_in_target_steps']:.3f}")
         console.print(t)
+    if "greedy" in r:
+        g = r["greedy"]
+        console.print(
+            f"greedy generation of {g['tokens']} tokens from one token, one request, in process (llama-bench's "
+            f"tg{g['tokens']}): {g['tokens_per_s']:.1f} tok/s"
+        )
     if "long_context" in r:
         lc = r["long_context"]
         t = Table(

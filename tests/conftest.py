@@ -96,6 +96,18 @@ def built_fp8(tiny_pair) -> Built:
 
 
 @pytest.fixture(scope="session")
+def built_fp8_head(tiny_pair) -> Built:
+    """FP8 engines with the output head in FP8 too (quantize_lm_head): per channel on the target, per tensor on the
+    draft."""
+    return _build(
+        tiny_pair,
+        "fp8-head",
+        {"quantization": "fp8", "fp8_scaling": "per_channel", "quantize_lm_head": True},
+        {"quantization": "fp8", "quantize_lm_head": True},
+    )
+
+
+@pytest.fixture(scope="session")
 def built_none(tiny_pair) -> Built:
     """Unquantized float32 engines: the same weights as the checkpoints."""
     return _build(

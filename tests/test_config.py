@@ -251,3 +251,12 @@ def test_a_config_must_be_a_mapping(tmp_path, text):
 
 def test_missing_config_file(tmp_path):
     assert set(problems_of(tmp_path / "absent.yaml")) == {"config"}
+
+
+def test_quantize_lm_head_needs_fp8_weights(tiny_pair, tmp_path):
+    config = base(tiny_pair)
+    config["target"].update(quantization="none", quantize_lm_head=True)
+    config["draft"].update(quantize_lm_head=True)  # FP8 by default: allowed
+    found = problems_of(write(tmp_path / "head.yaml", config))
+    assert set(found) == {"target.quantize_lm_head"}
+    assert "set quantization: fp8" in found["target.quantize_lm_head"].fix

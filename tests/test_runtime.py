@@ -97,6 +97,50 @@ def corrupt(tokens: list[int], at: int) -> list[int]:
 # ---- greedy generation ----------------------------------------------------------------------------------------
 
 
+def test_a_head_quantized_to_fp8_is_its_own_tensor_and_equals_hugging_face(tiny_pair, built_fp8_head):
+    """quantize_lm_head on a checkpoint whose head is tied to the embedding: the engine stores the head's FP8 codes
+    and scales apart, keeps the embedding exactly, reads the head as codes, and generates what Hugging Face does on
+    the same dequantized weights with the head untied."""
+    from transformers import AutoModelForCausalLM
+
+    weights = load_file(str(built_fp8_head.target / "rank0.safetensors"))
+    original = load_file(str(tiny_pair.target / "model.safetensors"))
+    assert weights["lm_head.weight"].dtype == fp8.FP8_DTYPE
+    assert weights["lm_head.weight_scale"].shape == (VOCAB, 1)  # per channel, as the target's layers
+    assert torch.equal(weights["model.embed_tokens.weight"], original["model.embed_tokens.weight"])
+    draft = load_file(str(built_fp8_head.draft / "rank0.safetensors"))
+    assert draft["lm_head.weight"].dtype == fp8.FP8_DTYPE and draft["lm_head.weight_scale"].shape == ()
+
+    reference = AutoModelForCausalLM.from_pretrained(
+        str(tiny_pair.target), dtype=torch.float32, tie_word_embeddings=False
+    ).eval()
+    missing, unexpected = reference.load_state_dict(fp8.dequantize_state_dict(weights, torch.float32), strict=False)
+    assert not missing and not unexpected
+    assert not torch.equal(reference.lm_head.weight, reference.model.embed_tokens.weight)
+    engine, hf_engine = Engine.load(built_fp8_head.target), Engine.load(built_fp8_head.target, forward="hf")
+    if engine.model.linear_kind == "packed":
+        assert engine.model.head.format in ("e4m3", "bfloat16") and engine.model.head.scale is not None
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        out = reference.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=N,
+            do_sample=False,
+            eos_token_id=EOS,
+            pad_token_id=1,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        expected = out.sequences[0, len(prompt) :].tolist()
+        for e in (engine, hf_engine):
+            result = e.generate(req(prompt, return_generation_logits=True))
+            assert result.new_tokens == expected
+            np.testing.assert_allclose(
+                result.generation_logits, torch.cat(out.logits).float().numpy(), atol=1e-4, rtol=1e-4
+            )
+
+
 @pytest.mark.parametrize("kind", ["none", "fp8"])
 def test_greedy_equals_hugging_face(engines, reference, kind):
     for prompt in PROMPTS:

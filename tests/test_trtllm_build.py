@@ -213,6 +213,30 @@ def test_unquantized_models_are_converted_not_calibrated(tmp_path):
     assert plan.memory.calibrations == []
 
 
+def test_quantize_lm_head_reaches_modelopt_or_is_refused(tmp_path):
+    import inspect
+
+    from trtspec.compile.trtllm_checkpoint import parse_args, quantize_kwargs
+
+    config = yaml.safe_load(EXAMPLES["qwen"].read_text())
+    config["target"]["quantize_lm_head"] = True
+    plan = trtllm.plan(load_config(_write_example(tmp_path, config), plan_only=True), tmp_path / "out")
+    target, draft = (s.argv for s in plan.steps if s.kind == "checkpoint")
+    assert "--quantize_lm_head" in target and "--quantize_lm_head" not in draft
+    args = parse_args(target[3:])
+    assert args.quantize_lm_head is True
+
+    def with_head(*, model_dir, output_dir, qformat, quantize_lm_head=False): ...
+
+    def without_head(*, model_dir, output_dir, qformat): ...
+
+    assert quantize_kwargs(args, inspect.signature(with_head))["quantize_lm_head"] is True
+    # a TensorRT-LLM whose quantize_and_export cannot quantize the head refuses rather than build it in bfloat16
+    with pytest.raises(SystemExit, match="no quantize_lm_head"):
+        quantize_kwargs(args, inspect.signature(without_head))
+    assert "quantize_lm_head" not in quantize_kwargs(parse_args(draft[3:]), inspect.signature(without_head))
+
+
 def _write_example(tmp_path: Path, config: dict) -> Path:
     for role in ("target", "draft"):
         config[role]["hf_config"] = str(ROOT / "build_configs" / config[role]["hf_config"])

@@ -30,6 +30,9 @@ class ModelSpec(_Strict):
     dtype: Dtype = "bfloat16"
     quantization: Literal["fp8", "none"] = "fp8"
     fp8_scaling: Literal["per_tensor", "per_channel"] = "per_tensor"
+    # The output head in FP8 too (quantize.py's --quantize_lm_head; off by default there, as here): a quarter of a
+    # decode step's bytes on a small model such as the demo's, at the cost of the logits' precision.
+    quantize_lm_head: bool = False
     kv_cache_dtype: Literal["fp8", "auto"] = "fp8"
     tp_size: int = Field(1, ge=1)
     pp_size: int = Field(1, ge=1)
@@ -210,6 +213,17 @@ def _cross_checks(raw: dict) -> list[Problem]:
                 "add a draft, or set speculation.method: prompt_lookup (drafts from the prompt, no model needed)",
             )
         )
+    for role in ("target", "draft"):
+        section = raw.get(role) if isinstance(raw.get(role), dict) else {}
+        if section.get("quantize_lm_head") is True and section.get("quantization", "fp8") != "fp8":
+            problems.append(
+                Problem(
+                    f"{role}.quantize_lm_head",
+                    True,
+                    f"quantizes the output head to FP8, and {role}.quantization is {section.get('quantization')!r}",
+                    "set quantization: fp8, or drop quantize_lm_head",
+                )
+            )
     if raw.get("backend", "torch") == "torch":
         for role in ("target", "draft"):
             section = raw.get(role) if isinstance(raw.get(role), dict) else {}

@@ -54,6 +54,8 @@ class ModelBuild:
 
     def describe(self) -> str:
         quant = f"FP8 {self.spec.fp8_scaling.replace('_', ' ')}" if self.spec.quantization == "fp8" else "unquantized"
+        if self.spec.quantize_lm_head:
+            quant += ", output head too"
         return f"{self.role}: {self.info.path} ({self.info.architecture}) -> {self.output} [{self.spec.dtype}, {quant}]"
 
 
@@ -106,7 +108,10 @@ def build_model(build: ModelBuild, config: BuildConfig, progress=None) -> dict:
     state = _unique_state_dict(model)
     if spec.quantization == "fp8":
         state = step(
-            "quantize fp8", lambda: fp8.quantize_state_dict(state, per_channel=spec.fp8_scaling == "per_channel")
+            "quantize fp8",
+            lambda: fp8.quantize_state_dict(
+                state, per_channel=spec.fp8_scaling == "per_channel", lm_head=spec.quantize_lm_head
+            ),
         )
     tokenizer = _maybe_tokenizer(build.info, spec)
     with atomic_dir(build.output) as scratch:
@@ -115,7 +120,12 @@ def build_model(build: ModelBuild, config: BuildConfig, progress=None) -> dict:
             save_file(
                 {k: v.contiguous() for k, v in state.items()},
                 str(scratch / WEIGHTS_FILE),
-                metadata={"format": "pt", "quantization": spec.quantization, "fp8_scaling": spec.fp8_scaling},
+                metadata={
+                    "format": "pt",
+                    "quantization": spec.quantization,
+                    "fp8_scaling": spec.fp8_scaling,
+                    "quantize_lm_head": str(spec.quantize_lm_head).lower(),
+                },
             )
             write_json(scratch / CONFIG_FILE, engine_config(build, config, model.config, tokenizer))
             if tokenizer is not None:

@@ -186,6 +186,8 @@ def checkpoint_step(config: BuildConfig, role: str, spec: ModelSpec, info: Check
         ]
         if spec.kv_cache_dtype == "fp8":
             argv += ["--kv_cache_dtype", "fp8"]
+        if spec.quantize_lm_head:
+            argv += ["--quantize_lm_head"]
         argv += [
             "--calib_dataset",
             cal.dataset,
@@ -204,7 +206,8 @@ def checkpoint_step(config: BuildConfig, role: str, spec: ModelSpec, info: Check
         ]
         label = (
             f"quantize ({'FP8' if spec.quantization == 'fp8' else spec.dtype} weights, "
-            f"{'FP8' if spec.kv_cache_dtype == 'fp8' else spec.dtype} KV; {cal.size} samples of {cal.dataset})"
+            f"{'FP8' if spec.kv_cache_dtype == 'fp8' else spec.dtype} KV"
+            f"{', FP8 output head' if spec.quantize_lm_head else ''}; {cal.size} samples of {cal.dataset})"
         )
     else:
         runner = (

@@ -39,6 +39,7 @@ QUANTIZE_DEFAULTS = {
     "cp_size": 1,
     "seed": 1234,
     "tokenizer_max_seq_length": 2048,
+    "quantize_lm_head": False,
 }
 
 
@@ -66,6 +67,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "awq_block_size",
     ):
         q.add_argument(f"--{name}", type=int, default=QUANTIZE_DEFAULTS[name])
+    q.add_argument("--quantize_lm_head", action="store_true", help="the output head in FP8 too")
     q.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     q.add_argument("--device_map", default="auto", choices=["auto", "sequential", "cpu", "gpu"])
     c = commands.add_parser("convert", help="plain conversion (convert_checkpoint.py's flags)")
@@ -88,6 +90,11 @@ def quantize_kwargs(args: argparse.Namespace, signature: inspect.Signature) -> d
             kwargs[name] = values[name]
         elif param.default is inspect.Parameter.empty and param.kind not in (param.VAR_KEYWORD, param.VAR_POSITIONAL):
             missing.append(name)
+    if values["quantize_lm_head"] and "quantize_lm_head" not in signature.parameters:
+        raise SystemExit(
+            "this TensorRT-LLM's quantize_and_export has no quantize_lm_head: upgrade TensorRT-LLM, or drop "
+            "quantize_lm_head from the build config"
+        )
     if missing:
         raise SystemExit(
             f"this TensorRT-LLM's quantize_and_export needs {', '.join(missing)}, which trtspec does not "

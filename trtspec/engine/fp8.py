@@ -29,16 +29,28 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
     return (q.to(torch.float32) * scale).to(dtype)
 
 
-def is_quantizable(name: str, tensor: torch.Tensor) -> bool:
-    """The linear weights of the decoder layers, as ModelOpt quantizes them: not the embeddings, norms or
-    the output head (its `quantize_lm_head` defaults to off)."""
+HEAD = "lm_head.weight"
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def is_quantizable(name: str, tensor: torch.Tensor, *, lm_head: bool = False) -> bool:
+    """The linear weights of the decoder layers, as ModelOpt quantizes them: not the embeddings or norms, and the
+    output head only when asked (its `quantize_lm_head` defaults to off)."""
+    if name == HEAD:
+        return lm_head and tensor.ndim == 2
     return tensor.ndim == 2 and name.endswith(".weight") and ".layers." in name and "norm" not in name
 
 
-def quantize_state_dict(state: dict[str, torch.Tensor], *, per_channel: bool) -> dict[str, torch.Tensor]:
+def quantize_state_dict(
+    state: dict[str, torch.Tensor], *, per_channel: bool, lm_head: bool = False
+) -> dict[str, torch.Tensor]:
+    """The state with its quantizable weights as FP8 codes and scales. With `lm_head`, a head tied to the embedding
+    (stored once, as the embedding) gets an FP8 copy of its own: the embedding itself stays as it is."""
+    if lm_head and HEAD not in state and EMBEDDING in state:
+        state = {**state, HEAD: state[EMBEDDING]}
     out = {}
     for name, tensor in state.items():
-        if is_quantizable(name, tensor):
+        if is_quantizable(name, tensor, lm_head=lm_head):
             out[name], out[name.removesuffix(".weight") + SCALE_SUFFIX] = quantize(tensor, per_channel=per_channel)
         else:
             out[name] = tensor

@@ -170,11 +170,7 @@ class CompactModel:
                 layer["k_norm"] = self._tensor(state, a + "k_norm.weight")
             self.layers.append(layer)
         self.head_ids = None
-        tied = not subset_head.head_tokens(self.config) and (
-            "lm_head.weight" not in state or getattr(self.config, "tie_word_embeddings", False)
-        )
-        head = _dequantized(state, "model.embed_tokens.weight" if tied else "lm_head.weight", self.weight_dtype)
-        self.head = kernels.make_linear(head.to(self.device), None, kind=self.linear_kind, rows=self.rows_dtype)
+        self.head = self._linear(state, [_head_name(self.config, state)], False)
         if subset_head.head_tokens(self.config):
             self.head_ids = state["lm_head.token_ids"].to(self.device)
         self.vocab_size = self.config.vocab_size
@@ -455,6 +451,17 @@ class HFModel:
             res = self.model(input_ids=ids, past_key_values=s.kv, use_cache=True, logits_to_keep=s.n_logits)
             out.append(res.logits[0].float().cpu())
         return out
+
+
+def _head_name(config, state) -> str:
+    """The output head's weight: lm_head's own, unless the head is tied to the embedding and stored as it; a head
+    quantized to FP8 (quantize_lm_head) is stored apart from the embedding it was tied to."""
+    head = state.get(fp8.HEAD)
+    if head is None:
+        return fp8.EMBEDDING
+    if head.dtype == fp8.FP8_DTYPE or subset_head.head_tokens(config):
+        return fp8.HEAD
+    return fp8.EMBEDDING if getattr(config, "tie_word_embeddings", False) else fp8.HEAD
 
 
 def _dequantized(state, name: str, dtype: torch.dtype) -> torch.Tensor:

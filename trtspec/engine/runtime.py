@@ -19,6 +19,7 @@ load I/O and reproduces FP8's rounding; `fp8_matmul=True` runs the FP8 products 
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -341,6 +342,11 @@ def _hf_model(hf_config, state: dict, compute: torch.dtype, weights: Path, info:
     from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
 
+    head = state.get(fp8.HEAD)
+    if head is not None and head.dtype == fp8.FP8_DTYPE and getattr(hf_config, "tie_word_embeddings", False):
+        # quantize_lm_head: the head's FP8 values differ from the embedding it was tied to, so it is a tensor apart
+        hf_config = copy.deepcopy(hf_config)
+        hf_config.tie_word_embeddings = False
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(hf_config, dtype=compute)
     subset_head.install(model)  # a draft whose head covers part of the vocabulary (FR-Spec)
