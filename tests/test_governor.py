@@ -214,19 +214,45 @@ def test_a_load_that_does_not_pay_rolls_back_its_own_range_and_leaves_lone_reque
     plain; lone requests keep their full draft length, and a heavier range seen later starts where 3-4 is."""
     govs, clock, changes = make_ranges()
     run(govs, clock, 5, speculative=False, tpot=0.02, load=1)
-    run(govs, clock, 5, speculative=False, tpot=0.02, load=4)
     run(govs, clock, 20, tpot=0.01, load=1)
-    run(govs, clock, 10, tpot=0.03, accepted=7, load=4)  # accepted, but slower than plain at that load
+    # 6 of 8 accepted, where that load's learned costs need 9 in 10 to break even
+    run(govs, clock, 10, tpot=0.03, accepted=6, break_even=0.9, load=4)
     clock.now += 20
-    run(govs, clock, 10, tpot=0.03, accepted=7, load=3)
+    run(govs, clock, 10, tpot=0.03, accepted=6, break_even=0.9, load=3)
     assert changes == [
-        ("3-4", "speculating", "reduced", "slower_than_plain", 4),
-        ("3-4", "reduced", "plain", "slower_than_plain", 0),
+        ("3-4", "speculating", "reduced", "low_acceptance", 4),
+        ("3-4", "reduced", "plain", "low_acceptance", 0),
     ]
     assert govs.admit(1)[0] == 8 and govs.admit(2)[0] == 8  # 2 was never seen: it starts from 1's level
     assert govs.at(8).state == "plain" and govs.at(8).cap() == 0  # 5-8 starts from 3-4's level
     assert [label for label, _ in govs.ranges()] == ["1", "2", "3-4", "5-8"]
     assert len(changes) == 2  # a new range starting where a lighter one is makes no change
+
+
+def test_above_one_request_plain_requests_beside_speculating_ones_are_no_reference():
+    """Plain requests that shared their passes with verifications are slowed by them: at four requests in flight
+    their time per token does not let speculation back up ("pays"); the range's reference comes from requests it
+    decoded plainly, and its probes are held against that."""
+    govs, clock, changes = make_ranges()
+    run(govs, clock, 10, accepted=1, load=4)  # low acceptance: 3-4 steps down to reduced
+    clock.now += 20
+    run(govs, clock, 5, speculative=False, plain_tpot=0.05, load=4)  # plain beside the reduced drafts: slowed
+    run(govs, clock, 10, tpot=0.03, accepted=7, load=4)  # faster than those, and accepted
+    assert govs.at(4).state == "reduced" and govs.at(4).plain_tpot is None
+    lone = make()[0]  # one request in flight: nothing shares its passes, and the same requests are a reference
+    run(lone, clock, 5, speculative=False, plain_tpot=0.05)
+    assert abs(lone.plain_tpot - 0.05) < 1e-9
+    early = govs.admit(4)  # admitted while the range still drafts (reduced)
+    run(govs, clock, 20, accepted=1, load=4)  # acceptance falls: plain, and the plain requests since then at 0.02
+    assert govs.at(4).state == "plain" and abs(govs.at(4).plain_tpot - 0.02) < 1e-9
+    govs.observe(Outcome(False, 0.09, admitted_at=early[2]), 0.4, 4)  # finishes now, but shared its passes
+    assert abs(govs.at(4).plain_tpot - 0.02) < 1e-9
+    clock.now += 20
+    run(govs, clock, 40, tpot=0.03, plain_tpot=0.02, accepted=7, load=4)  # plainly at 0.02: probes at 0.03 do not pay
+    assert govs.at(4).state == "probing" and abs(govs.at(4).plain_tpot - 0.02) < 1e-9
+    run(govs, clock, 80, tpot=0.01, plain_tpot=0.02, accepted=7, load=4)  # probes at 0.01 do
+    assert [c[3] for c in changes] == ["low_acceptance", "low_acceptance", "probes_pay", "pays"]
+    assert govs.at(1).cap() == 8 and not govs.at(1).shared and govs.at(2).shared
 
 
 def test_floors_and_forces_reach_every_range_those_seen_later_too():

@@ -23,6 +23,11 @@ compute-bound where a lone request's is bound by the weights' bytes. So a deploy
 range (`LoadGovernors`: requests in flight, 1, 2, 3-4, 5-8, ..., as the learned costs): the range of the load at a
 request's admission caps it, the range of the most requests it ran beside judges it, and a burst that does not pay
 rolls back its own range and leaves lone requests speculating. The floors and a force hold for every range.
+
+Plain requests share those passes too: beside speculating requests, a plain request waits on their verifications,
+and its time per token flatters speculation (seen at four requests: the range went back to speculating on "pays"
+half a minute after low acceptance took it down). So above one request in flight, the plain time per token that
+speculation is held against comes only from plain requests admitted while the range decoded plainly.
 """
 
 from __future__ import annotations
@@ -76,13 +81,16 @@ class Governor:
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[str, str, str], None] = lambda old, new, reason: None,
         level: int = 0,
+        shared: bool = False,
     ):
+        """`shared`: its requests share forward passes with others (a load range above one request), so a plain
+        request's time per token is its reference only when the range decoded plainly (the module's docstring)."""
         self.k_full, self.min_samples, self.min_probes = k_full, min_samples, min_probes
         self.min_failures = min_failures  # one failure is an incident, not a rate
         self.error_warning, self.error_critical = error_warning, error_critical
         self.probe_every, self.hold_seconds, self.pays_below = probe_every, hold_seconds, pays_below
         self.kv_warning, self.kv_critical, self.kv_release = kv_warning, kv_critical, kv_release
-        self.clock, self.on_change = clock, on_change
+        self.clock, self.on_change, self.shared = clock, on_change, shared
         self.judged = level if k_full > 0 else 2  # the level judging reached; `level` adds the floors
         self.floors: dict[str, int] = {}  # live conditions' floors: kv_cache, draft_down
         self.changed_at = float("-inf")
@@ -196,7 +204,12 @@ class Governor:
             self._observe(outcome, break_even)
 
     def _observe(self, outcome: Outcome, break_even: float) -> None:
-        if not outcome.speculative and not outcome.failed and outcome.seconds_per_token is not None:
+        if (
+            not outcome.speculative
+            and not outcome.failed
+            and outcome.seconds_per_token is not None
+            and self._clean(outcome)
+        ):
             self.plain_tpot = (
                 outcome.seconds_per_token
                 if self.plain_tpot is None
@@ -237,6 +250,11 @@ class Governor:
         ):
             return self._go(self.judged - 1, "probes_pay" if self.judged == 2 else "pays")
 
+    def _clean(self, outcome: Outcome) -> bool:
+        """Whether a plain request's time per token can be the plain reference: no speculating request's
+        verification shared its passes (alone in its range, or admitted while the range decoded plainly)."""
+        return not self.shared or (self.level == 2 and outcome.admitted_at >= self.changed_at)
+
     def _go(self, level: int, reason: str, *, always: bool = False, old: str | None = None) -> None:
         """Judge the deployment to `level`; reported when the level in force changes, or `always` (a force taken
         or ended: `old` is the state before it)."""
@@ -276,7 +294,12 @@ class LoadGovernors:
             if bucket not in self.by_load:
                 lighter = nearest_lighter(self.by_load, bucket)
                 label = load_range(bucket)
-                gov = Governor(self.k_full, level=0 if lighter is None else lighter.unforced, **self._options)
+                gov = Governor(
+                    self.k_full,
+                    level=0 if lighter is None else lighter.unforced,
+                    shared=bucket > 0,  # above one request in flight
+                    **self._options,
+                )
                 # it starts under the floors and the force in progress: no change of its own to report
                 gov.kv_cache(self._kv)
                 gov.draft_down(self._draft_down)
