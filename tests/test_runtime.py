@@ -55,25 +55,29 @@ def hf_models(tiny_pair, built_fp8):
     return {"none": original, "fp8": dequantized}
 
 
+def hf_greedy(model, prompt: tuple[int, ...], n: int = N) -> tuple[list[int], np.ndarray]:
+    """A Hugging Face model's `generate` with do_sample=False (stops at eos, as the engine): tokens and logits."""
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=EOS,
+        pad_token_id=1,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits).float().numpy()
+
+
 @pytest.fixture(scope="module")
 def reference(hf_models):
-    """greedy(kind, prompt, n): Hugging Face `generate` with do_sample=False (stops at eos, as the engine)."""
+    """greedy(kind, prompt, n): hf_greedy on the original or the FP8 engine's dequantized weights."""
 
     @cache
     def greedy(kind: str, prompt: tuple[int, ...], n: int = N) -> tuple[list[int], np.ndarray]:
-        ids = torch.tensor([prompt])
-        out = hf_models[kind].generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            do_sample=False,
-            eos_token_id=EOS,
-            pad_token_id=1,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-        tokens = out.sequences[0, len(prompt) :].tolist()
-        return tokens, torch.cat(out.logits).float().numpy()
+        return hf_greedy(hf_models[kind], prompt, n)
 
     return greedy
 
@@ -121,24 +125,11 @@ def test_a_head_quantized_to_fp8_is_its_own_tensor_and_equals_hugging_face(tiny_
     if engine.model.linear_kind == "packed":
         assert engine.model.head.format in ("e4m3", "bfloat16") and engine.model.head.scale is not None
     for prompt in PROMPTS:
-        ids = torch.tensor([prompt])
-        out = reference.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=N,
-            do_sample=False,
-            eos_token_id=EOS,
-            pad_token_id=1,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
-        expected = out.sequences[0, len(prompt) :].tolist()
+        expected, expected_logits = hf_greedy(reference, prompt)
         for e in (engine, hf_engine):
             result = e.generate(req(prompt, return_generation_logits=True))
             assert result.new_tokens == expected
-            np.testing.assert_allclose(
-                result.generation_logits, torch.cat(out.logits).float().numpy(), atol=1e-4, rtol=1e-4
-            )
+            np.testing.assert_allclose(result.generation_logits, expected_logits, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["none", "fp8"])
