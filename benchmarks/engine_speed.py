@@ -148,7 +148,8 @@ def greedy_rate(model, first: int, tokens: int) -> float:
     token = first
     t = time.perf_counter()
     for pos in range(tokens):
-        token = int(model.forward([Segment([token], pos, kv, 1)])[0][-1].argmax())
+        # the engine's greedy pick (sampling.select): numpy's argmax, not torch's, which wakes its thread pool
+        token = int(model.forward([Segment([token], pos, kv, 1)])[0][-1].numpy().argmax())
     return tokens / (time.perf_counter() - t)
 
 
