@@ -215,12 +215,13 @@ def _cross_checks(raw: dict) -> list[Problem]:
         )
     for role in ("target", "draft"):
         section = raw.get(role) if isinstance(raw.get(role), dict) else {}
-        if section.get("quantize_lm_head") is True and section.get("quantization", "fp8") != "fp8":
+        quantization = section.get("quantization", ModelSpec.model_fields["quantization"].default)
+        if section.get("quantize_lm_head") is True and quantization != "fp8":
             problems.append(
                 Problem(
                     f"{role}.quantize_lm_head",
                     True,
-                    f"quantizes the output head to FP8, and {role}.quantization is {section.get('quantization')!r}",
+                    f"quantizes the output head to FP8, and {role}.quantization is {quantization!r}",
                     "set quantization: fp8, or drop quantize_lm_head",
                 )
             )
