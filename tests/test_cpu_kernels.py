@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_engine_batching import ARCHITECTURES, _hf_model, _ids
 
-from trtspec.engine import fp8, kernels
+from trtspec.engine import fp8, hugepages, kernels
 from trtspec.engine.model import CompactModel, Segment
 
 pytestmark = pytest.mark.skipif(
@@ -251,3 +251,45 @@ def test_an_fp8_model_equals_hugging_face_on_its_dequantized_weights(kind, per_c
         reference = hf(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(got, reference, atol=3e-5, rtol=1e-5)
     assert "FP8 kept as" in model.kernel_summary
+
+
+def test_packed_weights_on_huge_pages_give_the_same_bits(threads):
+    """hugepages.place copies tensors into one mapping that asks for 2 MiB pages; a product reads its weights
+    there (the old tensor gone) with the same bits, and where the machine has no huge pages nothing moves."""
+    gen = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 0x7F, (96, 200), dtype=torch.uint8, generator=gen).view(torch.float8_e4m3fn)
+    x = torch.randn(3, 200, generator=gen)
+    lin, other = (kernels.PackedLinear(codes, None, scale=torch.tensor(0.02)) for _ in range(2))
+    before = lin(x)
+    big = torch.ones(4 << 20, dtype=torch.uint8)
+    placed, where = hugepages.place([lin.packed, big, other.packed])
+    if where.setting not in ("always", "madvise"):
+        assert placed[0] is lin.packed and where.huge_bytes == 0 and "4 KiB pages" in where.summary()
+        return
+    assert placed[0].data_ptr() % hugepages.HUGE_PAGE == 0
+    assert [t.data_ptr() % hugepages.ALIGN for t in placed] == [0, 0, 0]
+    assert all(torch.equal(a, b) for a, b in zip(placed, [lin.packed, big, other.packed]))
+    assert where.nbytes == lin.nbytes + big.numel() + other.nbytes
+    assert 0 < where.huge_bytes <= where.nbytes, "the kernel gave no 2 MiB pages to a 4 MiB madvised mapping"
+    old = lin.packed.data_ptr()
+    lin.move_to(placed[0])
+    del placed
+    assert lin.fields[0] == lin.packed.data_ptr() != old
+    assert torch.equal(lin(x), before)
+
+
+def test_a_model_keeps_its_packed_weights_where_its_log_line_says():
+    hf = _hf_model("llama", seed=3)
+    model = CompactModel(
+        hf.config,
+        fp8.quantize_state_dict(hf.state_dict(), per_channel=False),
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
+    linears = model._packed_linears(head=True)
+    assert model.head in linears and len(linears) == 4 * model.num_layers + 1
+    assert model.placement.nbytes == sum(lin.nbytes for lin in linears)
+    assert model.placement.summary() in model.kernel_summary
+    assert all(lin.fields[0] == lin.packed.data_ptr() for lin in linears)
+    if model.placement.huge_bytes:
+        assert linears[0].packed.data_ptr() % hugepages.HUGE_PAGE == 0

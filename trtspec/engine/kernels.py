@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from trtspec.engine import hugepages
+
 MIN_GEMM_ROWS = 16  # query rows per attention product (see the module docstring)
 KEY_BLOCK = 64  # a row attends over its keys padded to a multiple of this
 
@@ -353,6 +355,11 @@ class PackedLinear:
             0 if self.bias is None else self.bias.data_ptr(),
         )
 
+    def move_to(self, packed: torch.Tensor) -> None:
+        """Read the weights from `packed`, a copy of `self.packed` (hugepages.place's), from now on."""
+        self.packed = packed
+        self.fields = (packed.data_ptr(), *self.fields[1:])
+
     def _padded(self, values: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(self.n_padded)
         out[: self.n] = values
@@ -411,6 +418,9 @@ def measure_fp8_storages(weights_mb: int = 48, reps: int = 3, *, rows: torch.dty
     weight, scale = codes.view(torch.float8_e4m3fn), torch.tensor(0.01)
     linears = {s: PackedLinear(weight, None, scale=scale, storage=s, rows=rows) for s in FP8_STORAGES}
     del codes, weight
+    placed, _ = hugepages.place([lin.packed for lin in linears.values()])  # where a model's weights are kept
+    for linear, tensor in zip(linears.values(), placed):
+        linear.move_to(tensor)
     x = torch.randn(4, k, generator=gen)
     best = dict.fromkeys(linears, float("inf"))
     for _ in range(reps):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trtspec.engine import fp8, kernels, subset_head
+from trtspec.engine import fp8, hugepages, kernels, subset_head
 from trtspec.errors import EngineError
 
 COMPACT_ARCHITECTURES = {
@@ -174,6 +174,15 @@ class CompactModel:
         if subset_head.head_tokens(self.config):
             self.head_ids = state["lm_head.token_ids"].to(self.device)
         self.vocab_size = self.config.vocab_size
+        packed = self._packed_linears(head=True)
+        placed, self.placement = hugepages.place([lin.packed for lin in packed])
+        for lin, tensor in zip(packed, placed):
+            lin.move_to(tensor)
+
+    def _packed_linears(self, head: bool = False) -> list:
+        """The products on trtspec's CPU kernels, the output head's too where `head`."""
+        linears = [lin for layer in self.layers for lin in layer.values() if isinstance(lin, kernels.PackedLinear)]
+        return linears + [self.head] if head and isinstance(self.head, kernels.PackedLinear) else linears
 
     def _layer_table(self) -> torch.Tensor | None:
         """What trtspec's decoder kernel reads of each layer (kernels.decoder_layers), when it covers this model:
@@ -190,14 +199,14 @@ class CompactModel:
         """The products this model runs on, for the engine's log line."""
         if self.linear_kind != "packed":
             return self.linear_kind
-        linears = [lin for layer in self.layers for lin in layer.values() if isinstance(lin, kernels.PackedLinear)]
+        linears = self._packed_linears()
         formats = {lin.format for lin in linears}
         isa, rows = linears[0].isa, str(self.rows_dtype).removeprefix("torch.")
         text = f"packed ({isa}, {rows} rows), layer weights {'/'.join(sorted(formats))}, head {self.head.format}"
         if any(lin.scale is not None for lin in linears):
             storage, why = kernels.fp8_storage(self.rows_dtype), kernels.fp8_storage_reason(self.rows_dtype)
             text += f" (FP8 kept as {storage}: {why})"
-        text += f", KV cache {str(self.kv_dtype).removeprefix('torch.')}"
+        text += f", KV cache {str(self.kv_dtype).removeprefix('torch.')}, {self.placement.summary()}"
         return text + (", all decoder layers in one kernel call" if self.layer_table is not None else "")
 
     @property
