@@ -454,6 +454,7 @@ TARGETAMX static void amx_blocks(const uint16_t *xb, ptrdiff_t M, int Kp, const 
  * blocks STREAM_AHEAD bytes ahead (as amx_fetch_ahead does; not for the pair formats' vdpbf16ps tiles, which
  * measured no faster with it). Past the last block the address is merely not fetched: a prefetch never faults. */
 #define STREAM_AHEAD 1024
+#define ATT_ROWS 8          /* query rows of one head that attend_rows takes at a time */
 static void linear_blocks(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N, const float *scale,
                           const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1, int isa) {
     int pairs = fmt >= W_BF16_PAIRS, wide = pairs || isa >= ISA_AVX512;
@@ -616,6 +617,28 @@ TARGET static INLINE __m256 exp_neg(__m256 x) {
     return _mm256_andnot_ps(small, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
+/* The scores of keys lo..end-1 replaced by their weights e^(s - max) (unnormalised); returns 1 / their sum */
+TARGET static INLINE float softmax_weights(float *scores, ptrdiff_t lo, ptrdiff_t end) {
+    ptrdiff_t j;
+    float top = -INFINITY;
+    for (j = lo; j < end; j++) top = scores[j] > top ? scores[j] : top;
+    /* weights e^(s - top), summed in eight lanes over groups of eight keys from lo, then the rest in order */
+    __m256 sum = _mm256_setzero_ps(), t8 = _mm256_set1_ps(top);
+    for (j = lo; j + 8 <= end; j += 8) {
+        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scores + j), t8));
+        _mm256_storeu_ps(scores + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float total = sum8(sum);
+    for (; j < end; j++) {
+        float e[8] = {scores[j] - top};
+        _mm256_storeu_ps(e, exp_neg(_mm256_loadu_ps(e)));
+        scores[j] = e[0];
+        total += e[0];
+    }
+    return 1.0f / total;
+}
+
 /* One query row of one head over keys lo..pos (inclusive): scores q.k * scale, softmax, the weighted sum of
  * values into out[d]. scores: room for pos + 8 floats. Every key's score, weight and contribution is computed
  * in the same order whatever lo, pos and the other rows are. */
@@ -636,23 +659,7 @@ TARGET static void attend_one(const float *q, const void *keys, const void *valu
         for (int i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv_load8(keys, j * d + i, kvf), acc);
         scores[j] = sum8(acc) * scale;
     }
-    float top = -INFINITY;
-    for (j = lo; j < end; j++) top = scores[j] > top ? scores[j] : top;
-    /* weights e^(s - top), summed in eight lanes over groups of eight keys from lo, then the rest in order */
-    __m256 sum = _mm256_setzero_ps(), t8 = _mm256_set1_ps(top);
-    for (j = lo; j + 8 <= end; j += 8) {
-        __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(scores + j), t8));
-        _mm256_storeu_ps(scores + j, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    float total = sum8(sum);
-    for (; j < end; j++) {
-        float e[8] = {scores[j] - top};
-        _mm256_storeu_ps(e, exp_neg(_mm256_loadu_ps(e)));
-        scores[j] = e[0];
-        total += e[0];
-    }
-    float inv = 1.0f / total;
+    float inv = softmax_weights(scores, lo, end);
     for (int i0 = 0; i0 < d; i0 += 64) {            /* up to 8 vectors of the output in registers at a time */
         int w = d - i0 < 64 ? (d - i0) / 8 : 8;
         __m256 acc[8];
@@ -665,19 +672,108 @@ TARGET static void attend_one(const float *q, const void *keys, const void *valu
     }
 }
 
+/* The weighted sums of values of RN query rows (row r's weights at scores + r*ldscores, over keys lo..end0+r-1,
+ * scaled by inv[r]), 8*W outputs of every row at a time (d a multiple of 8*W), each value widened once: row r
+ * sums its keys in order, as attend_one does */
+TARGET static INLINE void weighted_values(const void *values, int kvf, ptrdiff_t lo, ptrdiff_t end0, const int RN,
+                                          const int W, int d, const float *scores, ptrdiff_t ldscores,
+                                          const float *inv, float *out, ptrdiff_t ldo) {
+    for (int i = 0; i < d; i += 8 * W) {
+        __m256 acc[ATT_ROWS * 4], v[4];
+        for (int a = 0; a < RN * W; a++) acc[a] = _mm256_setzero_ps();
+        ptrdiff_t j = lo;
+        for (; j < end0; j++) {             /* keys every row sees */
+            for (int w = 0; w < W; w++) v[w] = kv_load8(values, j * d + i + 8 * w, kvf);
+            for (int r = 0; r < RN; r++) {
+                __m256 p = _mm256_set1_ps(scores[r * ldscores + j]);
+                for (int w = 0; w < W; w++) acc[r * W + w] = _mm256_fmadd_ps(p, v[w], acc[r * W + w]);
+            }
+        }
+        for (; j < end0 + RN - 1; j++) {    /* the later rows' last keys */
+            for (int w = 0; w < W; w++) v[w] = kv_load8(values, j * d + i + 8 * w, kvf);
+            for (int r = 0; r < RN; r++) {
+                if (j >= end0 + r) continue;
+                __m256 p = _mm256_set1_ps(scores[r * ldscores + j]);
+                for (int w = 0; w < W; w++) acc[r * W + w] = _mm256_fmadd_ps(p, v[w], acc[r * W + w]);
+            }
+        }
+        for (int r = 0; r < RN; r++)
+            for (int w = 0; w < W; w++)
+                _mm256_storeu_ps(out + r * ldo + i + 8 * w, _mm256_mul_ps(acc[r * W + w], _mm256_set1_ps(inv[r])));
+    }
+}
+
+/* attend_one for rn query rows of one head at consecutive positions pos0 + r (q[r*d ..]) that see keys from the
+ * same lo: each key's keys and values are read and widened once for all the rows (a verification's rows, or a
+ * prompt's), and every row's scores, weights and sums are the same operations in the same order as attend_one's,
+ * so its bits are too. Row r's output at out + r*ldo; scores: rn rows of `ldscores` floats (>= pos0 + rn + 8);
+ * kbuf: room for 8 keys of d floats. */
+TARGET static void attend_rows(const float *q, int rn, const void *keys, const void *values, int kvf, ptrdiff_t lo,
+                               ptrdiff_t pos0, int d, float scale, float *scores, ptrdiff_t ldscores, float *kbuf,
+                               float *out, ptrdiff_t ldo) {
+    ptrdiff_t end0 = pos0 + 1, last = end0 + rn - 1;    /* row r sees keys lo..end0+r-1 */
+    /* whole groups of eight keys from lo, for each row whose keys they fall within */
+    for (ptrdiff_t j = lo; j + 8 <= last; j += 8) {
+        for (int t = 0; t < 8; t++)
+            for (int i = 0; i < d; i += 8) _mm256_storeu_ps(kbuf + t * d + i, kv_load8(keys, (j + t) * d + i, kvf));
+        for (int r = 0; r < rn; r++) {
+            if (j + 8 > end0 + r) continue;
+            __m256 acc[8];
+            for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + r * d + i);
+                for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kbuf + t * d + i), acc[t]);
+            }
+            _mm256_storeu_ps(scores + r * ldscores + j, _mm256_mul_ps(sum8x8(acc), _mm256_set1_ps(scale)));
+        }
+    }
+    float inv[ATT_ROWS];
+    for (int r = 0; r < rn; r++) {      /* each row's keys after its last whole group, one at a time */
+        ptrdiff_t end = end0 + r;
+        float *sr = scores + r * ldscores;
+        for (ptrdiff_t j = lo + (end - lo) / 8 * 8; j < end; j++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i), kv_load8(keys, j * d + i, kvf), acc);
+            sr[j] = sum8(acc) * scale;
+        }
+        inv[r] = softmax_weights(sr, lo, end);
+    }
+    /* constant counts keep the sums in registers (AVX2's 16: at most 12 sums, their values and a weight) */
+#define WV(RN, W) weighted_values(values, kvf, lo, end0, RN, W, d, scores, ldscores, inv, out, ldo)
+    int wide = d % 32 == 0 ? 4 : d % 16 == 0 ? 2 : 1, half = wide < 2 ? wide : 2;
+    switch (rn) {
+    case 2: if (wide == 4) WV(2, 4); else if (wide == 2) WV(2, 2); else WV(2, 1); break;
+    case 3: if (half == 2) WV(3, 2); else WV(3, 1); break;
+    case 4: if (half == 2) WV(4, 2); else WV(4, 1); break;
+    case 5: if (half == 2) WV(5, 2); else WV(5, 1); break;
+    case 6: if (half == 2) WV(6, 2); else WV(6, 1); break;
+    case 7: WV(7, 1); break;
+    default: WV(ATT_ROWS, 1);
+    }
+#undef WV
+}
+
+/* Scratch floats one thread's attention_part needs for a sequence of `longest` positions and head dim d */
+static INLINE ptrdiff_t attention_scratch(ptrdiff_t longest, int d) {
+    return ATT_ROWS * (longest + 8) + ATT_ROWS * (ptrdiff_t)d + 8 * (ptrdiff_t)d;
+}
+
 /* The new rows of one sequence, at positions start..start+n-1, on one layer.
  * q, k, v: row r's heads at q + r*ldq (hq heads of d), k + r*ldk, v + r*ldv (hkv heads each);
  * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values) of
  * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window`
  * positions of it (0: all earlier ones). Writes the rotated keys and the values into the cache, then
- * out[r*ldo + h*d ..]. */
+ * out[r*ldo + h*d ..]. Each head's rows go ATT_ROWS at a time through attend_rows where they see keys from the
+ * same first one (scores: attention_scratch(start + n, d) floats). */
 TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                                   ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
                                   void *cache, int kvf, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale,
                                   float *out, ptrdiff_t ldo, float *scores) {
     ptrdiff_t head = cap * d * (kvf == KV_F32 ? 4 : 2);    /* bytes of one head's keys (or values) */
     char *keys = cache, *values = keys + hkv * head;
-    float *qr = scores + start + n + 8;
+    ptrdiff_t lds = start + n + 8;
+    float *qr = scores + ATT_ROWS * lds, *kbuf = qr + ATT_ROWS * d;
 #pragma omp for schedule(static)
     for (ptrdiff_t t = 0; t < n * hkv; t++) {
         ptrdiff_t r = t / hkv, at = ((t % hkv) * cap + start + r) * d;
@@ -686,13 +782,24 @@ TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k,
         kv_store(values, at, v + r * ldv + (t % hkv) * d, d, kvf);
     }
     int groups = hq / hkv;
+    ptrdiff_t blocks = (n + ATT_ROWS - 1) / ATT_ROWS;
 #pragma omp for schedule(static)
-    for (ptrdiff_t t = 0; t < n * hq; t++) {
-        ptrdiff_t r = t / hq, pos = start + r;
-        int h = (int)(t % hq), kh = h / groups;
-        ptrdiff_t lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        rope(q + r * ldq + h * d, cos + r * d, sin + r * d, d, qr);
-        attend_one(qr, keys + kh * head, values + kh * head, kvf, lo, pos, d, scale, scores, out + r * ldo + (ptrdiff_t)h * d);
+    for (ptrdiff_t t = 0; t < hq * blocks; t++) {       /* head by head: each thread a run of whole heads */
+        int h = (int)(t / blocks), kh = h / groups;
+        ptrdiff_t r0 = (t % blocks) * ATT_ROWS, pos0 = start + r0;
+        int rn = n - r0 < ATT_ROWS ? (int)(n - r0) : ATT_ROWS;
+        ptrdiff_t lo = window > 0 && pos0 - window + 1 > 0 ? pos0 - window + 1 : 0;
+        const char *kk = keys + kh * head, *vv = values + kh * head;
+        for (int r = 0; r < rn; r++)
+            rope(q + (r0 + r) * ldq + h * d, cos + (r0 + r) * d, sin + (r0 + r) * d, d, qr + r * d);
+        if (rn > 1 && (window <= 0 || pos0 + rn - window <= 0)) {     /* every row sees keys from 0 */
+            attend_rows(qr, rn, kk, vv, kvf, lo, pos0, d, scale, scores, lds, kbuf, out + r0 * ldo + (ptrdiff_t)h * d, ldo);
+            continue;
+        }
+        for (int r = 0; r < rn; r++) {
+            ptrdiff_t pos = pos0 + r, lr = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+            attend_one(qr + r * d, kk, vv, kvf, lr, pos, d, scale, scores, out + (r0 + r) * ldo + (ptrdiff_t)h * d);
+        }
     }
 }
 
@@ -708,7 +815,7 @@ TARGET static void attention(const float *q, ptrdiff_t ldq, const float *k, ptrd
                              ptrdiff_t ldo, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && n * hq > 1)
     {
-        float *scores = malloc(sizeof(float) * (start + n + 8 + d));
+        float *scores = malloc(sizeof(float) * attention_scratch(start + n, d));
         attention_part(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, kvf, cap, start, window, scale, out, ldo,
                        scores);
         free(scores);
@@ -754,7 +861,7 @@ TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, 
           *mlp = act + T * I;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *scores = malloc(sizeof(float) * (longest + 8 + d));
+        float *scores = malloc(sizeof(float) * attention_scratch(longest, d));
         rms_norm(x, NULL, T, H, (const float *)(intptr_t)layers[0], eps, h);
         for (int i = 0; i < L; i++) {
             const int64_t *ly = layers + (ptrdiff_t)i * LAYER_FIELDS;
