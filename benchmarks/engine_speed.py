@@ -16,6 +16,7 @@ Every repetition measures, interleaved, so that the machine's noise hits all of 
   e. the draft's decode step as the draft-then-verify loop runs it: right after a target step of two rows (a
      verification at K=1), which leaves the caches holding the target's weights, against back to back;
   f. the target's decode step at long contexts (--long-contexts), its KV cache in the dtype the engine keeps it
+     (and passes of LONG_ROWS rows on that cache: a verification's cost where attention weighs most)
      (bfloat16 for a bfloat16 build) against float32, side by side;
   g. greedy generation of --generate tokens by one request from a single token, each step's token picked from
      its logits, the model's own loop without the scheduler: what llama.cpp's `llama-bench -n 128 -p 0` (tg128)
@@ -124,14 +125,18 @@ def draft_in_loop(target, draft, ids: list[int], steps: int) -> dict[str, float]
     }
 
 
+LONG_ROWS = (2, 5, 9)
+
+
 def long_context_steps(model, ids: list[int], contexts: list[int], steps: int) -> dict[int, dict[str, float]]:
     """Median seconds of a decode step after `context` tokens, per context, with the KV cache as the model keeps
-    it ("kept") and in float32 (the same kernels; only the cache's element differs)."""
+    it ("kept") and in float32 (the same kernels; only the cache's element differs); and of a pass of each of
+    LONG_ROWS rows at that position on the kept cache (key `rows`)."""
     out = {}
     for context in contexts:
         caches = {}
         for name, dtype in (("kept", model.kv_dtype), ("float32", torch.float32)):
-            kv = torch.zeros_like(model.new_kv(context + steps), dtype=dtype)
+            kv = torch.zeros_like(model.new_kv(context + max(steps, *LONG_ROWS)), dtype=dtype)
             model.forward([Segment(ids[:context], 0, kv, 1)])
             caches[name] = kv
         times = {name: [] for name in caches}
@@ -141,6 +146,13 @@ def long_context_steps(model, ids: list[int], contexts: list[int], steps: int) -
                 model.forward([Segment(ids[context + i : context + i + 1], context + i, kv, 1)])
                 times[name].append(time.perf_counter() - t)
         out[context] = {name: statistics.median(v) for name, v in times.items()}
+        passes = {n: [] for n in LONG_ROWS}
+        for _ in range(max(2, steps // 3)):
+            for n in LONG_ROWS:
+                t = time.perf_counter()
+                model.forward([Segment(ids[context : context + n], context, caches["kept"], n)])
+                passes[n].append(time.perf_counter() - t)
+        out[context]["rows"] = {n: statistics.median(v) for n, v in passes.items()}
     return out
 
 
@@ -316,6 +328,9 @@ def main(argv=None) -> int:
                     "kept_ms": median(lambda r: r["long"][c]["kept"]) * 1e3,
                     "float32_ms": median(lambda r: r["long"][c]["float32"]) * 1e3,
                     "ratio": median(lambda r: r["long"][c]["kept"] / r["long"][c]["float32"]),
+                    "passes_in_steps": {
+                        n: median(lambda r: r["long"][c]["rows"][n] / r["long"][c]["kept"]) for n in LONG_ROWS
+                    },
                 }
                 for c in contexts
             },
@@ -391,7 +406,8 @@ def _print(console: Console, r: dict) -> None:
         t = Table(
             title=f"decode step at long contexts (target): the KV cache as kept ({lc['kv_dtype']}) against float32"
         )
-        for col in ("context", "KV MB read as kept", "ms as kept", "ms float32", "kept / float32"):
+        rows = "/".join(str(n) for n in LONG_ROWS)
+        for col in ("context", "KV MB read as kept", "ms as kept", "ms float32", "kept / float32", f"{rows} rows"):
             t.add_column(col, justify="right")
         for c, m in lc["contexts"].items():
             t.add_row(
@@ -400,6 +416,7 @@ def _print(console: Console, r: dict) -> None:
                 f"{m['kept_ms']:.2f}",
                 f"{m['float32_ms']:.2f}",
                 f"{m['ratio']:.2f}x",
+                " / ".join(f"{v:.2f}" for v in m["passes_in_steps"].values()) + " steps",
             )
         console.print(t)
     t = Table(title="target-only, requests generating together (in-flight batching)")
