@@ -502,6 +502,7 @@ def test_a_forced_mode_reaches_the_bls_and_is_counted(spec_server):
 
 
 def engine_metric(server, name: str, model: str = "tensorrt_llm") -> float:
+    time.sleep(0.6)  # what happened is sent within one report period (engine_model.REPORT_SECONDS, 0.25 s)
     return read_metrics(server.metrics_url).get(f'{name}{{model="{model}"}}', 0.0)
 
 

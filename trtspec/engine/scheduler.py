@@ -219,8 +219,6 @@ class Scheduler:
         self._step_lock = threading.Lock()  # one driver at a time: the worker thread or a synchronous caller
         self._worker: threading.Thread | None = None
         self._stop = False
-        # hears (running calls, KV bytes they hold) after every step and every change of either
-        self.on_running: Callable[[int, int], None] | None = None
 
     # ---- feeding ------------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -275,7 +273,6 @@ class Scheduler:
             for job in [job for job in self.running if job.stopped]:
                 self._finish(job, job.result())
             self._admit()
-            self._report()
             if not self.running:
                 return False
             jobs = list(self.running)
@@ -298,12 +295,7 @@ class Scheduler:
                     continue
                 if complete:
                     self._finish(job, job.result())
-            self._report()
             return True
-
-    def _report(self) -> None:
-        if self.on_running is not None:
-            self.on_running(len(self.running), self.pool.running_bytes)
 
     def _admit(self) -> None:
         with self._lock:

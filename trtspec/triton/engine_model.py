@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -28,7 +27,7 @@ from trtspec.errors import EngineError, RequestError
 from trtspec.interfaces import ENGINE_INPUT_NAMES
 from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
 
-KV_REPORT_SECONDS = 0.25
+REPORT_SECONDS = 0.25  # how stale the metrics may be (the governor reads the KV gauges once a second)
 
 
 class TritonPythonModel:
@@ -47,41 +46,7 @@ class TritonPythonModel:
         # One thread loads the engine and then runs every forward pass (see Scheduler.serve); `execute` only
         # checks and queues, so requests join the running batch at every step.
         self.engine = None
-        labels = {"model": self.name}
-        self._metric_families = [  # a family must outlive its metrics
-            pb_utils.MetricFamily(
-                name="trtspec_engine_calls_total",
-                kind=pb_utils.MetricFamily.COUNTER,
-                description="Engine calls queued (one per request row; stop requests not counted)",
-            ),
-            pb_utils.MetricFamily(
-                name="trtspec_engine_tokens_total",
-                kind=pb_utils.MetricFamily.COUNTER,
-                description="Tokens the engine's calls returned (a stopped call's included)",
-            ),
-            pb_utils.MetricFamily(
-                name="trtspec_engine_running_calls",
-                kind=pb_utils.MetricFamily.GAUGE,
-                description="Engine calls holding a batch slot",
-            ),
-        ]
-        self.calls_metric, self.tokens_metric, self.running_metric = (
-            f.Metric(labels=labels) for f in self._metric_families
-        )
-        # TensorRT-LLM's backend reports its KV cache under this family (custom_metrics_reporter.cc: labels model,
-        # version, kv_cache_block_type); the embedded engine reports its budget the same way, in blocks of
-        # KV_TOKENS_PER_BLOCK tokens, so one rule, one panel and the governor read either.
-        kv = pb_utils.MetricFamily(
-            name="nv_trt_llm_kv_cache_block_metrics",
-            kind=pb_utils.MetricFamily.GAUGE,
-            description="TRT LLM KV cache block metrics",
-        )
-        self._metric_families.append(kv)
-        kv_labels = {"model": self.name, "version": str(args.get("model_version", "1"))}
-        self.kv_metrics = {
-            kind: kv.Metric(labels=kv_labels | {"kv_cache_block_type": kind})
-            for kind in ("max", "free", "used", "tokens_per", "fraction")
-        }
+        self.metrics = _Metrics(self.name, str(args.get("model_version", "1")))
         loaded, failure = threading.Event(), []
         threading.Thread(
             target=self._run, args=(params, device, loaded, failure), name="trtspec-engine", daemon=True
@@ -103,26 +68,11 @@ class TritonPythonModel:
             if not bool_parameter(params, "enable_kv_cache_reuse", True):
                 engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
             block = KV_TOKENS_PER_BLOCK * engine.model.kv_bytes_per_token
-            blocks = max(1, engine.cache.budget_bytes // block)
-            self.kv_metrics["max"].set(blocks)
-            self.kv_metrics["tokens_per"].set(KV_TOKENS_PER_BLOCK)
-            reported = [-1, 0.0, -1]  # used blocks last reported, when, and running calls
-
-            def running(calls: int, kv_bytes: int) -> None:
-                # Each metric update is a message to the server, sent from the thread that runs the forward passes
-                # (this is called after every step): the running calls when they change, the KV gauges at most every
-                # KV_REPORT_SECONDS (the governor reads them once a second) and always when the engine falls idle.
-                if calls != reported[2]:
-                    reported[2] = calls
-                    self.running_metric.set(calls)
-                used, now = min(blocks, -(-kv_bytes // block)), time.monotonic()
-                if used != reported[0] and (calls == 0 or now - reported[1] >= KV_REPORT_SECONDS):
-                    reported[:2] = [used, now]
-                    for kind, value in (("free", blocks - used), ("used", used), ("fraction", used / blocks)):
-                        self.kv_metrics[kind].set(value)
-
-            running(0, 0)
-            engine.scheduler.on_running = running
+            pool = engine.scheduler.pool
+            self.metrics.watch(
+                max(1, engine.cache.budget_bytes // block),
+                lambda: (len(engine.scheduler.running), -(-pool.running_bytes // block)),
+            )
             self.engine = engine
         except BaseException as exc:  # reported by initialize, which fails the model's load
             failure.append(exc)
@@ -160,7 +110,7 @@ class TritonPythonModel:
             self.engine.check(call)
         if "streaming" in tensors and np.any(tensors["streaming"]):
             return self._stream(calls, tensors, sender, request_id)
-        self.calls_metric.increment(len(calls))
+        self.metrics.count("calls", len(calls))
         if len(calls) == 1:
             self.engine.submit(
                 calls[0],
@@ -243,19 +193,19 @@ class TritonPythonModel:
             if isinstance(outcome, BaseException):
                 sender.send(error_response(outcome, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
-                self.tokens_metric.increment(len(outcome.new_tokens))
+                self.metrics.count("tokens", len(outcome.new_tokens))
                 part(outcome, True)
 
         def token(result):
             part(result, False)
 
-        self.calls_metric.increment(1)
+        self.metrics.count("calls", 1)
         self.engine.submit(call, done, on_token=None if call.draft_input_ids else token, request_id=request_id)
 
     def _response(self, call, outcome, batch_index: int | None = None):
         if isinstance(outcome, BaseException):
             return error_response(outcome, self.name)
-        self.tokens_metric.increment(len(outcome.new_tokens))
+        self.metrics.count("tokens", len(outcome.new_tokens))
         outputs = self.engine.result_tensors(call, outcome)
         if batch_index is not None:
             outputs["batch_index"] = np.asarray([[batch_index]], dtype=np.int32)
@@ -267,6 +217,95 @@ class TritonPythonModel:
         if self.engine is not None:
             self.engine.stop()
         self.engine = None
+        self.metrics.stop()
+
+
+class _Metrics:
+    """The engine model's metrics, sent to the server every REPORT_SECONDS from a thread of their own. Each update
+    is a message to the server process (0.1 ms each, measured in the stub); sent as things happened, three lay on
+    every call's path (its count, its tokens, the running calls before its first step) and more followed on the
+    forward thread after it."""
+
+    def __init__(self, model: str, version: str):
+        labels = {"model": model}
+        self._families = [  # a family must outlive its metrics
+            pb_utils.MetricFamily(
+                name="trtspec_engine_calls_total",
+                kind=pb_utils.MetricFamily.COUNTER,
+                description="Engine calls queued (one per request row; stop requests not counted)",
+            ),
+            pb_utils.MetricFamily(
+                name="trtspec_engine_tokens_total",
+                kind=pb_utils.MetricFamily.COUNTER,
+                description="Tokens the engine's calls returned (a stopped call's included)",
+            ),
+            pb_utils.MetricFamily(
+                name="trtspec_engine_running_calls",
+                kind=pb_utils.MetricFamily.GAUGE,
+                description="Engine calls holding a batch slot",
+            ),
+        ]
+        calls, tokens, self._running = (f.Metric(labels=labels) for f in self._families)
+        self._counters = {"calls": calls, "tokens": tokens}
+        # TensorRT-LLM's backend reports its KV cache under this family (custom_metrics_reporter.cc: labels model,
+        # version, kv_cache_block_type); the embedded engine reports its budget the same way, in blocks of
+        # KV_TOKENS_PER_BLOCK tokens, so one rule, one panel and the governor read either.
+        kv = pb_utils.MetricFamily(
+            name="nv_trt_llm_kv_cache_block_metrics",
+            kind=pb_utils.MetricFamily.GAUGE,
+            description="TRT LLM KV cache block metrics",
+        )
+        self._families.append(kv)
+        kv_labels = {"model": model, "version": version}
+        self._kv = {
+            kind: kv.Metric(labels=kv_labels | {"kv_cache_block_type": kind})
+            for kind in ("max", "free", "used", "tokens_per", "fraction")
+        }
+        self._lock = threading.Lock()
+        self._pending = dict.fromkeys(self._counters, 0)
+        self._state = None  # () -> (running calls, KV blocks in use), once the engine is loaded
+        self._shown: tuple | None = None
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def count(self, kind: str, n: int) -> None:
+        with self._lock:
+            self._pending[kind] += n
+
+    def watch(self, blocks: int, state) -> None:
+        """Report the engine's KV budget (`blocks`) and, from now on, its `state()`, starting with the present."""
+        self._blocks, self._state = blocks, state
+        self._kv["max"].set(blocks)
+        self._kv["tokens_per"].set(KV_TOKENS_PER_BLOCK)
+        self.flush()
+        self._thread = threading.Thread(target=self._run, name="trtspec-metrics", daemon=True)
+        self._thread.start()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, dict.fromkeys(self._counters, 0)
+        for kind, n in pending.items():
+            if n:
+                self._counters[kind].increment(n)
+        if self._state is None:
+            return
+        running, used = self._state()
+        used = min(self._blocks, used)
+        if (running, used) != self._shown:
+            self._shown = (running, used)
+            self._running.set(running)
+            for kind, value in (("free", self._blocks - used), ("used", used), ("fraction", used / self._blocks)):
+                self._kv[kind].set(value)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(REPORT_SECONDS):
+            self.flush()
 
 
 def engine_inputs(request) -> dict[str, np.ndarray]:
