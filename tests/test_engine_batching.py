@@ -432,6 +432,11 @@ def test_common_prefix_matches_a_scan():
         a, b = (tuple(rng.integers(0, 2, rng.integers(0, 40)).tolist()) for _ in range(2))
         scan = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         assert _common_prefix(a, b) == scan
+    for _ in range(300):  # long sequences that part anywhere, the windows' edges included
+        a = tuple(rng.integers(0, 50, rng.integers(0, 3000)).tolist())
+        cut = int(rng.integers(0, len(a) + 1))
+        b = a[:cut] + tuple(rng.integers(50, 99, rng.integers(0, 40)).tolist())
+        assert _common_prefix(a, b) == _common_prefix(b, a) == min(cut, len(b))
 
 
 def test_a_sequence_that_outgrows_its_cache_gets_room_to_grow(built_fp8):

@@ -174,11 +174,19 @@ class KVPool:
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """The length of the longest common prefix, compared in C a window at a time: windows that grow from the
+    front, so that a cache of another request (which differs after the shared template, a few dozen tokens in)
+    costs little, then halves of the window that differs."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case, compared in C: one is a prefix of the other
+    lo, width = 0, 32
+    while lo < n:
+        hi = min(n, lo + width)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, width = hi, width * 4
+    else:
         return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
+    while hi - lo > 1:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
         mid = (lo + hi) // 2
         if a[lo:mid] == b[lo:mid]:
             lo = mid
