@@ -5,7 +5,7 @@ the demo target; under a hypervisor each miss walks two page tables), and the ha
 page boundary. Most distributions set transparent huge pages to `madvise`: memory gets 2 MiB pages only where a
 program asks. `place` copies the tensors into one anonymous mapping that asks for them before it is first touched;
 the mapping lives as long as any of the returned views (torch.frombuffer holds it). Measured on the demo target
-(2-core Xeon under KVM, AMX): decoder layers 4.5-4.7 ms a step on 4 KiB pages, 4.2-4.35 ms on 2 MiB pages.
+(2-core Xeon under KVM, AMX): decoder layers 4.55-4.7 ms a step on 4 KiB pages, 4.05-4.35 ms on 2 MiB pages.
 """
 
 from __future__ import annotations
