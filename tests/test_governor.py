@@ -102,6 +102,20 @@ def test_low_acceptance_steps_down_twice_then_probes_bring_it_back():
     assert gov.cap() == 8
 
 
+def test_a_running_request_is_capped_only_where_its_range_rolled_back():
+    gov, clock, changes = make()
+    assert gov.rolled_back_cap() is None  # full length: the request's own draft length stands
+    run(gov, clock, 10, accepted=1)
+    assert gov.state == "reduced" and gov.rolled_back_cap() == 4
+    clock.now += 10
+    run(gov, clock, 10, accepted=1)
+    assert gov.state == "plain" and gov.rolled_back_cap() == 0
+    gov.force("speculating", seconds=5)
+    assert gov.rolled_back_cap() is None
+    clock.now += 6  # the force expires on the next look
+    assert gov.rolled_back_cap() == 0 and changes[-1][2] == "force_expired"
+
+
 def test_speculation_no_faster_than_plain_steps_down():
     gov, clock, changes = make()
     run(gov, clock, 5, speculative=False, tpot=0.02)

@@ -176,6 +176,30 @@ def test_sampling_is_reproducible_with_a_seed(engines, use_logits):
     assert first != other
 
 
+def test_a_cap_that_falls_while_the_request_runs_shortens_then_ends_its_drafts(engines):
+    """The deployment's cap as it goes (the governor of the load the request runs at): none, then 1 draft token,
+    then plain for the rest (one call), the output still the target's own."""
+    target, draft = engines
+    reference, _ = run(SpecRequest(PROMPTS[0], 40, end_id=-1), target)
+    caps = iter([None, None, 1, 1, 0])
+    drafted = []
+    client = drafter_for(draft)
+    propose = client.propose
+
+    def counted(sequence, k):
+        drafted.append(k)
+        return propose(sequence, k)
+
+    client.propose = counted
+    tokens, stats = run(
+        SpecRequest(PROMPTS[0], 40, num_draft_tokens=4, end_id=-1), target, client, cap=lambda: next(caps, 0)
+    )
+    assert tokens == reference
+    assert drafted == [4, 4, 1, 1]  # the cap was asked before each draft; at 0 nothing more is drafted
+    assert stats.fallbacks == {"governor": 1} and stats.fallback_iterations == {"governor": 1}
+    assert stats.iterations == 1 + len(drafted) + 1  # the first token, the drafts, the rest in one plain call
+
+
 def test_first_token_comes_from_the_target_alone(engines):
     target, draft = engines
     recorder = RecordingDrafter(drafter_for(draft))

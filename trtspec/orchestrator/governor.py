@@ -184,6 +184,12 @@ class Governor:
         """The draft-length cap of the current level (plain: 0)."""
         return (self.k_full, self.reduced_k, 0)[self.level] if self.k_full > 0 else 0
 
+    def rolled_back_cap(self) -> int | None:
+        """The cap where the level rolled back (reduced, plain); None at the full draft length."""
+        with self._lock:
+            self._expire()
+            return self.cap() if self.level > 0 else None
+
     def admit(self) -> tuple[int, bool, float]:
         """(draft-length cap, whether the request is a probe, admission time) for a new request."""
         with self._lock:

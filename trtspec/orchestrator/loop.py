@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -136,14 +136,17 @@ def speculate(
     on_draft_failed: Callable[[DraftFailed], None] = lambda exc: None,
     trace: Trace | None = None,
     recover: Callable[[EngineUnavailable], None] | None = None,
+    cap: Callable[[], int | None] | None = None,
 ) -> Iterator[list[int]]:
     """Yield the new tokens of each iteration until a stop rule fires; `stats` (and `trace`, with the target's
     log probs and logits when the request asks for them) are filled as it goes.
     `policy` chooses each iteration's draft length (default: always `request.num_draft_tokens`);
     `on_draft_failed` hears of a drafter's failure (the loop itself goes on without drafts); `recover` is called
-    when the target is unavailable and returns once it answers again (or raises: the request ends with it)."""
+    when the target is unavailable and returns once it answers again (or raises: the request ends with it);
+    `cap()`: the deployment's draft-length cap as the request goes on, None for none (an iteration drafts at most
+    that; at 0 the rest decodes plainly, fallback `governor`)."""
     stats = stats if stats is not None else RequestStats()
-    run = _Speculation(request, target, drafter, policy, stats, trace, on_draft_failed)
+    run = _Speculation(request, target, drafter, policy, stats, trace, on_draft_failed, cap)
     while True:
         if cancelled():  # 4. the stop rule checked before each iteration
             stats.finish_reason = "cancelled"
@@ -207,9 +210,10 @@ class _Speculation:
         stats: RequestStats,
         trace: Trace | None,
         on_draft_failed: Callable[[DraftFailed], None],
+        cap: Callable[[], int | None] | None = None,
     ):
         self.request, self.target, self.drafter, self.stats, self.trace = request, target, drafter, stats, trace
-        self.on_draft_failed = on_draft_failed
+        self.on_draft_failed, self.cap = on_draft_failed, cap
         self.speculative = drafter is not None and request.num_draft_tokens > 0
         self.policy = (
             policy if policy is not None else FixedDraftLength(request.num_draft_tokens if self.speculative else 0)
@@ -232,6 +236,12 @@ class _Speculation:
         else:
             offers = _offers(self.drafter, self.sequence, remaining) if self.speculative else None
             decision = self.policy.decide(remaining, offers)
+        cap = self.cap() if decision.k > 0 and self.cap is not None else None
+        if cap is not None:
+            if cap <= 0:  # the deployment decodes plainly at the load this request now runs at
+                self.speculative, self.lost = False, "governor"
+                self.stats.fallbacks["governor"] = 1  # a request's fallback, as the BLS counts one at admission
+            decision = replace(decision, k=min(decision.k, cap))
         if not self.speculative:
             decision = Decision(0, plain_tokens=remaining if self.lost else decision.plain_tokens, reason=self.lost)
         # 2. draft

@@ -221,8 +221,20 @@ class TritonPythonModel:
             run = _Run(stats, Trace(), times_ns, len(spec.prompt))
             target = self.target.for_request(plan.request_id, deadline, watch=stop)
             recover = self._recovery(deadline, stop)
+            # past admission the range of the most requests it has run beside caps it, where that range rolled
+            # back (a burst's first requests are admitted at a lighter load than the one they run at); a probe
+            # keeps its length
+            cap = None if probe else lambda: self.governor.at(peak_load()).rolled_back_cap()
             for chunk in speculate(
-                spec, target, drafter, policy=policy, stats=stats, cancelled=stop, trace=run.trace, recover=recover
+                spec,
+                target,
+                drafter,
+                policy=policy,
+                stats=stats,
+                cancelled=stop,
+                trace=run.trace,
+                recover=recover,
+                cap=cap,
             ):
                 now = time.monotonic_ns()  # one reading: tokens that came in one piece have first == last
                 run.times_ns[2] = run.times_ns[2] or now
