@@ -178,7 +178,8 @@ def test_sampling_is_reproducible_with_a_seed(engines, use_logits):
 
 def test_a_cap_that_falls_while_the_request_runs_shortens_then_ends_its_drafts(engines):
     """The deployment's cap as it goes (the governor of the load the request runs at): none, then 1 draft token,
-    then plain for the rest (one call), the output still the target's own."""
+    then plain for the rest (one call), the output still the target's own; a cap of 0 before the first token
+    leaves one plain call for the whole request."""
     target, draft = engines
     reference, _ = run(SpecRequest(PROMPTS[0], 40, end_id=-1), target)
     caps = iter([None, None, 1, 1, 0])
@@ -195,9 +196,11 @@ def test_a_cap_that_falls_while_the_request_runs_shortens_then_ends_its_drafts(e
         SpecRequest(PROMPTS[0], 40, num_draft_tokens=4, end_id=-1), target, client, cap=lambda: next(caps, 0)
     )
     assert tokens == reference
-    assert drafted == [4, 4, 1, 1]  # the cap was asked before each draft; at 0 nothing more is drafted
+    assert drafted == [4, 1, 1]  # asked before each iteration (the first token's too); at 0 nothing more is drafted
     assert stats.fallbacks == {"governor": 1} and stats.fallback_iterations == {"governor": 1}
     assert stats.iterations == 1 + len(drafted) + 1  # the first token, the drafts, the rest in one plain call
+    tokens, stats = run(SpecRequest(PROMPTS[0], 40, num_draft_tokens=4, end_id=-1), target, client, cap=lambda: 0)
+    assert tokens == reference and stats.iterations == 1 and stats.fallbacks == {"governor": 1}
 
 
 def test_first_token_comes_from_the_target_alone(engines):

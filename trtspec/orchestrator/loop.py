@@ -227,6 +227,10 @@ class _Speculation:
         """One iteration, steps 1 to 5 (the caller records it and yields its tokens): a generator that yields a
         streamed stretch's tokens as they arrive and returns the `Iteration`."""
         request, remaining = self.request, self.request.max_tokens - self.generated
+        cap = self.cap() if self.speculative and self.cap is not None else None
+        if cap is not None and cap <= 0:  # the deployment decodes plainly at the load this request now runs at
+            self.speculative, self.lost = False, "governor"
+            self.stats.fallbacks["governor"] = 1  # a request's fallback, as the BLS counts one at admission
         first = self.generated == 0 and self.speculative  # the target's first token, alone
         start = time.perf_counter()
         # 1. choose k
@@ -236,12 +240,8 @@ class _Speculation:
         else:
             offers = _offers(self.drafter, self.sequence, remaining) if self.speculative else None
             decision = self.policy.decide(remaining, offers)
-        cap = self.cap() if decision.k > 0 and self.cap is not None else None
-        if cap is not None:
-            if cap <= 0:  # the deployment decodes plainly at the load this request now runs at
-                self.speculative, self.lost = False, "governor"
-                self.stats.fallbacks["governor"] = 1  # a request's fallback, as the BLS counts one at admission
-            decision = replace(decision, k=min(decision.k, cap))
+        if cap is not None and decision.k > cap:
+            decision = replace(decision, k=cap)
         if not self.speculative:
             decision = Decision(0, plain_tokens=remaining if self.lost else decision.plain_tokens, reason=self.lost)
         # 2. draft
