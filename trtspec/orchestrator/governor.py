@@ -21,8 +21,10 @@ released) it returns to the level it had before and judges again from there, as 
 Whether speculation pays depends on the load: a verifying pass that carries the drafts of many requests is
 compute-bound where a lone request's is bound by the weights' bytes. So a deployment has one governor per load
 range (`LoadGovernors`: requests in flight, 1, 2, 3-4, 5-8, ..., as the learned costs): the range of the load at a
-request's admission caps it, the range of the most requests it ran beside judges it, and a burst that does not pay
-rolls back its own range and leaves lone requests speculating. The floors and a force hold for every range.
+request's admission caps it, the range of the most requests it ran beside judges it (and, where that range rolled
+back, caps each later iteration: a burst's first requests are admitted at a lighter load than the one they run at),
+and a burst that does not pay rolls back its own range and leaves lone requests speculating. The floors and a force
+hold for every range.
 
 Plain requests share those passes too: beside speculating requests, a plain request waits on their verifications,
 and its time per token flatters speculation (seen at four requests: the range went back to speculating on "pays"
