@@ -8,8 +8,9 @@ Words trtspec uses in its own sense (here, in adaptive.py and in governor.py):
   plain stretch: tokens the target decodes without a draft in one engine call (or one streaming call): after a
       fallback, while a drafter has nothing to propose, or a whole request that does not speculate.
   fallback: a plain iteration with a reason, counted per reason in RequestStats: `low_acceptance` (the adaptive
-      policy finds no draft length that gains: a stretch of plain_stretch tokens) or `draft_error` (the drafter
-      failed with no other source: plain to the end).
+      policy finds no draft length that gains: a stretch of plain_stretch tokens), `draft_error` (the drafter
+      failed with no other source: plain to the end) or `governor` (the deployment's cap, asked before each
+      iteration, fell to 0: plain to the end).
   probe: in adaptive.py, drafting again after a low-acceptance stretch, from the prior acceptance (the failures
       before the stretch forgotten); if nothing it drafts is accepted, the next stretch is twice as long. In
       governor.py, a request that speculates at the reduced length while the deployment decodes plainly.
