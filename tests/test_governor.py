@@ -251,22 +251,28 @@ def test_above_one_request_plain_requests_beside_speculating_ones_are_no_referen
     run(govs, clock, 10, accepted=1, load=4)  # low acceptance: 3-4 steps down to reduced
     clock.now += 20
     run(govs, clock, 5, speculative=False, plain_tpot=0.05, load=4)  # plain beside the reduced drafts: slowed
-    run(govs, clock, 10, tpot=0.03, accepted=7, load=4)  # faster than those, and accepted
-    assert govs.at(4).state == "reduced" and govs.at(4).plain_tpot is None
+    early = govs.admit(4)  # admitted while the range still drafts (reduced)
+    run(govs, clock, 10, tpot=0.03, accepted=7, load=4)  # faster than those, and accepted: not "pays"
+    assert govs.at(4).state == "plain" and govs.at(4).plain_tpot is None  # it decodes plainly to take a reference
     lone = make()[0]  # one request in flight: nothing shares its passes, and the same requests are a reference
     run(lone, clock, 5, speculative=False, plain_tpot=0.05)
     assert abs(lone.plain_tpot - 0.05) < 1e-9
-    early = govs.admit(4)  # admitted while the range still drafts (reduced)
-    run(govs, clock, 20, accepted=1, load=4)  # acceptance falls: plain, and the plain requests since then at 0.02
-    assert govs.at(4).state == "plain" and abs(govs.at(4).plain_tpot - 0.02) < 1e-9
+    run(govs, clock, 20, accepted=1, load=4)  # the plain requests since then at 0.02 (its probes accept little)
+    assert govs.at(4).level == 2 and abs(govs.at(4).plain_tpot - 0.02) < 1e-9
     govs.observe(Outcome(False, 0.09, admitted_at=early[2]), 0.4, 4)  # finishes now, but shared its passes
     assert abs(govs.at(4).plain_tpot - 0.02) < 1e-9
     clock.now += 20
     run(govs, clock, 40, tpot=0.03, plain_tpot=0.02, accepted=7, load=4)  # plainly at 0.02: probes at 0.03 do not pay
     assert govs.at(4).state == "probing" and abs(govs.at(4).plain_tpot - 0.02) < 1e-9
     run(govs, clock, 80, tpot=0.01, plain_tpot=0.02, accepted=7, load=4)  # probes at 0.01 do
-    assert [c[3] for c in changes] == ["low_acceptance", "low_acceptance", "probes_pay", "pays"]
+    assert [c[3] for c in changes] == ["low_acceptance", "no_plain_reference", "probes_pay", "pays"]
     assert govs.at(1).cap() == 8 and not govs.at(1).shared and govs.at(2).shared
+
+
+def test_a_shared_range_where_speculation_pays_keeps_speculating_without_a_reference():
+    govs, clock, changes = make_ranges()
+    run(govs, clock, 30, tpot=0.01, accepted=7, load=4)
+    assert govs.at(4).state == "speculating" and govs.at(4).plain_tpot is None and not changes
 
 
 def test_floors_and_forces_reach_every_range_those_seen_later_too():

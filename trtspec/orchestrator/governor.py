@@ -29,7 +29,11 @@ hold for every range.
 Plain requests share those passes too: beside speculating requests, a plain request waits on their verifications,
 and its time per token flatters speculation (seen at four requests: the range went back to speculating on "pays"
 half a minute after low acceptance took it down). So above one request in flight, the plain time per token that
-speculation is held against comes only from plain requests admitted while the range decoded plainly.
+speculation is held against comes only from plain requests admitted while the range decoded plainly. A range that
+has stepped down to reduced and has no such reference yet goes on to plain to take one (`no_plain_reference`):
+otherwise only low acceptance could take it further down, and at four requests on a 2-core CPU the acceptance at
+the reduced length stayed above the learned break-even (the costs a request pays itself) while the range ran at two
+thirds of target-only's rate. Its probes then bring it back where speculation pays against that reference.
 """
 
 from __future__ import annotations
@@ -250,6 +254,8 @@ class Governor:
             return self._go(self.judged + 1, "low_acceptance")
         if self.judged < 2 and not faster:
             return self._go(self.judged + 1, "slower_than_plain")
+        if self.judged == 1 and self.shared and self.plain_tpot is None:
+            return self._go(2, "no_plain_reference")  # reduced once already, and nothing to show it pays
         if (
             self.judged > 0
             and acceptance >= break_even
