@@ -221,10 +221,15 @@ class TritonPythonModel:
             run = _Run(stats, Trace(), times_ns, len(spec.prompt))
             target = self.target.for_request(plan.request_id, deadline, watch=stop)
             recover = self._recovery(deadline, stop)
-            # past admission the range of the most requests it has run beside caps it, where that range rolled
-            # back (a burst's first requests are admitted at a lighter load than the one they run at); a probe
-            # keeps its length
-            cap = None if probe else lambda: self.governor.at(peak_load()).rolled_back_cap()
+            # past admission a heavier range than its own, that of the most requests it has run beside, caps it
+            # where that range rolled back (a burst's first requests are admitted at a lighter load than the one
+            # they run at); its own range capped it at admission, and a probe keeps its length
+            own = self.governor.at(load)
+
+            def cap() -> int | None:
+                heavier = self.governor.at(peak_load())
+                return None if probe or heavier is own else heavier.rolled_back_cap()
+
             for chunk in speculate(
                 spec,
                 target,
