@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import MAX_DRAFT_LEN, MAX_SEQ_LEN
 from safetensors.torch import load_file
+from tiny import hf_generate
 
 from trtspec.contract import (
     ENGINE_OUTPUTS,
@@ -57,17 +58,7 @@ def hf_models(tiny_pair, built_fp8):
 
 def hf_greedy(model, prompt: tuple[int, ...], n: int = N) -> tuple[list[int], np.ndarray]:
     """A Hugging Face model's `generate` with do_sample=False (stops at eos, as the engine): tokens and logits."""
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=EOS,
-        pad_token_id=1,
-        return_dict_in_generate=True,
-        output_logits=True,
-    )
+    out = hf_generate(model, prompt, n, eos=EOS, return_dict_in_generate=True, output_logits=True)
     return out.sequences[0, len(prompt) :].tolist(), torch.cat(out.logits).float().numpy()
 
 

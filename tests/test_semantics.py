@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny import hf_generate
 
 from trtspec.contract import GenerationRequest, Penalties, SamplingParams, request_to_tensors, tensors_to_request
 from trtspec.engine.runtime import Engine
@@ -37,17 +38,7 @@ def gen(engine, n=N, prompt=PROMPT, end_id=EOS, **kw) -> list[int]:
 
 
 def hf_greedy(hf, n=N, **kw) -> list[int]:
-    ids = torch.tensor([PROMPT])
-    out = hf.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=EOS,
-        pad_token_id=1,
-        **kw,
-    )
-    return out[0, len(PROMPT) :].tolist()
+    return hf_generate(hf, PROMPT, n, eos=EOS, **kw)[0, len(PROMPT) :].tolist()
 
 
 def test_repetition_penalty_matches_hugging_face(engine, hf):
@@ -72,16 +63,7 @@ def test_min_tokens_match_hugging_face(engine, hf):
     short = engine.generate(GenerationRequest(input_ids=list(PROMPT), request_output_len=N, end_id=stop)).new_tokens
     assert short == plain[:3]  # the end token itself is not returned, as TensorRT-LLM
     held = engine.generate(GenerationRequest(input_ids=list(PROMPT), request_output_len=N, end_id=stop, min_tokens=10))
-    ids = torch.tensor([PROMPT])
-    ref = hf.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=N,
-        do_sample=False,
-        eos_token_id=stop,
-        pad_token_id=1,
-        min_new_tokens=10,
-    )[0, len(PROMPT) :].tolist()
+    ref = hf_generate(hf, PROMPT, N, eos=stop, min_new_tokens=10)[0, len(PROMPT) :].tolist()
     assert held.new_tokens == ref[: len(held.new_tokens)] and len(held.new_tokens) > 10
 
 

@@ -83,6 +83,21 @@ def make_checkpoint(
     return path
 
 
+def hf_generate(model, prompt, n: int, *, eos: int, **kw):
+    """Hugging Face's greedy `generate` (do_sample=False), stopping at `eos` as the engine does, with the tiny
+    checkpoints' pad id; `kw` goes on to `generate` (penalties, bad words, logits)."""
+    ids = torch.tensor([list(prompt)])
+    return model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=1,
+        **kw,
+    )
+
+
 def write_config(path: Path, target: Path, draft: Path | None, /, **sections) -> Path:
     """A build config (JSON, which is YAML) for the pair; each keyword is merged into its section
     (`target={...}` and `draft={...}` included)."""
