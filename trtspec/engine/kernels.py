@@ -375,6 +375,14 @@ class PackedLinear:
         return y if self.n_padded == self.n else y[:, : self.n]
 
 
+def on_huge_pages(linears: list[PackedLinear]) -> hugepages.Placement:
+    """Move the linears' packed weights onto 2 MiB pages where the machine gives them (hugepages.place)."""
+    placed, where = hugepages.place([lin.packed for lin in linears])
+    for linear, tensor in zip(linears, placed):
+        linear.move_to(tensor)
+    return where
+
+
 _fp8_storage: dict[torch.dtype, tuple[str, str]] = {}  # rows dtype -> (storage, why)
 
 
@@ -418,9 +426,7 @@ def measure_fp8_storages(weights_mb: int = 48, reps: int = 3, *, rows: torch.dty
     weight, scale = codes.view(torch.float8_e4m3fn), torch.tensor(0.01)
     linears = {s: PackedLinear(weight, None, scale=scale, storage=s, rows=rows) for s in FP8_STORAGES}
     del codes, weight
-    placed, _ = hugepages.place([lin.packed for lin in linears.values()])  # where a model's weights are kept
-    for linear, tensor in zip(linears.values(), placed):
-        linear.move_to(tensor)
+    on_huge_pages(list(linears.values()))  # where a model's weights are kept
     x = torch.randn(4, k, generator=gen)
     best = dict.fromkeys(linears, float("inf"))
     for _ in range(reps):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trtspec.engine import fp8, hugepages, kernels, subset_head
+from trtspec.engine import fp8, kernels, subset_head
 from trtspec.errors import EngineError
 
 COMPACT_ARCHITECTURES = {
@@ -174,10 +174,7 @@ class CompactModel:
         if subset_head.head_tokens(self.config):
             self.head_ids = state["lm_head.token_ids"].to(self.device)
         self.vocab_size = self.config.vocab_size
-        packed = self._packed_linears(head=True)
-        placed, self.placement = hugepages.place([lin.packed for lin in packed])
-        for lin, tensor in zip(packed, placed):
-            lin.move_to(tensor)
+        self.placement = kernels.on_huge_pages(self._packed_linears(head=True))
 
     def _packed_linears(self, head: bool = False) -> list:
         """The products on trtspec's CPU kernels, the output head's too where `head`."""
