@@ -30,10 +30,12 @@ Plain requests share those passes too: beside speculating requests, a plain requ
 and its time per token flatters speculation (seen at four requests: the range went back to speculating on "pays"
 half a minute after low acceptance took it down). So above one request in flight, the plain time per token that
 speculation is held against comes only from plain requests admitted while the range decoded plainly. A range that
-has stepped down to reduced and has no such reference yet goes on to plain to take one (`no_plain_reference`):
-otherwise only low acceptance could take it further down, and at four requests on a 2-core CPU the acceptance at
-the reduced length stayed above the learned break-even (the costs a request pays itself) while the range ran at two
-thirds of target-only's rate. Its probes then bring it back where speculation pays against that reference.
+has no such reference yet goes to plain to take one (`no_plain_reference`) where it would step down, and from
+reduced, where it got by other means (errors): at reduced only low acceptance could take it further down, and at
+four requests on a 2-core CPU the acceptance at the reduced length stayed above the learned break-even (the costs a
+request pays itself) while the range ran at two thirds of target-only's rate. Straight to plain saves a fresh
+deployment's first burst the hold at reduced, which could only end in plain. Its probes then bring it back where
+speculation pays against that reference.
 """
 
 from __future__ import annotations
@@ -251,6 +253,10 @@ class Governor:
         tpots = [o.seconds_per_token for o in judging if o.seconds_per_token is not None]
         faster = self.plain_tpot is None or not tpots or sum(tpots) / len(tpots) < self.pays_below * self.plain_tpot
         if self.judged < 2 and acceptance < break_even:
+            if self.shared and self.plain_tpot is None:
+                # reduced would have nothing but acceptance to be held against, and goes on to plain after its hold
+                # whatever it shows (below): it goes there now
+                return self._go(2, "no_plain_reference")
             return self._go(self.judged + 1, "low_acceptance")
         if self.judged < 2 and not faster:
             return self._go(self.judged + 1, "slower_than_plain")
