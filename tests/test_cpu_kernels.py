@@ -209,6 +209,32 @@ def test_the_kv_cache_holds_rounded_keys_and_values_and_attention_reads_them_exa
             torch.testing.assert_close(out[r, h * d : (h + 1) * d].double(), want, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.skipif("avx512" not in kernels.ISAS, reason="needs a CPU with AVX-512 and trtspec's kernels")
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+def test_attention_gives_the_same_bits_with_avx512_as_with_avx2(kv_dtype, threads):
+    """The AVX-512 attention computes each lane as the eight-lane one does: one to nine rows (a decode step, a
+    verification, a prompt), after 0 to 40 cached positions (whole groups of eight keys and the rest), head sizes
+    of 64, 48 and 40 (not a multiple of 16: eight lanes), with and without a sliding window."""
+    gen = torch.Generator().manual_seed(11)
+    for d in (64, 48, 40):
+        for n in (1, 2, 5, 8, 9):
+            for start in (0, 7, 40):
+                for window in (None, 6):
+                    q, k, v = (torch.randn(n, h, d, generator=gen) for h in (6, 2, 2))
+                    angles = torch.arange(start, start + n)[:, None] * torch.rand(d // 2, generator=gen)[None]
+                    cos, sin = torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1)
+                    cache = torch.zeros(2, 2, kernels.attention_length(start + n), d, dtype=kv_dtype)
+                    cache[:, :, :start] = torch.randn(2, 2, start, d, generator=gen).to(kv_dtype)
+                    outs, caches = [], []
+                    for isa in ("avx2", "avx512"):
+                        out, c = torch.empty(n, 6 * d), cache.clone()
+                        kernels.attend_rows(q, k, v, cos, sin, c, start, window=window, scale=d**-0.5, out=out, isa=isa)
+                        outs.append(out)
+                        caches.append(c)
+                    assert torch.equal(caches[0], caches[1])
+                    assert torch.equal(outs[0], outs[1]), (d, n, start, window)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
 def test_the_decoder_kernel_equals_the_framework_loop(kind, dtype, threads):

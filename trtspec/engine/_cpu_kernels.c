@@ -454,7 +454,7 @@ TARGETAMX static void amx_blocks(const uint16_t *xb, ptrdiff_t M, int Kp, const 
  * blocks STREAM_AHEAD bytes ahead (as amx_fetch_ahead does; not for the pair formats' vdpbf16ps tiles, which
  * measured no faster with it). Past the last block the address is merely not fetched: a prefetch never faults. */
 #define STREAM_AHEAD 1024
-#define ATT_ROWS 8          /* query rows of one head that attend_rows takes at a time */
+#define ATT_ROWS 9          /* query rows of one head that attend_rows takes at a time: a verification of 8 drafts */
 static void linear_blocks(const float *x, ptrdiff_t M, int K, const char *w, int fmt, ptrdiff_t N, const float *scale,
                           const float *bias, float *y, ptrdiff_t b0, ptrdiff_t b1, int isa) {
     int pairs = fmt >= W_BF16_PAIRS, wide = pairs || isa >= ISA_AVX512;
@@ -620,8 +620,13 @@ TARGET static INLINE __m256 exp_neg(__m256 x) {
 /* The scores of keys lo..end-1 replaced by their weights e^(s - max) (unnormalised); returns 1 / their sum */
 TARGET static INLINE float softmax_weights(float *scores, ptrdiff_t lo, ptrdiff_t end) {
     ptrdiff_t j;
-    float top = -INFINITY;
-    for (j = lo; j < end; j++) top = scores[j] > top ? scores[j] : top;
+    /* the largest score, eight lanes at a time (a maximum is exact in any order: the same bits) */
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    for (j = lo; j + 8 <= end; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(scores + j));
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, m8);
+    for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
+    for (; j < end; j++) top = scores[j] > top ? scores[j] : top;
     /* weights e^(s - top), summed in eight lanes over groups of eight keys from lo, then the rest in order */
     __m256 sum = _mm256_setzero_ps(), t8 = _mm256_set1_ps(top);
     for (j = lo; j + 8 <= end; j += 8) {
@@ -749,7 +754,104 @@ TARGET static void attend_rows(const float *q, int rn, const void *keys, const v
     case 5: if (half == 2) WV(5, 2); else WV(5, 1); break;
     case 6: if (half == 2) WV(6, 2); else WV(6, 1); break;
     case 7: WV(7, 1); break;
+    case 8: WV(8, 1); break;
     default: WV(ATT_ROWS, 1);
+    }
+#undef WV
+}
+
+/* attend_rows with AVX-512: the same operations on each lane as attend_rows' eight-lane vectors, two of those vectors
+ * at a time, so every score, weight and output has the same bits (what a row computes does not depend on the
+ * instruction set). A key's score sums its eight lanes over d in the same order (keys go in pairs, one in each half
+ * of a vector, the query's eight floats in both); the weighted values are 16 outputs a vector, each lane summing its
+ * keys in order. AVX512F alone. */
+TARGET512 static INLINE __m512 pair256(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+TARGET512 static INLINE __m256 high256(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+TARGET512 static INLINE __m512 kv_load16(const void *base, ptrdiff_t at, int kvf) {
+    if (kvf == KV_F32) return _mm512_loadu_ps((const float *)base + at);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
+    if (kvf == KV_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The scores of 8 keys (a[p] holding keys 2p and 2p+1, in halves) as attend_one's sum8x8 would give them */
+TARGET512 static INLINE __m256 sum8x8_pairs(const __m512 *a) {
+    __m256 h[8];
+    for (int p = 0; p < 4; p++) h[2 * p] = _mm512_castps512_ps256(a[p]), h[2 * p + 1] = high256(a[p]);
+    return sum8x8(h);
+}
+
+/* weighted_values with 16 outputs a vector (W of them, d a multiple of 16 * W) */
+TARGET512 static INLINE void weighted_values16(const void *values, int kvf, ptrdiff_t lo, ptrdiff_t end0, const int RN,
+                                               const int W, int d, const float *scores, ptrdiff_t ldscores,
+                                               const float *inv, float *out, ptrdiff_t ldo) {
+    for (int i = 0; i < d; i += 16 * W) {
+        __m512 acc[ATT_ROWS * 2], v[4];
+        for (int a = 0; a < RN * W; a++) acc[a] = _mm512_setzero_ps();
+        for (ptrdiff_t j = lo; j < end0 + RN - 1; j++) {
+            for (int w = 0; w < W; w++) v[w] = kv_load16(values, j * d + i + 16 * w, kvf);
+            for (int r = 0; r < RN; r++) {
+                if (j >= end0 + r) continue;    /* row r sees keys lo..end0+r-1 */
+                __m512 p = _mm512_set1_ps(scores[r * ldscores + j]);
+                for (int w = 0; w < W; w++) acc[r * W + w] = _mm512_fmadd_ps(p, v[w], acc[r * W + w]);
+            }
+        }
+        for (int r = 0; r < RN; r++)
+            for (int w = 0; w < W; w++)
+                _mm512_storeu_ps(out + r * ldo + i + 16 * w, _mm512_mul_ps(acc[r * W + w], _mm512_set1_ps(inv[r])));
+    }
+}
+
+/* attend_rows with AVX-512 (d a multiple of 16); kbuf: room for 8 keys of d floats, held as pairs of keys */
+TARGET512 static void attend_rows16(const float *q, int rn, const void *keys, const void *values, int kvf,
+                                    ptrdiff_t lo, ptrdiff_t pos0, int d, float scale, float *scores, ptrdiff_t ldscores,
+                                    float *kbuf, float *out, ptrdiff_t ldo) {
+    ptrdiff_t end0 = pos0 + 1, last = end0 + rn - 1;    /* row r sees keys lo..end0+r-1 */
+    for (ptrdiff_t j = lo; j + 8 <= last; j += 8) {
+        /* keys j+2p and j+2p+1, eight floats of each at a time side by side: pair p's chunk i at kbuf + (p*d + 2*i) */
+        for (int p = 0; p < 4; p++)
+            for (int i = 0; i < d; i += 8)
+                _mm512_storeu_ps(kbuf + p * 2 * d + 2 * i, pair256(kv_load8(keys, (j + 2 * p) * d + i, kvf),
+                                                                   kv_load8(keys, (j + 2 * p + 1) * d + i, kvf)));
+        for (int r = 0; r < rn; r++) {
+            if (j + 8 > end0 + r) continue;
+            __m512 acc[4];
+            for (int p = 0; p < 4; p++) acc[p] = _mm512_setzero_ps();
+            for (int i = 0; i < d; i += 8) {
+                __m512 qv = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q + r * d + i))));
+                for (int p = 0; p < 4; p++) acc[p] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kbuf + p * 2 * d + 2 * i), acc[p]);
+            }
+            _mm256_storeu_ps(scores + r * ldscores + j, _mm256_mul_ps(sum8x8_pairs(acc), _mm256_set1_ps(scale)));
+        }
+    }
+    float inv[ATT_ROWS];
+    for (int r = 0; r < rn; r++) {      /* each row's keys after its last whole group, one at a time */
+        ptrdiff_t end = end0 + r;
+        float *sr = scores + r * ldscores;
+        for (ptrdiff_t j = lo + (end - lo) / 8 * 8; j < end; j++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i), kv_load8(keys, j * d + i, kvf), acc);
+            sr[j] = sum8(acc) * scale;
+        }
+        inv[r] = softmax_weights(sr, lo, end);
+    }
+    /* constant counts keep the sums in registers (32 of them: at most 16 sums, their values and a weight) */
+#define WV(RN, W) weighted_values16(values, kvf, lo, end0, RN, W, d, scores, ldscores, inv, out, ldo)
+    int two = d % 32 == 0;
+    switch (rn) {
+    case 2: if (d % 64 == 0) WV(2, 4); else if (two) WV(2, 2); else WV(2, 1); break;
+    case 3: if (two) WV(3, 2); else WV(3, 1); break;
+    case 4: if (two) WV(4, 2); else WV(4, 1); break;
+    case 5: if (two) WV(5, 2); else WV(5, 1); break;
+    case 6: if (two) WV(6, 2); else WV(6, 1); break;
+    case 7: if (two) WV(7, 2); else WV(7, 1); break;
+    case 8: if (two) WV(8, 2); else WV(8, 1); break;
+    default: if (two) WV(ATT_ROWS, 2); else WV(ATT_ROWS, 1);
     }
 #undef WV
 }
@@ -765,11 +867,12 @@ static INLINE ptrdiff_t attention_scratch(ptrdiff_t longest, int d) {
  * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window`
  * positions of it (0: all earlier ones). Writes the rotated keys and the values into the cache, then
  * out[r*ldo + h*d ..]. Each head's rows go ATT_ROWS at a time through attend_rows where they see keys from the
- * same first one (scores: attention_scratch(start + n, d) floats). */
+ * same first one (scores: attention_scratch(start + n, d) floats); `wide`: those with AVX-512 (attend_rows16, the
+ * same bits; a lone row gains nothing from it: widening its keys from the cache is most of its work). */
 TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                                   ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
                                   void *cache, int kvf, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale,
-                                  float *out, ptrdiff_t ldo, float *scores) {
+                                  float *out, ptrdiff_t ldo, float *scores, int wide) {
     ptrdiff_t head = cap * d * (kvf == KV_F32 ? 4 : 2);    /* bytes of one head's keys (or values) */
     char *keys = cache, *values = keys + hkv * head;
     ptrdiff_t lds = start + n + 8;
@@ -793,7 +896,9 @@ TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k,
         for (int r = 0; r < rn; r++)
             rope(q + (r0 + r) * ldq + h * d, cos + (r0 + r) * d, sin + (r0 + r) * d, d, qr + r * d);
         if (rn > 1 && (window <= 0 || pos0 + rn - window <= 0)) {     /* every row sees keys from 0 */
-            attend_rows(qr, rn, kk, vv, kvf, lo, pos0, d, scale, scores, lds, kbuf, out + r0 * ldo + (ptrdiff_t)h * d, ldo);
+            float *o = out + r0 * ldo + (ptrdiff_t)h * d;
+            if (wide) attend_rows16(qr, rn, kk, vv, kvf, lo, pos0, d, scale, scores, lds, kbuf, o, ldo);
+            else attend_rows(qr, rn, kk, vv, kvf, lo, pos0, d, scale, scores, lds, kbuf, o, ldo);
             continue;
         }
         for (int r = 0; r < rn; r++) {
@@ -808,16 +913,16 @@ TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k,
  * cos, sin: [n][d], the rotary tables of the rows' positions; cache: [2][hkv][cap][d] (keys, then values) of
  * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window`
  * positions of it (0: all earlier ones). Writes the rotated keys and the values into the cache, then
- * out[r*ldo + h*d ..]. */
+ * out[r*ldo + h*d ..]; isa: ISA_AVX512 and up use AVX-512 (the same bits). */
 TARGET static void attention(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                              ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
                              void *cache, int kvf, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale, float *out,
-                             ptrdiff_t ldo, int threads) {
+                             ptrdiff_t ldo, int threads, int isa) {
 #pragma omp parallel num_threads(threads) if (threads > 1 && n * hq > 1)
     {
         float *scores = malloc(sizeof(float) * attention_scratch(start + n, d));
         attention_part(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, kvf, cap, start, window, scale, out, ldo,
-                       scores);
+                       scores, isa >= ISA_AVX512 && d % 16 == 0);
         free(scores);
     }
 }
@@ -873,7 +978,7 @@ TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, 
                 const float *row = qkv + off * nqkv;
                 attention_part(row, nqkv, row + na, nqkv, row + na + (ptrdiff_t)hkv * d, nqkv, sg[1], hq, hkv, d,
                                cos + off * d, sin + off * d, (char *)(intptr_t)sg[3] + i * sg[4], (int)sg[6], sg[5],
-                               sg[2], window, scale, att + off * na, na, scores);
+                               sg[2], window, scale, att + off * na, na, scores, isa >= ISA_AVX512 && d % 16 == 0);
             }
             linear_part(att, T, (int)na, ly + 7, o, isa);
 #pragma omp barrier
@@ -1003,18 +1108,19 @@ static PyObject *py_rms_norm(PyObject *Py_UNUSED(self), PyObject *const *args, P
 }
 
 /* attention(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, kvf, cap, start, window, scale, out, ldo,
- * threads) */
+ * threads, isa) */
 static PyObject *py_attention(PyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    Py_ssize_t v[21];
-    double f[21];
-    if (parse(args, nargs, "iiiiiiiiiiiiiiiiifiii", v, f)) return NULL;
-    if (v[9] % 8 || v[8] <= 0 || v[7] % v[8] || v[15] + v[6] > v[14] || v[13] < 0 || v[13] > 2) {
-        PyErr_SetString(PyExc_ValueError, "attention: d must be a multiple of 8, hq of hkv, kvf 0-2, and the cache must "
-                                          "hold every row");
+    Py_ssize_t v[22];
+    double f[22];
+    if (parse(args, nargs, "iiiiiiiiiiiiiiiiifiiii", v, f)) return NULL;
+    if (v[9] % 8 || v[8] <= 0 || v[7] % v[8] || v[15] + v[6] > v[14] || v[13] < 0 || v[13] > 2 || v[21] < ISA_AVX2 ||
+        v[21] > max_isa) {
+        PyErr_SetString(PyExc_ValueError, "attention: d must be a multiple of 8, hq of hkv, kvf 0-2, isa one isas() "
+                                          "names, and the cache must hold every row");
         return NULL;
     }
     CALL(attention(F(0), v[1], F(2), v[3], F(4), v[5], v[6], (int)v[7], (int)v[8], (int)v[9], F(10), F(11),
-                   (void *)v[12], (int)v[13], v[14], v[15], v[16], (float)f[17], F(18), v[19], (int)v[20]));
+                   (void *)v[12], (int)v[13], v[14], v[15], v[16], (float)f[17], F(18), v[19], (int)v[20], (int)v[21]));
 }
 
 static PyMethodDef methods[] = {

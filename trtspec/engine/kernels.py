@@ -126,11 +126,13 @@ def attend_rows(
     window: int | None,
     scale: float,
     out: torch.Tensor,
+    isa: str | None = None,
 ) -> None:
     """With trtspec's kernel, one sequence's new rows on one layer: q [n, Hq, d], k and v [n, Hkv, d] (rows
     may be strided views of one product), cos and sin [n, d] (the rows' rotary tables); rotates the queries and
     keys, writes keys and values at positions start.. of `cache` [2, Hkv, capacity, d] (of a KV_FORMATS dtype), and
-    writes each row's causal attention over positions 0..its own into `out` [n, Hq * d]."""
+    writes each row's causal attention over positions 0..its own into `out` [n, Hq * d]. `isa`: AVX-512 or wider
+    computes the same bits two eight-lane vectors at a time (default: the widest runnable here)."""
     n, hq, d = q.shape
     hkv = k.shape[1]
     for t in (q, k, v):
@@ -161,6 +163,7 @@ def attend_rows(
         out.data_ptr(),
         out.stride(0),
         torch.get_num_threads(),
+        _ISA_CODE[isa or _RUNNABLE[-1]],
     )
 
 

@@ -360,6 +360,7 @@ class CompactModel:
                     window=self.window,
                     scale=self.scale,
                     out=att[off : off + n],
+                    isa=getattr(layer["qkv"], "isa", None),
                 )
             return att
 
