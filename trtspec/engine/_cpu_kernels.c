@@ -708,6 +708,23 @@ TARGET static INLINE void weighted_values(const void *values, int kvf, ptrdiff_t
     }
 }
 
+/* attend_rows' scores of each row's keys after its last whole group of eight (one at a time, as attend_one's), then
+ * each row's softmax weights, with 1 / their sum in inv[r] */
+TARGET static void rows_finish(const float *q, int rn, const void *keys, int kvf, ptrdiff_t lo, ptrdiff_t end0, int d,
+                               float scale, float *scores, ptrdiff_t ldscores, float *inv) {
+    for (int r = 0; r < rn; r++) {
+        ptrdiff_t end = end0 + r;
+        float *sr = scores + r * ldscores;
+        for (ptrdiff_t j = lo + (end - lo) / 8 * 8; j < end; j++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = 0; i < d; i += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i), kv_load8(keys, j * d + i, kvf), acc);
+            sr[j] = sum8(acc) * scale;
+        }
+        inv[r] = softmax_weights(sr, lo, end);
+    }
+}
+
 /* attend_one for rn query rows of one head at consecutive positions pos0 + r (q[r*d ..]) that see keys from the
  * same lo: each key's keys and values are read and widened once for all the rows (a verification's rows, or a
  * prompt's), and every row's scores, weights and sums are the same operations in the same order as attend_one's,
@@ -733,17 +750,7 @@ TARGET static void attend_rows(const float *q, int rn, const void *keys, const v
         }
     }
     float inv[ATT_ROWS];
-    for (int r = 0; r < rn; r++) {      /* each row's keys after its last whole group, one at a time */
-        ptrdiff_t end = end0 + r;
-        float *sr = scores + r * ldscores;
-        for (ptrdiff_t j = lo + (end - lo) / 8 * 8; j < end; j++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i), kv_load8(keys, j * d + i, kvf), acc);
-            sr[j] = sum8(acc) * scale;
-        }
-        inv[r] = softmax_weights(sr, lo, end);
-    }
+    rows_finish(q, rn, keys, kvf, lo, end0, d, scale, scores, ldscores, inv);
     /* constant counts keep the sums in registers (AVX2's 16: at most 12 sums, their values and a weight) */
 #define WV(RN, W) weighted_values(values, kvf, lo, end0, RN, W, d, scores, ldscores, inv, out, ldo)
     int wide = d % 32 == 0 ? 4 : d % 16 == 0 ? 2 : 1, half = wide < 2 ? wide : 2;
@@ -829,17 +836,7 @@ TARGET512 static void attend_rows16(const float *q, int rn, const void *keys, co
         }
     }
     float inv[ATT_ROWS];
-    for (int r = 0; r < rn; r++) {      /* each row's keys after its last whole group, one at a time */
-        ptrdiff_t end = end0 + r;
-        float *sr = scores + r * ldscores;
-        for (ptrdiff_t j = lo + (end - lo) / 8 * 8; j < end; j++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int i = 0; i < d; i += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + r * d + i), kv_load8(keys, j * d + i, kvf), acc);
-            sr[j] = sum8(acc) * scale;
-        }
-        inv[r] = softmax_weights(sr, lo, end);
-    }
+    rows_finish(q, rn, keys, kvf, lo, end0, d, scale, scores, ldscores, inv);
     /* constant counts keep the sums in registers (32 of them: at most 16 sums, their values and a weight) */
 #define WV(RN, W) weighted_values16(values, kvf, lo, end0, RN, W, d, scores, ldscores, inv, out, ldo)
     int two = d % 32 == 0;
