@@ -864,12 +864,13 @@ static INLINE ptrdiff_t attention_scratch(ptrdiff_t longest, int d) {
  * elements kvf (KV_*), holding positions 0..start-1; window: keys a row may see are those within `window`
  * positions of it (0: all earlier ones). Writes the rotated keys and the values into the cache, then
  * out[r*ldo + h*d ..]. Each head's rows go ATT_ROWS at a time through attend_rows where they see keys from the
- * same first one (scores: attention_scratch(start + n, d) floats); `wide`: those with AVX-512 (attend_rows16, the
- * same bits; a lone row gains nothing from it: widening its keys from the cache is most of its work). */
+ * same first one (scores: attention_scratch(start + n, d) floats); from ISA_AVX512 on, with AVX-512 where d is a
+ * multiple of 16 (attend_rows16, the same bits; a lone row gains nothing from it: widening its keys from the cache is
+ * most of its work). */
 TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k, ptrdiff_t ldk, const float *v,
                                   ptrdiff_t ldv, ptrdiff_t n, int hq, int hkv, int d, const float *cos, const float *sin,
                                   void *cache, int kvf, ptrdiff_t cap, ptrdiff_t start, ptrdiff_t window, float scale,
-                                  float *out, ptrdiff_t ldo, float *scores, int wide) {
+                                  float *out, ptrdiff_t ldo, float *scores, int isa) {
     ptrdiff_t head = cap * d * (kvf == KV_F32 ? 4 : 2);    /* bytes of one head's keys (or values) */
     char *keys = cache, *values = keys + hkv * head;
     ptrdiff_t lds = start + n + 8;
@@ -894,8 +895,10 @@ TARGET static void attention_part(const float *q, ptrdiff_t ldq, const float *k,
             rope(q + (r0 + r) * ldq + h * d, cos + (r0 + r) * d, sin + (r0 + r) * d, d, qr + r * d);
         if (rn > 1 && (window <= 0 || pos0 + rn - window <= 0)) {     /* every row sees keys from 0 */
             float *o = out + r0 * ldo + (ptrdiff_t)h * d;
-            if (wide) attend_rows16(qr, rn, kk, vv, kvf, lo, pos0, d, scale, scores, lds, kbuf, o, ldo);
-            else attend_rows(qr, rn, kk, vv, kvf, lo, pos0, d, scale, scores, lds, kbuf, o, ldo);
+            if (isa >= ISA_AVX512 && d % 16 == 0)
+                attend_rows16(qr, rn, kk, vv, kvf, lo, pos0, d, scale, scores, lds, kbuf, o, ldo);
+            else
+                attend_rows(qr, rn, kk, vv, kvf, lo, pos0, d, scale, scores, lds, kbuf, o, ldo);
             continue;
         }
         for (int r = 0; r < rn; r++) {
@@ -919,7 +922,7 @@ TARGET static void attention(const float *q, ptrdiff_t ldq, const float *k, ptrd
     {
         float *scores = malloc(sizeof(float) * attention_scratch(start + n, d));
         attention_part(q, ldq, k, ldk, v, ldv, n, hq, hkv, d, cos, sin, cache, kvf, cap, start, window, scale, out, ldo,
-                       scores, isa >= ISA_AVX512 && d % 16 == 0);
+                       scores, isa);
         free(scores);
     }
 }
@@ -975,7 +978,7 @@ TARGET static void decoder(float *x, ptrdiff_t T, int H, const int64_t *layers, 
                 const float *row = qkv + off * nqkv;
                 attention_part(row, nqkv, row + na, nqkv, row + na + (ptrdiff_t)hkv * d, nqkv, sg[1], hq, hkv, d,
                                cos + off * d, sin + off * d, (char *)(intptr_t)sg[3] + i * sg[4], (int)sg[6], sg[5],
-                               sg[2], window, scale, att + off * na, na, scores, isa >= ISA_AVX512 && d % 16 == 0);
+                               sg[2], window, scale, att + off * na, na, scores, isa);
             }
             linear_part(att, T, (int)na, ly + 7, o, isa);
 #pragma omp barrier
