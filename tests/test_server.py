@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtspec.server import ServerError, TritonServer, find_tritonserver, free_port, prepare_backend_dir
+from trtspec.server import ServerError, TritonServer, free_port
+from trtspec.server_binary import find_tritonserver, prepare_backend_dir
 
 CONFIG = """
 name: "{name}"

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from trtspec import keys
 from trtspec.contract import BLS_INPUTS, ENGINE_INPUTS
 from trtspec.errors import TrtspecError
 
@@ -292,16 +293,24 @@ class SpecClient:
     """A client of one deployment. `url`: "host:port" of the protocol's endpoint (HTTP 8000, gRPC 8001).
 
     `timeout`: seconds a request may take in all (generate) or per network operation (other calls); a request
-    past it raises ClientError (over gRPC the server is also told to cancel it)."""
+    past it raises ClientError (over gRPC the server is also told to cancel it). `headers`: sent with every request
+    (HTTP headers, gRPC metadata): the keys a deployment's restricted APIs ask for [default: those in
+    $TRTSPEC_ADMIN_KEY and $TRTSPEC_API_KEY, trtspec.keys.client_headers]."""
 
     def __init__(
-        self, url: str | None = None, protocol: str = "http", model: str = "tensorrt_llm_bls", timeout: float = 600.0
+        self,
+        url: str | None = None,
+        protocol: str = "http",
+        model: str = "tensorrt_llm_bls",
+        timeout: float = 600.0,
+        headers: dict[str, str] | None = None,
     ):
         if protocol not in PROTOCOLS:
             raise ClientError(f"protocol must be one of {', '.join(PROTOCOLS)}, got '{protocol}'")
         self.protocol = protocol
         self.model = model
         self.timeout = timeout
+        self.headers = keys.client_headers() if headers is None else dict(headers)
         self.scheme, self.host, self.port = split_url(url or default_url(protocol), DEFAULT_PORTS[protocol])
         if protocol == "http" and self.scheme not in ("http", "https"):
             raise ClientError(f"an HTTP URL must be http:// or https://, got '{url}'")
@@ -370,8 +379,10 @@ class SpecClient:
     def model_config(self, model: str) -> dict:
         try:
             if self.protocol == "grpc":
-                return self._triton().get_model_config(model, as_json=True, client_timeout=self.timeout)["config"]
-            return self._triton().get_model_config(model)
+                return self._triton().get_model_config(
+                    model, headers=self.headers, as_json=True, client_timeout=self.timeout
+                )["config"]
+            return self._triton().get_model_config(model, headers=self.headers)
         except Exception as exc:
             raise self._error(exc, f"cannot read the config of model '{model}'") from exc
 
@@ -449,7 +460,9 @@ class SpecClient:
                 raise ClientError(f"'{name}' is not an input of tensorrt_llm_bls")
             inputs.append(_infer_input(tc, name, value, dtype, batched))
         responses: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: responses.put((time.perf_counter(), result, error)))
+        client.start_stream(
+            callback=lambda result, error: responses.put((time.perf_counter(), result, error)), headers=self.headers
+        )
         finished = False
         try:
             sent_at = time.perf_counter()
@@ -501,7 +514,9 @@ class SpecClient:
                 conn.sock.settimeout(max(until - time.perf_counter(), 1e-3))
 
         try:
-            conn.request("POST", path, body, {"Content-Type": "application/json", "Connection": "close"})
+            conn.request(
+                "POST", path, body, {**self.headers, "Content-Type": "application/json", "Connection": "close"}
+            )
             next_read_timeout()
             resp = conn.getresponse()
             if resp.status != 200:
@@ -552,9 +567,9 @@ class SpecClient:
         inputs, wanted = self._request_tensors(tensors, outputs)
         try:
             if self.protocol == "grpc":
-                result = client.infer(model, inputs, outputs=wanted, client_timeout=self.timeout)
+                result = client.infer(model, inputs, outputs=wanted, client_timeout=self.timeout, headers=self.headers)
             else:
-                result = client.infer(model, inputs, outputs=wanted)
+                result = client.infer(model, inputs, outputs=wanted, headers=self.headers)
         except Exception as exc:
             raise self._error(exc, model) from exc
         names = (
@@ -580,7 +595,7 @@ class SpecClient:
         client = self._triton()
         inputs, wanted = self._request_tensors(tensors, outputs)
         responses: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.start_stream(callback=lambda result, error: responses.put((result, error)), headers=self.headers)
         merged: dict[str, np.ndarray] = {}
         try:
             client.async_stream_infer(

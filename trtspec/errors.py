@@ -71,3 +71,8 @@ class Cancelled(Exception):
 
 class BenchError(TrtspecError):
     """A benchmark that cannot run: bad options, unreadable prompts, an unreachable deployment."""
+
+
+class ServerError(TrtspecError, RuntimeError):
+    """The Triton server could not be found, prepared, started, or it died. A TrtspecError: the CLI prints it as
+    its other errors (no traceback, exit code 2); still a RuntimeError for callers that catch that."""

@@ -117,3 +117,10 @@ def _generated(path: Path) -> Key:
     with os.fdopen(fd, "w") as f:
         f.write(value + "\n")
     return Key(value, f"generated into {path}", path)
+
+
+def client_headers() -> dict[str, str]:
+    """What trtspec's clients of Triton send unless told otherwise: the keys in $TRTSPEC_ADMIN_KEY (model configs,
+    which `validate` and `bench` read) and $TRTSPEC_API_KEY (inference, where Triton is bound beyond loopback)."""
+    pairs = ((ADMIN_HEADER, ADMIN_ENV), (API_HEADER, API_ENV))
+    return {header: os.environ[env].strip() for header, env in pairs if os.environ.get(env)}

@@ -254,7 +254,7 @@ def server_command_line(server) -> str:
     """The shell line that starts `server` (trtspec.server.TritonServer): environment, then the command."""
     import shlex
 
-    from trtspec.server import CONTAINER_BACKENDS, CONTAINER_BINARY, ServerBinary, ServerError, find_tritonserver
+    from trtspec.server_binary import CONTAINER_BACKENDS, CONTAINER_BINARY, ServerBinary, ServerError, find_tritonserver
 
     try:
         binary = find_tritonserver(server.binary)

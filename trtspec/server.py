@@ -1,49 +1,31 @@
-"""Find, prepare, start, health-check and stop a Triton Inference Server for a model repository.
-
-Three kinds of `tritonserver` are supported: the NVIDIA container's (`/opt/tritonserver`), one on
-`PATH` or given explicitly, and the one shipped in the `nvidia-pytriton` wheel. The wheel's binary
-needs a backend directory assembled from its parts and an environment that lets the Python backend
-stub find the running interpreter's libpython and packages; both are prepared here.
-"""
+"""Start, health-check and stop a Triton Inference Server for a model repository (the binary is found by
+trtspec.server_binary), with its admin APIs behind a key and its inference API behind another beyond loopback."""
 
 from __future__ import annotations
 
 import atexit
-import errno
-import hashlib
-import importlib.util
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from http.client import HTTPException
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtspec.control import CONTROL_ENV
-from trtspec.errors import TrtspecError
+from trtspec import keys
+from trtspec.control import CONTROL_ENV, is_loopback
+from trtspec.errors import ServerError
+from trtspec.server_binary import ServerBinary, find_tritonserver
 from trtspec.triton.kv_watch import METRICS_ENV
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-CONTAINER_BINARY = Path("/opt/tritonserver/bin/tritonserver")
-CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
-
-
-class ServerError(TrtspecError, RuntimeError):
-    """The Triton server could not be found, prepared, started, or it died. A TrtspecError: the CLI prints it as
-    its other errors (no traceback, exit code 2); still a RuntimeError for callers that catch that."""
 
 
 # How long `trtspec serve` waits for readiness unless told: a base for the backend (TensorRT engines also
@@ -68,17 +50,6 @@ def start_timeout_for(repo: str | os.PathLike[str]) -> float:
     )
 
 
-@dataclass(frozen=True)
-class ServerBinary:
-    path: Path
-    kind: str  # "flag" | "container" | "path" | "pytriton"
-    backend_dir: Path | None = None  # passed as --backend-directory when set
-    env_additions: dict[str, str] = field(default_factory=dict)  # full values to override
-
-    def environ(self) -> dict[str, str]:
-        return {**os.environ, **self.env_additions}
-
-
 # The embedded engines of one deployment (target, draft) are separate processes, each with an OpenMP team.
 # When both compute at once on a CPU, GNU OpenMP's default wait (about 300,000 spins before sleeping) keeps a
 # thread spinning for a peer that the other process has pushed off its core. Measured on a 2-core machine
@@ -87,164 +58,14 @@ class ServerBinary:
 CPU_ENGINE_ENV = {"GOMP_SPINCOUNT": "1000"}
 
 
-# --------------------------------------------------------------------------- finding the binary
-
-
-def _pytriton_root() -> Path | None:
-    """`<site-packages>/pytriton`, located without importing pytriton (its import is heavy)."""
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _is_pytriton_layout(binary: Path) -> bool:
-    # <site-packages>/pytriton/tritonserver/bin/tritonserver next to python_backend_stubs/
-    return (binary.parent.parent / "python_backend_stubs").is_dir()
-
-
-def find_tritonserver(
-    explicit: str | os.PathLike[str] | None = None, *, cache_dir: str | os.PathLike[str] | None = None
-) -> ServerBinary:
-    """Locate a `tritonserver`; for the wheel's binary also prepare its backend dir and environment.
-
-    Order: `explicit`, the NVIDIA container's, `tritonserver` on PATH, the `nvidia-pytriton` wheel's.
-    """
-    if explicit is not None:
-        path = Path(explicit).expanduser()
-        if not path.is_file() or not os.access(path, os.X_OK):
-            problem = "does not exist" if not path.exists() else "is not an executable file"
-            raise ServerError(
-                f"tritonserver binary {path} {problem}. Pass the path of an executable `tritonserver` "
-                "with --tritonserver PATH, or leave the flag out to use the one shipped in nvidia-pytriton."
-            )
-        path = path.resolve()
-        if _is_pytriton_layout(path):
-            return _prepare_pytriton(path, "flag", cache_dir)
-        return ServerBinary(path, "flag")
-
-    looked: list[str] = [str(CONTAINER_BINARY)]
-    if CONTAINER_BINARY.is_file() and os.access(CONTAINER_BINARY, os.X_OK):
-        # The container's server finds its backends in its default directory; nothing to prepare.
-        return ServerBinary(CONTAINER_BINARY, "container", CONTAINER_BACKENDS)
-
-    looked.append("`tritonserver` on PATH")
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        path = Path(on_path).resolve()
-        if _is_pytriton_layout(path):
-            return _prepare_pytriton(path, "path", cache_dir)
-        return ServerBinary(path, "path")
-
-    root = _pytriton_root()
-    if root is None:
-        looked.append("the nvidia-pytriton package (not installed)")
-    else:
-        path = root / "tritonserver" / "bin" / "tritonserver"
-        looked.append(str(path))
-        if path.is_file():
-            return _prepare_pytriton(path, "pytriton", cache_dir)
-
-    raise ServerError(
-        "no tritonserver found. Looked at: " + "; ".join(looked) + ". "
-        "Install it with `pip install nvidia-pytriton==0.7.0` (ships tritonserver 2.51), run inside an "
-        "NVIDIA Triton container, or pass --tritonserver PATH."
-    )
-
-
-# --------------------------------------------------------------------------- the wheel's binary
-
-
-def _pytriton_environment(binary: Path) -> dict[str, str]:
-    """LD_LIBRARY_PATH and PATH that let the Python backend stub use the running interpreter."""
-    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        raise ServerError(
-            f"the interpreter {sys.executable} has no shared libpython (it was built without "
-            "--enable-shared), which the Triton Python backend stub needs to load. Use an interpreter "
-            "built with --enable-shared: e.g. with pyenv, `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv "
-            "install 3.11`, or Debian/Ubuntu's python3, then recreate the virtual environment."
-        )
-    bin_dir = Path(sys.executable).parent
-    if not (bin_dir / "python3").exists():
-        # The stub imports packages from the `python3` first on PATH.
-        raise ServerError(
-            f"{bin_dir} has no `python3`; the Triton Python backend stub runs the `python3` first on "
-            f"PATH, so model packages would come from another interpreter. Run trtspec from a virtual "
-            f"environment (which has bin/python3) or add a python3 link next to {sys.executable}."
-        )
-    # The interpreter's own libpython first: otherwise the stub may bind another patch release's
-    # libpython (e.g. the system one) and C extensions then fail with undefined symbols.
-    libs = [sysconfig.get_config_var("LIBDIR"), str(binary.parents[3] / "nvidia_pytriton.libs")]
-    return {
-        "LD_LIBRARY_PATH": _prepend(libs, os.environ.get("LD_LIBRARY_PATH")),
-        "PATH": _prepend([str(bin_dir)], os.environ.get("PATH")),
-    }
-
-
-def _prepend(first: Sequence[str | None], existing: str | None) -> str:
-    parts = [p for p in first if p] + ([existing] if existing else [])
-    return os.pathsep.join(parts)
-
-
-def _prepare_pytriton(binary: Path, kind: str, cache_dir: str | os.PathLike[str] | None) -> ServerBinary:
-    env = _pytriton_environment(binary)
-    return ServerBinary(binary, kind, prepare_backend_dir(binary.parents[1], cache_dir), env)
-
-
-def _default_cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "trtspec" / "triton-backends"
-
-
-def prepare_backend_dir(tritonserver_root: Path, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Assemble `<dir>/python/` from the wheel's Python backend and the stub for this Python.
-
-    The directory is keyed by Python version and a hash of the source files, so it is reused across
-    runs; it is built in a temporary directory and renamed into place, so concurrent callers are safe.
-    """
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    backend = tritonserver_root / "backends" / "python"
-    stub = tritonserver_root / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.is_file():
-        stubs_dir = tritonserver_root / "python_backend_stubs"
-        have = sorted(p.name for p in stubs_dir.iterdir()) if stubs_dir.is_dir() else []
-        raise ServerError(
-            f"the installed nvidia-pytriton has no Python backend stub for Python {version} "
-            f"(it has: {', '.join(have) or 'none'}). Run trtspec with one of those Python versions."
-        )
-    sources = {
-        "libtriton_python.so": backend / "libtriton_python.so",
-        "triton_python_backend_utils.py": backend / "triton_python_backend_utils.py",
-        "triton_python_backend_stub": stub,
-    }
-    for src in sources.values():
-        if not src.is_file():
-            raise ServerError(f"{src} is missing: the nvidia-pytriton install is incomplete; reinstall it.")
-
-    digest = hashlib.sha256()
-    for name, src in sources.items():
-        digest.update(name.encode())
-        digest.update(src.read_bytes())
-    root = Path(cache_dir) if cache_dir is not None else _default_cache_root()
-    final = root / f"{version}-{digest.hexdigest()[:16]}"
-    if all((final / "python" / n).is_file() for n in sources):
-        return final
-
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
-    try:
-        (tmp / "python").mkdir()
-        for name, src in sources.items():
-            shutil.copy2(src, tmp / "python" / name)  # copies keep working if the wheel is reinstalled
-        try:
-            os.rename(tmp, final)
-        except OSError as exc:
-            # Another process finished first; its directory has the same content.
-            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+# Triton's APIs that can change or disclose the deployment: they answer only to the admin key (trtspec.keys). Model
+# repository: load (with an uploaded model.py: code execution) and unload; model-config: engine and tokenizer paths;
+# shared-memory: the path of the CVE-2025-23319/23320/23334 chain; statistics, trace, logging: what clients sent and
+# how the server logs. The names are those 2.51's `--help` lists (health, metadata, inference, shared-memory,
+# model-config, model-repository, statistics, trace, logging); the 2.6x containers list the same.
+ADMIN_APIS = ("model-repository", "model-config", "shared-memory", "statistics", "trace", "logging")
+# The wheel's tritonserver (2.51) predates Triton 25.07's fixes for an unauthenticated chain through the Python
+# backend and the shared-memory API (CVE-2025-23319, -23320, -23334): a development server, not for a network.
 
 
 # --------------------------------------------------------------------------- ports
@@ -346,13 +167,29 @@ class TritonServer:
         exit_timeout: int = 10,
         launch=None,
         control_file: str | os.PathLike[str] | None = None,
+        metrics_host: str | None = None,
+        admin_key: keys.Key | None = None,
+        api_key: keys.Key | None = None,
+        allow_dev_server_exposure: bool = False,
     ) -> None:
         self.repo = Path(repo)
+        # Triton's admin APIs (ADMIN_APIS) answer only to this key: the operator's (--admin-key-file,
+        # $TRTSPEC_ADMIN_KEY) or one generated for this repository and kept beside the user's other state.
+        self.admin_key = admin_key or keys.resolve(
+            file=None,
+            option="--admin-key-file",
+            env=keys.ADMIN_ENV,
+            generate_into=keys.state_dir(repo) / "admin-key",
+        )
+        # Triton's inference API beyond loopback answers only to this key (header trtspec-api-key).
+        self.api_key = api_key
+        self.allow_dev_server_exposure = allow_dev_server_exposure
         # the file through which `trtspec serve --control-port` forces the BLS's governor (trtspec.control)
         self.control_file = control_file
         # trtspec.launch.Launch: run under mpirun in TensorRT-LLM's orchestrator mode (trtllm deployments).
         self.launch = launch
         self.host = host
+        self.metrics_host = metrics_host or host
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.binary = binary
         self.extra_args = tuple(extra_args)
@@ -368,9 +205,7 @@ class TritonServer:
 
     @property
     def _client_host(self) -> str:
-        # A wildcard bind is reached through loopback; IPv6 literals need brackets in URLs.
-        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
-        return f"[{host}]" if ":" in host else host
+        return client_host(self.host)
 
     @property
     def http_url(self) -> str:
@@ -388,7 +223,24 @@ class TritonServer:
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self._client_host}:{self.metrics_port}/metrics"
+        return f"http://{client_host(self.metrics_host)}:{self.metrics_port}/metrics"
+
+    @property
+    def restricts_inference(self) -> bool:
+        """Whether Triton's inference API asks for the API key: it does wherever Triton is bound beyond loopback."""
+        return not is_loopback(self.host)
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The headers a client of Triton's admin APIs (model config, repository, ...) sends."""
+        return {keys.ADMIN_HEADER: self.admin_key.value}
+
+    @property
+    def client_headers(self) -> dict[str, str]:
+        """The headers trtspec's own clients of this server send: the admin key, and the API key where inference
+        asks for it."""
+        api = {keys.API_HEADER: self.api_key.value} if self.restricts_inference and self.api_key else {}
+        return self.admin_headers | api
 
     @property
     def log_path(self) -> Path | None:
@@ -465,7 +317,7 @@ class TritonServer:
             str(self.grpc_port),
             # --metrics-address is listed by 2.51's --help (it defaults to the HTTP address).
             "--metrics-address",
-            self.host,
+            self.metrics_host,
             "--metrics-port",
             str(self.metrics_port),
             "--allow-metrics",
@@ -484,16 +336,57 @@ class TritonServer:
             "--exit-timeout-secs",
             str(self.exit_timeout),
         ]
+        cmd += self.restriction_args()
         if self.explicit_models is not None:
             cmd += ["--model-control-mode", "explicit"]
             for name in self.explicit_models:
                 cmd += ["--load-model", name]
-        elif self.launch is None:
-            # Every model, under explicit model control: a model can then be reloaded while the server runs (the
-            # BLS reloads a draft model whose process died; `POST /v2/repository/models/NAME/load` does it by hand).
+        elif self.launch is None and self._backend() != "trtllm":
+            # Every model, under explicit model control: the BLS can then load an embedded engine model again whose
+            # stub process died (trtspec.triton.recovery, through the in-process API, which the restrictions below
+            # do not touch). TensorRT-LLM's engines run inside the server, so their repositories keep Triton's
+            # default, `none`: no model can be loaded or unloaded at all.
             cmd += ["--model-control-mode", "explicit", "--load-model", "*"]
         cmd += list(self.extra_args)
         return self.launch.command(cmd) if self.launch is not None else cmd
+
+    def restriction_args(self) -> list[str]:
+        """Triton's flags that put its admin APIs behind the admin key, and its inference API behind the API key
+        where it is bound beyond loopback. Triton takes a key only on its command line; run it where other users
+        cannot read its /proc (a container has its own process namespace; on a shared host, mount /proc with
+        hidepid=2)."""
+        rules = [(ADMIN_APIS, keys.ADMIN_HEADER, self.admin_key)]
+        if self.restricts_inference and self.api_key is not None:
+            rules.append((("inference",), keys.API_HEADER, self.api_key))
+        args = []
+        for apis, header, key in rules:
+            value = f"{','.join(apis)}:{header}={key.value}"
+            args += [f"--http-restricted-api={value}", f"--grpc-restricted-protocol={value}"]
+        return args
+
+    def _backend(self) -> str | None:
+        from trtspec.marker import read_marker
+
+        return (read_marker(self.repo) or {}).get("backend")
+
+    def check_exposure(self, binary: ServerBinary) -> None:
+        """Refuse to bind beyond loopback what must not be there: Triton's inference API without a key, and the
+        wheel's development server at all unless told."""
+        if is_loopback(self.host):
+            return
+        if self.api_key is None:
+            raise ServerError(
+                f"--host {self.host} puts Triton's inference API on the network, which needs a key: give one with "
+                "--api-key-file FILE or $TRTSPEC_API_KEY (clients then send the header trtspec-api-key), or keep "
+                "Triton on 127.0.0.1 and expose the OpenAI front alone (--openai-port 9000 --openai-host 0.0.0.0)."
+            )
+        if binary.is_dev_server and not self.allow_dev_server_exposure:
+            raise ServerError(
+                f"--host {self.host}: the tritonserver of the nvidia-pytriton wheel ({binary.path}) is Triton 2.51, "
+                "which predates the fixes for CVE-2025-23319/23320/23334; serve on 127.0.0.1 (the OpenAI front can "
+                "still be exposed with --openai-host), run a Triton of 25.07 or later (--tritonserver PATH, or the "
+                "image of docker/Dockerfile), or pass --allow-dev-server-exposure to accept the risk."
+            )
 
     def environ_additions(self) -> dict[str, str]:
         """Environment variables the launch sets on top of the binary's (TRTLLM_ORCHESTRATOR, ...)."""
@@ -514,11 +407,11 @@ class TritonServer:
         if len(set(ports.values())) != len(ports):
             raise ServerError(f"the HTTP, gRPC and metrics ports must differ (got {ports}).")
         for flag, port in ports.items():
-            if not _port_is_free(self.host, port):
-                raise ServerError(
-                    f"port {port} on {self.host} is already in use; free it or choose another with {flag}."
-                )
+            host = self.metrics_host if flag == "--metrics-port" else self.host
+            if not _port_is_free(host, port):
+                raise ServerError(f"port {port} on {host} is already in use; free it or choose another with {flag}.")
         binary = find_tritonserver(self.binary, cache_dir=self.backend_cache_dir)
+        self.check_exposure(binary)
 
         if self._log_path is None:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
@@ -595,6 +488,13 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def client_host(host: str) -> str:
+    """How a client on this machine reaches a server bound to `host`: a wildcard bind through loopback; IPv6
+    literals in brackets, as URLs want them."""
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
 
 
 def _killpg(pgid: int, sig: int) -> None:
