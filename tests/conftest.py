@@ -7,12 +7,24 @@ unquantized; tests that change builds work on their own copies.
 
 from __future__ import annotations
 
+import atexit
+import os
+import secrets
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+
+# Every server the tests start restricts Triton's admin APIs to an admin key (trtspec.keys). One key for the session,
+# in the environment, where both the servers and the clients (SpecClient, `trtspec` subprocesses) read it; generated
+# keys go to a state directory of the session's own, never the user's. Tests of the generated key unset the variable.
+os.environ["TRTSPEC_ADMIN_KEY"] = secrets.token_urlsafe(24)
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="trtspec-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)
 
 # The tiny models' matrices are 64 wide: one thread is fastest, and with other processes on this 2-core
 # machine a second thread makes every op wait for a busy core (10x slower under load).

@@ -384,7 +384,13 @@ class SpecClient:
                 )["config"]
             return self._triton().get_model_config(model, headers=self.headers)
         except Exception as exc:
-            raise self._error(exc, f"cannot read the config of model '{model}'") from exc
+            error = self._error(exc, f"cannot read the config of model '{model}'")
+            if keys.ADMIN_HEADER in str(error):  # Triton: "This API is restricted, expecting header ..."
+                raise ClientError(
+                    f"{error}. The deployment's model configs answer only to its admin key: set {keys.ADMIN_ENV} to "
+                    "it (`trtspec serve` prints the file that holds it)"
+                ) from exc
+            raise error from exc
 
     def is_batched(self, model: str) -> bool:
         """Whether `model` has a batch dim (max_batch_size > 0): its tensors then go as [1, ...]."""
