@@ -323,3 +323,35 @@ def test_padded_batches_answer_as_the_engine(target):
     ]
     assert [s.ids.tolist() for s in sampled[0]] == [s.ids.tolist() for s in sampled[1]]
     assert [s.ids.tolist() for s in sampled[0]] != [s.ids.tolist() for s in padded]
+
+
+class _Planted:
+    """Unpickling this creates `path`: a stand-in for any code a planted checkpoint could run."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code(target, distilled, tmp_path):
+    """--resume reads its checkpoint as tensors and plain values only: a planted one (a shared output path, a work
+    dir handed over) is refused with an error naming it, and nothing in it runs."""
+    out = tmp_path / "draft"
+    shutil.copytree(distilled, out)
+    checkpoint = out / ".distill" / "checkpoint.pt"
+    saved = torch.load(checkpoint, weights_only=True)  # what distill writes loads this way
+    assert {"model", "optimizer", "run", "torch_rng"} <= saved.keys()
+
+    proof = tmp_path / "proof"  # the plant is real: full unpickling runs it
+    torch.save({"x": _Planted(proof)}, tmp_path / "plant.pt")
+    torch.load(tmp_path / "plant.pt", weights_only=False)
+    assert proof.exists()
+
+    ran = tmp_path / "ran"
+    torch.save(saved | {"run": saved["run"] | {"note": _Planted(ran)}}, checkpoint)
+    with pytest.raises(DistillError, match="not written by `trtspec distill`") as err:
+        run_distill(DistillOptions(target=str(target), output=out, tokens=4000, eval_every=800, resume=True, **FAST))
+    assert str(checkpoint) in str(err.value)
+    assert not ran.exists()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import time
 import types
 from dataclasses import asdict, dataclass, field, replace
@@ -352,13 +354,32 @@ def _answers(model, prompt_ids, work, fingerprint, o, temperature, seed, max_new
     )
 
 
+def _load_checkpoint(checkpoint: Path, work: Path) -> dict:
+    """The training checkpoint, read as tensors and plain values only: unpickling anything else runs code, and the
+    work dir may have come from someone else (a shared output path, a run handed over for --resume)."""
+    try:
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f"it calls or builds `{found.group(1)}`" if found else "it holds objects"
+        raise DistillError(
+            f"{checkpoint} holds more than tensors and plain values ({what}), so it was not written by "
+            f"`trtspec distill`; none of it was run. Remove {work} to start over"
+        ) from None
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise DistillError(f"{checkpoint} cannot be read ({exc}); remove {work} to start over") from None
+    if not isinstance(saved, dict) or not {"model", "optimizer", "run", "torch_rng"} <= saved.keys():
+        raise DistillError(f"{checkpoint} is not a distill checkpoint; remove {work} to start over")
+    return saved
+
+
 def _train(draft, examples, heldout, o: DistillOptions, work: Path, device, console, save) -> list[dict]:
     params = T.trainable(draft)
     optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(0.9, 0.98), weight_decay=0.0)
     run = {"tokens": 0, "steps": 0, "epoch": 0, "cursor": 0, "seconds": 0.0, "last_eval": None, "history": []}
     checkpoint = work / CHECKPOINT_FILE
     if checkpoint.is_file():
-        saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        saved = _load_checkpoint(checkpoint, work)
         missing = set(saved["model"]) ^ set(M.own_state(draft))
         if missing:
             raise DistillError(
