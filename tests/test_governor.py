@@ -203,18 +203,44 @@ def test_a_draft_outage_reduces_the_draft_length_and_its_end_restores_it():
     assert gov.state == "speculating" and changes[-1] == ("reduced", "speculating", "draft_down_cleared")
 
 
-def test_a_floor_does_not_hide_judging_and_a_force_overrides_floors():
+def test_a_force_never_lifts_the_floors():
+    """A forced `speculating` or `reduced` still decodes plainly while the KV cache is full and drafts at most the
+    reduced length while the draft is down; the force's level comes back as each floor lifts, and a forced `plain`
+    stays plain through all of it."""
     gov, clock, changes = make()
     run(gov, clock, 5, speculative=False, tpot=0.02)
     gov.kv_cache(0.99)
     clock.now += 20
     gov.force("speculating", 60, reason="operator")
-    assert gov.state == "speculating" and gov.cap() == 8  # the operator's word holds over the floor
+    assert gov.forced and gov.state == "plain" and gov.cap() == 0 and gov.rolled_back_cap() == 0
+    assert all(gov.admit()[:2] == (0, False) for _ in range(3 * gov.probe_every))  # and no probes
+    gov.kv_cache(0.93)  # easing, but above the release: the floor holds
+    assert gov.cap() == 0
+    gov.draft_down(True)
+    gov.kv_cache(0.5)
+    assert gov.state == "reduced" and gov.cap() == 4  # the outage's floor, under the same force
+    gov.draft_down(False)
+    assert gov.state == "speculating" and gov.cap() == 8 and gov.forced  # the force's own level, once both lift
+    assert [why for *_, why in changes] == ["kv_cache", "operator", "kv_cache_cleared", "draft_down_cleared"]
+
+    gov.force("reduced", 60, reason="operator")
+    gov.kv_cache(0.99)
+    assert gov.cap() == 0
     gov.force(None)
-    assert gov.state == "plain"  # the floor again, the pressure still on
+    assert gov.state == "plain" and not gov.forced  # released: the floor, the pressure still on
+    gov.force("plain", 60, reason="operator")
     gov.kv_cache(0.1)
-    assert gov.state == "speculating"
-    assert [why for *_, why in changes] == ["kv_cache", "operator", "operator_release", "kv_cache_cleared"]
+    assert gov.forced and gov.state == "plain" and gov.cap() == 0  # a floor's end lifts no force
+
+
+def test_a_force_never_lifts_the_floors_of_any_range():
+    govs, clock, changes = make_ranges()
+    govs.draft_down(True)
+    govs.force("speculating", 60.0, reason="operator")
+    govs.kv_cache(0.99)
+    assert [govs.admit(load)[0] for load in (1, 4)] == [0, 0]  # a range made under the force and the floors too
+    govs.kv_cache(0.1)
+    assert [govs.admit(load)[0] for load in (1, 4, 8)] == [4, 4, 4]
 
 
 def make_ranges(**kw):

@@ -15,8 +15,10 @@ drafting from prompt lookup where `auto` allows, and the draft breaker keeps try
 the floor). Entering and leaving a floor are changes like any other, logged and counted with their reason.
 
 An operator (or Alertmanager, through `trtspec serve --control-port`: trtspec.control) can force a level for a
-time: the governor then neither judges nor probes, floors included, and when the time is up (or the force is
-released) it returns to the level it had before and judges again from there, as after any change.
+time: the governor then neither judges nor probes, and when the time is up (or the force is released) it returns to
+the level it had before and judges again from there, as after any change. A force never lifts a floor: a forced
+`speculating` still drafts less while the KV cache is full or the draft model is down, since drafting then takes
+the KV cache that admits requests, or calls a model that does not answer.
 
 Whether speculation pays depends on the load: a verifying pass that carries the drafts of many requests is
 compute-bound where a lone request's is bound by the weights' bytes. So a deployment has one governor per load
@@ -99,7 +101,7 @@ class Governor:
         self.probe_every, self.hold_seconds, self.pays_below = probe_every, hold_seconds, pays_below
         self.kv_warning, self.kv_critical, self.kv_release = kv_warning, kv_critical, kv_release
         self.clock, self.on_change, self.shared = clock, on_change, shared
-        self.judged = level if k_full > 0 else 2  # the level judging reached; `level` adds the floors
+        self.judged = level if k_full > 0 else 2  # the level judging (or a force) set; `level` adds the floors
         self.floors: dict[str, int] = {}  # live conditions' floors: kv_cache, draft_down
         self.changed_at = float("-inf")
         self.recent: deque[Outcome] = deque(maxlen=window)
@@ -112,9 +114,7 @@ class Governor:
 
     @property
     def level(self) -> int:
-        """The level in force: a force's, else the judged level raised to the highest floor."""
-        if self.forced:
-            return self.judged
+        """The level in force: the judged (or forced) level raised to the highest floor."""
         return max(self.judged, *self.floors.values()) if self.floors else self.judged
 
     @property
