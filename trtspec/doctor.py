@@ -9,6 +9,7 @@ machine without any of it gets 'none found' lines, not errors.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,6 +28,7 @@ from trtspec.environment import (
     installed_trtllm,
     tritonserver_version,
 )
+from trtspec.server_binary import DEV_SERVER_NOTE, is_pytriton_layout
 
 
 def collect() -> dict:
@@ -39,7 +41,12 @@ def collect() -> dict:
         verdict, supported = str(exc), False
     tensorrt = find_package(TENSORRT_DISTRIBUTIONS, "tensorrt")
     servers = [
-        {"where": where, "path": path, "version": tritonserver_version(where, path)}
+        {
+            "where": where,
+            "path": path,
+            "version": tritonserver_version(where, path),
+            "loopback_only": is_pytriton_layout(Path(path)),
+        }
         for where, path in find_tritonserver_binaries()
     ]
     return {
@@ -101,6 +108,8 @@ def render(report: dict, console: Console) -> None:
         for s in report["tritonserver"]:
             version = f" ({escape(s['version'])})" if s["version"] else ""
             rows.add_row("[bold]tritonserver[/]", f"{escape(s['path'])} [{s['where']}]{version}")
+            if s["loopback_only"]:
+                rows.add_row("", f"[yellow]{escape(DEV_SERVER_NOTE)}[/]")
     else:
         rows.add_row("[bold]tritonserver[/]", "none found")
     rows.add_row(

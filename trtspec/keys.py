@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import stat
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ CONTROL_ENV_TOKEN = "TRTSPEC_CONTROL_TOKEN"
 ADMIN_HEADER = "trtspec-admin-key"  # Triton's restricted APIs; lower case, as gRPC metadata keys must be
 API_HEADER = "trtspec-api-key"  # Triton's inference API when it is bound beyond loopback
 MIN_LENGTH = 16  # a shorter key is guessable in a day of requests
+_KEY_CHARACTERS = re.compile(r"[A-Za-z0-9._+/-]+")
 
 
 class KeyProblem(TrtspecError):
@@ -67,8 +69,11 @@ def _check(value: str, where: str, fix: str) -> str:
     value = value.strip()
     if len(value) < MIN_LENGTH:
         raise KeyProblem(f"{where} holds a key of {len(value)} characters; {fix} (at least {MIN_LENGTH} characters)")
-    if any(not c.isprintable() or c.isspace() for c in value):
-        raise KeyProblem(f"{where}: a key is printable characters without spaces (it travels in a header); {fix}")
+    if not _KEY_CHARACTERS.fullmatch(value):
+        raise KeyProblem(
+            f"{where}: a key is letters, digits and . _ + / - (it travels in headers and on Triton's "
+            f"command line, where ':' and '=' separate fields); {fix}"
+        )
     return value
 
 

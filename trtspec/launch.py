@@ -254,6 +254,7 @@ def server_command_line(server) -> str:
     """The shell line that starts `server` (trtspec.server.TritonServer): environment, then the command."""
     import shlex
 
+    from trtspec import keys
     from trtspec.server_binary import CONTAINER_BACKENDS, CONTAINER_BINARY, ServerBinary, ServerError, find_tritonserver
 
     try:
@@ -264,4 +265,10 @@ def server_command_line(server) -> str:
         )
     env = {**binary.env_additions, **server.environ_additions()}
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    return (prefix + " " if prefix else "") + shlex.join(server.command(binary))
+    line = (prefix + " " if prefix else "") + shlex.join(server.command(binary))
+    # The keys are read from the environment when the line runs, never printed (keys are URL-safe characters, which
+    # shlex leaves unquoted).
+    for key, name in ((server.admin_key, keys.ADMIN_ENV), (server.api_key, keys.API_ENV)):
+        if key is not None:
+            line = line.replace(key.value, f'"${{{name}}}"')
+    return line

@@ -64,8 +64,6 @@ CPU_ENGINE_ENV = {"GOMP_SPINCOUNT": "1000"}
 # how the server logs. The names are those 2.51's `--help` lists (health, metadata, inference, shared-memory,
 # model-config, model-repository, statistics, trace, logging); the 2.6x containers list the same.
 ADMIN_APIS = ("model-repository", "model-config", "shared-memory", "statistics", "trace", "logging")
-# The wheel's tritonserver (2.51) predates Triton 25.07's fixes for an unauthenticated chain through the Python
-# backend and the shared-memory API (CVE-2025-23319, -23320, -23334): a development server, not for a network.
 
 
 # --------------------------------------------------------------------------- ports
@@ -578,6 +576,7 @@ def run_foreground(server: TritonServer, console: Console | None = None, start_t
             ("gRPC", server.grpc_url),
             ("metrics", server.metrics_url),
             ("log", server.log_path),
+            ("admin key", server.admin_key.source),
         ):
             console.print(f"  {label:<8} {escape(str(value))}", highlight=False)
         console.print("Press Ctrl-C to stop.")

@@ -25,6 +25,14 @@ CONTAINER_BINARY = Path("/opt/tritonserver/bin/tritonserver")
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
 
 
+# The wheel's tritonserver (2.51) predates Triton 25.07's fixes for an unauthenticated chain through the Python backend
+# and the shared-memory API (NVIDIA's bulletin for CVE-2025-23319, -23320, -23334): a development server.
+DEV_SERVER_NOTE = (
+    "development only: Triton 2.51 predates the fixes for CVE-2025-23319/23320/23334; `trtspec serve` keeps it on "
+    "loopback unless told --allow-dev-server-exposure"
+)
+
+
 @dataclass(frozen=True)
 class ServerBinary:
     path: Path
@@ -37,8 +45,8 @@ class ServerBinary:
 
     @property
     def is_dev_server(self) -> bool:
-        """The nvidia-pytriton wheel's tritonserver (2.51), behind on security fixes."""
-        return _is_pytriton_layout(self.path)
+        """The nvidia-pytriton wheel's tritonserver (DEV_SERVER_NOTE)."""
+        return is_pytriton_layout(self.path)
 
 
 # --------------------------------------------------------------------------- finding the binary
@@ -52,7 +60,7 @@ def _pytriton_root() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _is_pytriton_layout(binary: Path) -> bool:
+def is_pytriton_layout(binary: Path) -> bool:
     # <site-packages>/pytriton/tritonserver/bin/tritonserver next to python_backend_stubs/
     return (binary.parent.parent / "python_backend_stubs").is_dir()
 
@@ -73,7 +81,7 @@ def find_tritonserver(
                 "with --tritonserver PATH, or leave the flag out to use the one shipped in nvidia-pytriton."
             )
         path = path.resolve()
-        if _is_pytriton_layout(path):
+        if is_pytriton_layout(path):
             return _prepare_pytriton(path, "flag", cache_dir)
         return ServerBinary(path, "flag")
 
@@ -86,7 +94,7 @@ def find_tritonserver(
     on_path = shutil.which("tritonserver")
     if on_path:
         path = Path(on_path).resolve()
-        if _is_pytriton_layout(path):
+        if is_pytriton_layout(path):
             return _prepare_pytriton(path, "path", cache_dir)
         return ServerBinary(path, "path")
 

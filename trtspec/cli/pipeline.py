@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from trtspec import keys
 from trtspec.cli.app import URL_ENV, cli, console, report_problems, speculation_option
 
 
@@ -61,11 +62,36 @@ def doctor(as_json: bool) -> None:
     help="Model repository (from `trtspec deploy`).",
 )
 @click.option(
-    "--host", default="127.0.0.1", show_default=True, help="Address to bind; 0.0.0.0 exposes the server to the network."
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of Triton's HTTP and gRPC APIs; beyond loopback its inference API needs --api-key-file (to expose "
+    "the OpenAI front alone, keep this and set --openai-host).",
 )
 @click.option("--http-port", default=8000, show_default=True)
 @click.option("--grpc-port", default=8001, show_default=True)
 @click.option("--metrics-port", default=8002, show_default=True)
+@click.option("--metrics-host", help="Address of Triton's metrics (for a Prometheus elsewhere) [default: --host].")
+@click.option(
+    "--admin-key-file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="A file holding the key Triton's model-repository, model-config, shared-memory, statistics, trace and "
+    f"logging APIs ask for in the header {keys.ADMIN_HEADER} [default: ${keys.ADMIN_ENV}, else one generated "
+    "into a 0600 file whose path is printed].",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="A file holding the key the OpenAI front asks for (`Authorization: Bearer <key>`), and Triton's inference "
+    f"API beyond loopback (header {keys.API_HEADER}) [default: ${keys.API_ENV}; needed to bind either beyond "
+    "loopback].",
+)
+@click.option(
+    "--allow-dev-server-exposure",
+    is_flag=True,
+    help="Let --host bind the nvidia-pytriton wheel's tritonserver (2.51, older than the fixes for "
+    "CVE-2025-23319/23320/23334) beyond loopback.",
+)
 @click.option(
     "--tritonserver",
     "binary",
@@ -86,7 +112,13 @@ def doctor(as_json: bool) -> None:
     "--openai-port",
     type=click.IntRange(1, 65535),
     help="Also serve an OpenAI-compatible API "
-    "(/v1/completions, /v1/chat/completions) on this port of --host, e.g. 9000 [default: off].",
+    "(/v1/completions, /v1/chat/completions) on this port of --openai-host, e.g. 9000 [default: off].",
+)
+@click.option(
+    "--openai-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of the OpenAI API; beyond loopback it needs --api-key-file or $TRTSPEC_API_KEY.",
 )
 @click.option(
     "--served-model-name",
@@ -115,11 +147,16 @@ def serve(
     http_port,
     grpc_port,
     metrics_port,
+    metrics_host,
+    admin_key_file,
+    api_key_file,
+    allow_dev_server_exposure,
     binary,
     log_file,
     print_command,
     start_timeout,
     openai_port,
+    openai_host,
     served_model_name,
     control_port,
     control_host,
@@ -131,10 +168,13 @@ def serve(
     orchestrator mode, as TensorRT-LLM's launch_triton_server.py --multi-model does. With --openai-port, an
     OpenAI-compatible API runs beside it, in front of tensorrt_llm_bls.
 
+    Triton's admin APIs (loading and unloading models, configs, shared memory, statistics, trace, logging) answer only
+    to the admin key; health, metadata and inference stay open on loopback. docs/production.md has the whole picture.
+
     \b
     Examples:
       trtspec serve --repo model_repository
-      trtspec serve --repo model_repository --host 0.0.0.0 --openai-port 9000
+      TRTSPEC_API_KEY=$(cat api.key) trtspec serve --repo model_repository --openai-port 9000 --openai-host 0.0.0.0
       trtspec serve --repo model_repository --control-port 8004
       trtspec serve --repo model_repository --print-command
     """
@@ -161,12 +201,26 @@ def serve(
             )
         except (ControlError, OSError) as exc:
             raise click.ClickException(f"--control-port {control_port}: {exc}") from exc
+    try:
+        admin_key = keys.resolve(
+            file=admin_key_file,
+            option="--admin-key-file",
+            env=keys.ADMIN_ENV,
+            generate_into=keys.state_dir(repo) / "admin-key",
+        )
+        api_key = keys.resolve(file=api_key_file, option="--api-key-file", env=keys.API_ENV)
+    except keys.KeyProblem as exc:
+        raise click.ClickException(str(exc)) from None
     server = TritonServer(
         repo,
         host=host,
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        admin_key=admin_key,
+        api_key=api_key,
+        allow_dev_server_exposure=allow_dev_server_exposure,
         binary=binary,
         log_file=log_file,
         launch=repository_launch(repo),
@@ -189,7 +243,16 @@ def serve(
 
             # the model id: the build config's name, as deploy recorded it (e.g. "demo")
             served_model_name = served_model_name or (read_marker(repo) or {}).get("config")
-            code = run_with_triton(server, out, start_timeout, port=openai_port, served_model_name=served_model_name)
+            code = run_with_triton(
+                server,
+                out,
+                start_timeout,
+                port=openai_port,
+                host=openai_host,
+                api_key=api_key,
+                served_model_name=served_model_name,
+                triton_headers=server.client_headers,
+            )
         else:
             code = run_foreground(server, out, start_timeout)
     finally:
@@ -224,22 +287,34 @@ def serve(
     "tokenizer_dir, which must then exist here].",
 )
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds a request may take.")
-def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, timeout) -> None:
+@click.option(
+    "--api-key-file",
+    type=click.Path(dir_okay=False, exists=True),
+    help=f"A file holding the key every request but GET /health must send as `Authorization: Bearer <key>` "
+    f"[default: ${keys.API_ENV}; needed to bind beyond loopback]. The deployment's admin key, which reading the "
+    f"BLS's config asks for, comes from ${keys.ADMIN_ENV}.",
+)
+def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, timeout, api_key_file) -> None:
     """Serve an OpenAI-compatible API in front of a running deployment's tensorrt_llm_bls (Ctrl-C stops it).
 
     \b
     Examples:
       trtspec openai
       trtspec openai --triton-url gpu-host:8000 --tokenizer engines/demo/target --port 9000
-      TRTSPEC_URL=gpu-host:8000 trtspec openai --host 0.0.0.0 --served-model-name demo
+      TRTSPEC_URL=gpu-host:8000 trtspec openai --host 0.0.0.0 --api-key-file api.key --served-model-name demo
     """
     from trtspec.openai_api import serve_front
 
+    try:
+        api_key = keys.resolve(file=api_key_file, option="--api-key-file", env=keys.API_ENV)
+    except keys.KeyProblem as exc:
+        raise click.ClickException(str(exc)) from None
     sys.exit(
         serve_front(
             triton_url,
             host=host,
             port=port,
+            api_key=api_key,
             console=Console(),
             model=model,
             served_model_name=served_model_name,
