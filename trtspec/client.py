@@ -295,7 +295,8 @@ class SpecClient:
     `timeout`: seconds a request may take in all (generate) or per network operation (other calls); a request
     past it raises ClientError (over gRPC the server is also told to cancel it). `headers`: sent with every request
     (HTTP headers, gRPC metadata): the keys a deployment's restricted APIs ask for [default: those in
-    $TRTSPEC_ADMIN_KEY and $TRTSPEC_API_KEY, trtspec.keys.client_headers]."""
+    $TRTSPEC_ADMIN_KEY and $TRTSPEC_API_KEY, or of the server at `url` that this process started:
+    trtspec.keys.client_headers]."""
 
     def __init__(
         self,
@@ -310,11 +311,11 @@ class SpecClient:
         self.protocol = protocol
         self.model = model
         self.timeout = timeout
-        self.headers = keys.client_headers() if headers is None else dict(headers)
         self.scheme, self.host, self.port = split_url(url or default_url(protocol), DEFAULT_PORTS[protocol])
         if protocol == "http" and self.scheme not in ("http", "https"):
             raise ClientError(f"an HTTP URL must be http:// or https://, got '{url}'")
         self.url = _hostport(self.host, self.port)
+        self.headers = keys.client_headers(self.url) if headers is None else dict(headers)
         self._tc = None  # tritonclient module of the protocol
         self._client = None  # its InferenceServerClient, made on first use
         self._lock = threading.Lock()

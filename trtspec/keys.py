@@ -124,8 +124,20 @@ def _generated(path: Path) -> Key:
     return Key(value, f"generated into {path}", path)
 
 
-def client_headers() -> dict[str, str]:
+# The headers of the servers this process started (TritonServer.start), by "host:port": the demo's, the benchmarks'
+# and the tests' clients reach them without being handed a key.
+_STARTED: dict[str, dict[str, str]] = {}
+
+
+def remember_server(urls: list[str], headers: dict[str, str]) -> None:
+    for url in urls:
+        _STARTED[url] = dict(headers)
+
+
+def client_headers(url: str | None = None) -> dict[str, str]:
     """What trtspec's clients of Triton send unless told otherwise: the keys in $TRTSPEC_ADMIN_KEY (model configs,
-    which `validate` and `bench` read) and $TRTSPEC_API_KEY (inference, where Triton is bound beyond loopback)."""
+    which `validate` and `bench` read) and $TRTSPEC_API_KEY (inference, where Triton is bound beyond loopback), over
+    those of a server at `url` that this process started."""
     pairs = ((ADMIN_HEADER, ADMIN_ENV), (API_HEADER, API_ENV))
-    return {header: os.environ[env].strip() for header, env in pairs if os.environ.get(env)}
+    given = {header: os.environ[env].strip() for header, env in pairs if os.environ.get(env)}
+    return _STARTED.get(url or "", {}) | given

@@ -436,6 +436,7 @@ class TritonServer:
             if proc.poll() is not None:
                 self._fail(f"tritonserver exited with code {proc.returncode} during startup")
             if self.is_ready(timeout=1.0):
+                keys.remember_server([self.http_url, self.grpc_url], self.client_headers)
                 return self
             if _FATAL.search(self._log_path.read_text(errors="replace")):
                 self._fail("tritonserver failed during startup")
