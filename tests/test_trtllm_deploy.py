@@ -5,6 +5,7 @@ launch, the Kubernetes manifests (checked against the Kubernetes schemas) and th
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -330,11 +331,12 @@ def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
     result = CliRunner().invoke(cli, ["serve", "--repo", str(repo), "--print-command", "--tritonserver", str(binary)])
     assert result.exit_code == 0, result.output
     line = result.output.strip()
+    as_root = " --allow-run-as-root" if os.geteuid() == 0 else ""  # OpenMPI wants it only as root
     # the BLS reads the target's KV-cache blocks from the server's metrics (trtspec.triton.kv_watch)
     assert line.startswith(
         "TRTLLM_ORCHESTRATOR=1 TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 "
         "TRTSPEC_METRICS_URL=http://127.0.0.1:8002/metrics "
-        f"mpirun --allow-run-as-root -n 1 {binary} --model-repository {repo}"
+        f"mpirun{as_root} -n 1 {binary} --model-repository {repo}"
     )
     # launch_triton_server.py's flags for a spawning multi-model server: no memory pools on the engines' GPUs
     assert line.endswith(
@@ -413,6 +415,7 @@ def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
         "deployment.yaml",
         "grafana-dashboard.yaml",
         "hpa.yaml",
+        "networkpolicy.yaml",
         "prometheus-adapter.yaml",
         "prometheusrule.yaml",
         "service.yaml",
@@ -442,16 +445,13 @@ def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
     pod = docs["deployment.yaml"]["spec"]["template"]
     container = pod["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert (
-        container["readinessProbe"]["httpGet"]["path"]
-        == container["livenessProbe"]["httpGet"]["path"]
-        == "/v2/health/ready"
-    )
+    # Triton's /v2/health/ready is on the pod's loopback: the probes ask the front's unauthenticated /health
+    assert container["readinessProbe"]["httpGet"]["path"] == container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8002"
     assert container["args"][:3] == ["serve", "--repo", str(repo)]
     assert container["volumeMounts"][0]["mountPath"] == str(tmp_path / "volume")
     assert docs["hpa.yaml"]["spec"]["metrics"][0]["pods"]["metric"]["name"] == "nv_inference_pending_request_count"
-    assert {p["port"] for p in docs["service.yaml"]["spec"]["ports"]} == {8000, 8001, 8002}
+    assert {p["port"] for p in docs["service.yaml"]["spec"]["ports"]} == {9000, 8002}  # the front and the metrics
 
 
 def _validate_prometheus_operator(doc: dict) -> None:

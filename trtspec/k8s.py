@@ -1,12 +1,19 @@
 """Kubernetes manifests for a deployed repository: `trtspec deploy -c CONFIG --repo R --k8s OUT`.
 
-- deployment.yaml: one pod running `trtspec serve` (the image of docker/Dockerfile) on the repository, with the GPUs the
-  placement uses, the engine volume (a PersistentVolumeClaim holding the engines and the repository at the paths
-  `trtspec deploy` wrote into the configs), /dev/shm for the Python backend, probes on /v2/health/ready (a startup
-  probe gives engine loading at least 30 minutes, more for engines `trtspec serve` waits longer for; the liveness
-  probe restarts a pod whose models stay unready for longer than loading them takes) and Prometheus scrape
-  annotations for the metrics port 8002.
-- service.yaml: HTTP 8000, gRPC 8001, metrics 8002.
+- deployment.yaml: one pod running `trtspec serve` (the image of docker/Dockerfile) on the repository. Triton's HTTP
+  and gRPC APIs listen on the pod's loopback only; the public surface is the OpenAI front on port 9000, which asks
+  every request but /health for the API key, and the metrics port 8002 is open for Prometheus. The API and admin keys
+  come from the Secret `<name>-keys` (never written here: the header comment says how to create it). The pod runs
+  under the Pod Security Standards' "restricted" profile (non-root, no privilege escalation, no capabilities, seccomp
+  RuntimeDefault, a read-only root filesystem with emptyDirs for what is written) with no service-account token, CPU
+  and memory requests and limits, the GPUs the placement uses, the engine volume (a PersistentVolumeClaim holding
+  the engines and the repository at the paths `trtspec deploy` wrote into the configs, mounted read-only), /dev/shm
+  for the Python backend, and probes on the front's /health (a startup probe gives engine loading at least 30
+  minutes, more for engines `trtspec serve` waits longer for; the liveness probe restarts a pod whose models stay
+  unready for longer than loading them takes).
+- service.yaml: the front (9000) and the metrics (8002); Triton's own 8000/8001 are not reachable from outside the pod.
+- networkpolicy.yaml: ingress to the front's port from anywhere, to the metrics port only from the namespace
+  `monitoring`; nothing else.
 - hpa.yaml: an example HorizontalPodAutoscaler on Triton's queue gauge `nv_inference_pending_request_count` of the
   BLS model; it needs a metrics adapter (e.g. Prometheus Adapter) that serves that metric as a pods metric.
 - For the prometheus-operator: servicemonitor.yaml (scrape the metrics port every 15 s), prometheusrule.yaml (the
@@ -25,7 +32,42 @@ from pathlib import Path
 
 import yaml
 
+from trtspec import keys
+
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+FRONT_PORT = 9000
+FRONT_PORT_NAME, METRICS_PORT_NAME = "openai", "metrics"
+HEALTH_PATH = "/health"  # the front's: 200 when the BLS and its target are ready on Triton, 503 otherwise
+QUEUE_METRIC = "nv_inference_pending_request_count"
+
+# NVIDIA's Triton images create the user `triton-server` with uid and gid 1000 (triton-inference-server/server
+# build.py at v2.71.0, lines 1308-1320: `useradd`, then checks `id -u` and `id -g` are 1000), and Triton's deploy
+# guide names it for running as non-root (docs/customization_guide/deploy.md, "Run as a Non-Root User"). It has no
+# home directory: HOME points at an emptyDir.
+RUN_AS = 1000
+HOME = "/home/triton-server"
+# The Secret holding the keys (trtspec.keys): its keys and the environment variables `trtspec serve` reads them from.
+SECRET_KEYS = {keys.API_ENV: "api-key", keys.ADMIN_ENV: "admin-key"}
+# Who may scrape the metrics port: a namespace by its name label (set by Kubernetes on every namespace since 1.22).
+MONITORING_NAMESPACE = {"kubernetes.io/metadata.name": "monitoring"}
+
+GIB = 2**30
+SHM_GIB = 16  # /dev/shm: the Python-backend models exchange tensors (logits included) through it
+SCRATCH_GIB = {"tmp": 4, "home": 2}  # /tmp (mpirun's session directory, the server log) and $HOME (caches, state)
+# Host memory beside the engines: tritonserver, the Python-backend stubs (BLS, tokenizers: each imports transformers),
+# the OpenAI front and `trtspec serve` itself.
+BASE_HOST_GIB = 4
+# trtllm: TensorRT-LLM streams an engine file from disk into GPU memory (tllmRuntime.cpp, TllmRuntime's
+# RawEngine::Type::FilePath case reads it through an IStreamReader), so weights never sit in host memory whole; each
+# engine rank's process holds its CUDA context, the TensorRT/TensorRT-LLM libraries and host buffers. An estimate.
+TRTLLM_RANK_HOST_GIB = 4
+# torch: the embedded engine holds its weights as the engine dir stores them, its KV caches up to engine.kv_cache_mb,
+# and the torch runtime of its own stub process.
+TORCH_ENGINE_HOST_GIB = 1
+# CPU cores (request, limit). Starting points, not measurements: the embedded engine computes on the CPU (its OpenMP
+# team is sized to the request); a trtllm deployment needs cores for the tokenizers, the BLS and each rank's process.
+TORCH_CPU = (4, 8)
+TRTLLM_CPU_BASE, TRTLLM_CPU_PER_RANK = 4, 2
 
 
 class _Dumper(yaml.SafeDumper):
@@ -35,19 +77,85 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
-READY_PATH = "/v2/health/ready"
-QUEUE_METRIC = "nv_inference_pending_request_count"
-
-
 def _name(config_name: str) -> str:
     """A DNS-1123 name for the config."""
     name = re.sub(r"[^a-z0-9-]+", "-", config_name.lower()).strip("-")
     return f"trtspec-{name}"[:63].rstrip("-")
 
 
+def secret_name(name: str) -> str:
+    return f"{name}-keys"
+
+
 def volume_root(paths: list[Path]) -> Path:
     """The folder the engine volume is mounted at: the deepest one holding the repository and every engine dir."""
     return Path(os.path.commonpath([str(p) for p in paths]))
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def resources(config, engines: dict[str, Path], gpus: int) -> dict:
+    """CPU and memory requests and limits (and the GPUs): the memory request is what the deployment holds in host
+    memory, the limit adds room for /dev/shm, whose memory-backed emptyDir counts against it."""
+    if config.backend == "trtllm":
+        ranks = sum(spec.tp_size * spec.pp_size for spec in (config.target, config.draft) if spec is not None)
+        host = BASE_HOST_GIB * GIB + ranks * TRTLLM_RANK_HOST_GIB * GIB
+        cpu = TRTLLM_CPU_BASE + TRTLLM_CPU_PER_RANK * ranks
+        cpus = (cpu, 2 * cpu)
+    else:
+        per_engine = TORCH_ENGINE_HOST_GIB * GIB + config.engine.kv_cache_mb * 2**20
+        host = BASE_HOST_GIB * GIB + sum(_dir_bytes(Path(d)) + per_engine for d in engines.values())
+        cpus = TORCH_CPU
+    memory = math.ceil(host / GIB)
+    out = {
+        "requests": {"cpu": str(cpus[0]), "memory": f"{memory}Gi"},
+        "limits": {"cpu": str(cpus[1]), "memory": f"{memory + SHM_GIB}Gi"},
+    }
+    if gpus:
+        out["requests"]["nvidia.com/gpu"] = out["limits"]["nvidia.com/gpu"] = gpus
+    return out
+
+
+def _security_context() -> dict:
+    # The Pod Security Standards' "restricted" profile. Nothing trtspec runs needs root: tritonserver, the Python and
+    # tensorrtllm backends and mpirun run as this user (trtspec passes mpirun --allow-run-as-root only as root), the
+    # GPUs come through the device plugin, and everything written goes to the emptyDirs below.
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _env(name: str, config, mpi: bool) -> list[dict]:
+    env = [
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": secret_name(name), "key": key}}}
+        for var, key in SECRET_KEYS.items()
+    ]
+    env += [
+        {"name": "HOME", "value": HOME},
+        {"name": "XDG_CACHE_HOME", "value": f"{HOME}/.cache"},  # trtspec's backend cache, Hugging Face's, CUDA's
+        {"name": "XDG_STATE_HOME", "value": f"{HOME}/.local/state"},  # keys trtspec generates (none with the Secret)
+        {"name": "TMPDIR", "value": "/tmp"},
+        # tokenizers load from the engine volume; never from the Hugging Face Hub at serve time
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+    ]
+    if config.backend == "torch":
+        # the embedded engines' OpenMP teams sized to the cores requested, not to the node's
+        env.append(
+            {"name": "OMP_NUM_THREADS", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}}
+        )
+    if mpi:
+        # OpenMPI's shared-memory transport would copy between ranks with process_vm_readv (cross-memory attach),
+        # which needs CAP_SYS_PTRACE, dropped here: copy through the shared segment instead
+        env.append({"name": "OMPI_MCA_btl_vader_single_copy_mechanism", "value": "none"})
+    return env
 
 
 def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
@@ -59,13 +167,14 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
     config = loaded.config
     repo = Path(repo).resolve()
     marker = json.loads((repo / MARKER_FILE).read_text())
-    engines = [Path(p) for p in (marker.get("engines") or {}).values()]
+    engines = {role: Path(p) for role, p in (marker.get("engines") or {}).items()}
     launch = Launch.from_dict(marker.get("launch"))
     gpus = max(launch.gpus, 1) if config.backend == "trtllm" else 0
-    root = volume_root([repo, *engines])
+    root = volume_root([repo, *engines.values()])
     name = _name(config.name)
     labels = {"app.kubernetes.io/name": "trtspec", "app.kubernetes.io/instance": name}
-    probe = {"httpGet": {"path": READY_PATH, "port": "http"}}
+    probe = {"httpGet": {"path": HEALTH_PATH, "port": FRONT_PORT_NAME}}
+    wait = start_timeout_for(repo)
     container = {
         "name": "tritonserver",
         "image": image,
@@ -74,29 +183,31 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
             "--repo",
             str(repo),
             "--host",
+            "127.0.0.1",
+            "--metrics-host",
             "0.0.0.0",
-            "--http-port",
-            str(HTTP_PORT),
-            "--grpc-port",
-            str(GRPC_PORT),
             "--metrics-port",
             str(METRICS_PORT),
+            "--openai-host",
+            "0.0.0.0",
+            "--openai-port",
+            str(FRONT_PORT),
         ],
         "ports": [
-            {"name": "http", "containerPort": HTTP_PORT},
-            {"name": "grpc", "containerPort": GRPC_PORT},
-            {"name": "metrics", "containerPort": METRICS_PORT},
+            {"name": FRONT_PORT_NAME, "containerPort": FRONT_PORT, "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"},
         ],
+        "env": _env(name, config, launch.mpi),
+        "resources": resources(config, engines, gpus),
+        "securityContext": _security_context(),
         "volumeMounts": [
             {"name": "engines", "mountPath": str(root), "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "home", "mountPath": HOME},
         ],
         # at least as long as `trtspec serve` itself waits for the models (trtspec.server.start_timeout_for)
-        "startupProbe": {
-            **probe,
-            "periodSeconds": 10,
-            "failureThreshold": max(180, math.ceil(start_timeout_for(repo) / 10) + 6),
-        },
+        "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": max(180, math.ceil(wait / 10) + 6)},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
         # Restarts a pod whose models cannot come back: not ready for longer than loading them takes (the BLS
         # reloads an engine model whose process died, retrying; under mpirun nothing can, and this probe restarts it)
@@ -104,11 +215,9 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
             **probe,
             "periodSeconds": 15,
             "timeoutSeconds": 5,
-            "failureThreshold": max(4, math.ceil(start_timeout_for(repo) / 15) + 2),
+            "failureThreshold": max(4, math.ceil(wait / 15) + 2),
         },
     }
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -126,10 +235,23 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
                     },
                 },
                 "spec": {
+                    # the server talks to no Kubernetes API: no token in the pod to steal
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": RUN_AS,
+                        "runAsGroup": RUN_AS,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
                     "containers": [container],
                     "volumes": [
                         {"name": "engines", "persistentVolumeClaim": {"claimName": pvc, "readOnly": True}},
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{SHM_GIB}Gi"}},
+                        *(
+                            {"name": volume, "emptyDir": {"sizeLimit": f"{size}Gi"}}
+                            for volume, size in SCRATCH_GIB.items()
+                        ),
                     ],
                 },
             },
@@ -142,9 +264,24 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
         "spec": {
             "selector": labels,
             "ports": [
-                {"name": "http", "port": HTTP_PORT, "targetPort": "http"},
-                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc"},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"},
+                {"name": FRONT_PORT_NAME, "port": FRONT_PORT, "targetPort": FRONT_PORT_NAME, "protocol": "TCP"},
+                {"name": METRICS_PORT_NAME, "port": METRICS_PORT, "targetPort": METRICS_PORT_NAME, "protocol": "TCP"},
+            ],
+        },
+    }
+    network_policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"port": FRONT_PORT, "protocol": "TCP"}]},
+                {
+                    "from": [{"namespaceSelector": {"matchLabels": MONITORING_NAMESPACE}}],
+                    "ports": [{"port": METRICS_PORT, "protocol": "TCP"}],
+                },
             ],
         },
     }
@@ -174,7 +311,7 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "selector": {"matchLabels": labels},
-            "endpoints": [{"port": "metrics", "interval": "15s", "path": "/metrics"}],
+            "endpoints": [{"port": METRICS_PORT_NAME, "interval": "15s", "path": "/metrics"}],
         },
     }
     prometheus_rule = {
@@ -204,6 +341,7 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
     return {
         "deployment.yaml": deployment,
         "service.yaml": service,
+        "networkpolicy.yaml": network_policy,
         "hpa.yaml": hpa,
         "servicemonitor.yaml": service_monitor,
         "prometheusrule.yaml": prometheus_rule,
@@ -213,10 +351,6 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
 
 
 _HEADERS = {
-    "deployment.yaml": "# trtspec serve on the model repository; the engine volume must hold the repository and the "
-    "engines\n"
-    "# at the paths `trtspec deploy` wrote (it is mounted at their common folder).\n",
-    "service.yaml": "# HTTP (KServe v2 + generate), gRPC and Prometheus metrics of the deployment.\n",
     "hpa.yaml": f"# Example autoscaler on Triton's queue gauge {QUEUE_METRIC} (requests waiting in the BLS model).\n"
     "# Needs a custom-metrics adapter (e.g. Prometheus Adapter) exposing it as a pods metric.\n",
     "servicemonitor.yaml": "# prometheus-operator: scrape the deployment's metrics port.\n",
@@ -228,14 +362,52 @@ _HEADERS = {
 }
 
 
+def _headers(name: str) -> dict[str, str]:
+    secret = secret_name(name)
+    return _HEADERS | {
+        "deployment.yaml": f"""\
+# trtspec serve on the model repository; the engine volume must hold the repository and the engines at the paths
+# `trtspec deploy` wrote (it is mounted, read-only, at their common folder; its files readable by uid {RUN_AS}).
+#
+# Triton's HTTP/gRPC APIs listen on the pod's loopback only. The OpenAI front (port {FRONT_PORT}) is the public
+# surface: every route but {HEALTH_PATH} needs `Authorization: Bearer <api key>`. Metrics ({METRICS_PORT}) are
+# unauthenticated and the NetworkPolicy admits only the monitoring namespace to them.
+#
+# The keys come from the Secret {secret} (keys api-key, admin-key; {keys.MIN_LENGTH} characters or more each), which
+# this file never holds. Create it before applying, from files that never enter version control:
+#   python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > api-key
+#   python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > admin-key
+#   kubectl create secret generic {secret} --from-file=api-key=./api-key --from-file=admin-key=./admin-key
+# Without it the pod does not start (CreateContainerConfigError). The admin key opens Triton's model-repository,
+# model-config, shared-memory, statistics, trace and logging APIs (header {keys.ADMIN_HEADER}), which are reachable
+# only from inside the pod:
+#   kubectl port-forward deploy/{name} 8000:8000 &
+#   curl -s -X POST -H "{keys.ADMIN_HEADER}: $(cat admin-key)" localhost:8000/v2/repository/index
+#
+# Resources: memory is what the deployment holds in host memory (an estimate from the engines and
+# engine.kv_cache_mb, see trtspec/k8s.py); the limit adds the /dev/shm emptyDir's {SHM_GIB}Gi, which counts against
+# it. CPU figures are starting points: measure and adjust.
+""",
+        "service.yaml": f"# The OpenAI front ({FRONT_PORT}) and Prometheus metrics ({METRICS_PORT}) of the deployment; "
+        "Triton's own\n# HTTP/gRPC listen on the pod's loopback and are not exposed.\n",
+        "networkpolicy.yaml": f"""\
+# Ingress to the deployment's pods: the OpenAI front ({FRONT_PORT}) from anywhere (narrow it with a `from` naming your
+# gateway's namespace or pods), the metrics port ({METRICS_PORT}) only from the namespace named monitoring: change
+# the namespaceSelector to where your Prometheus runs. Anything else is refused (with a CNI that enforces
+# NetworkPolicy).
+""",
+    }
+
+
 def write_manifests(loaded, repo: Path, out_dir: str | Path, *, image: str, pvc: str) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    headers = _headers(_name(loaded.config.name))
     written = []
     for filename, doc in manifests(loaded, repo, image=image, pvc=pvc).items():
         path = out / filename
         path.write_text(
-            f"# Written by `trtspec deploy --k8s` for {loaded.config.name}.\n{_HEADERS[filename]}"
+            f"# Written by `trtspec deploy --k8s` for {loaded.config.name}.\n{headers[filename]}"
             + yaml.dump(doc, Dumper=_Dumper, sort_keys=False)
         )
         written.append(path)

@@ -9,8 +9,8 @@ in which Triton loads the two models does not matter.
 Launch, as TensorRT-LLM's scripts/launch_triton_server.py does it:
 - one TP1 target and no draft: tritonserver alone;
 - a draft, or any model over more than one GPU: orchestrator mode ("--multi-model"): env TRTLLM_ORCHESTRATOR=1 and
-  `mpirun --allow-run-as-root -n 1 tritonserver ...`; the tensorrtllm backend spawns one worker process per GPU of
-  each model (TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1);
+  `mpirun -n 1 tritonserver ...` (`--allow-run-as-root` only when running as root); the tensorrtllm backend spawns
+  one worker process per GPU of each model (TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1);
 - `gpu.fast_logits`: orchestrator mode without spawned processes ("--disable-spawn-processes"): world size
   1 + draft ranks + target ranks, one tritonserver per MPI rank; rank 0 serves everything, ranks >= 1 load only the
   engine models (`--model-control-mode=explicit --load-model=...`); `participant_ids` give each model its ranks
@@ -21,6 +21,7 @@ Every rank gets its own Python-backend shared-memory prefix (`--backend-config=p
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -210,7 +211,8 @@ class Launch:
         """The full command: tritonserver's own args (binary first), wrapped in mpirun when the launch needs MPI."""
         if not self.mpi:
             return list(server_args)
-        cmd = ["mpirun", "--allow-run-as-root"]
+        # OpenMPI refuses to start as root without this flag; as any other user (the container's), it is not needed
+        cmd = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else [])]
         for rank in range(self.world_size):
             if rank:
                 cmd.append(":")
