@@ -82,6 +82,7 @@ def test_unset_parameters_read_as_the_defaults():
         max_seq_len=9,
         speculation_num_draft_tokens=4,
         default_speculation="none",
+        max_input_chars=7 * 16,
     )
     for params in (unfilled, {key: "" for key in unfilled}, {}):
         assert ServingSettings.from_parameters(params | REQUIRED_PARAMETERS) == expected
@@ -90,6 +91,7 @@ def test_unset_parameters_read_as_the_defaults():
         REQUIRED_PARAMETERS | {"default_num_draft_tokens": "3", "tensorrt_llm_draft_model_name": "d"}
     )
     assert (settings.speculation_num_draft_tokens, settings.default_speculation) == (3, "draft_model")
+    assert ServingSettings.from_parameters(REQUIRED_PARAMETERS | {"max_input_chars": "50"}).max_input_chars == 50
     # the adaptive draft length starts from the same costs as a CostModel of its own
     costs = CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed)
     assert costs == CostModel()
@@ -105,9 +107,31 @@ def test_unset_parameters_read_as_the_defaults():
             "model parameter 'adaptive_draft_length' = 'maybe' is not a boolean (true or false)",
         ),
         ({"max_queued_requests": "many"}, "invalid literal for int() with base 10: 'many'"),
+        ({"request_timeout_ms": "-5"}, "the parameter request_timeout_ms must be >= 0 (0: no limit), got -5"),
+        ({"max_stop_words": "-1"}, "the parameter max_stop_words must be >= 0 (0: none allowed), got -1"),
+        ({"max_bad_words": "-1"}, "the parameter max_bad_words must be >= 0 (0: none allowed), got -1"),
+        ({"max_returned_logits": "-1"}, "the parameter max_returned_logits must be >= 0 (0: none allowed), got -1"),
+        ({"max_word_chars": "0"}, "the parameter max_word_chars must be >= 1, got 0"),
+        ({"max_input_chars": "0"}, "the parameter max_input_chars must be >= 1, got 0"),
+        ({"max_returned_logits": "1e6"}, "invalid literal for int() with base 10: '1e6'"),
     ],
 )
 def test_bad_values_are_refused(params, error):
     with pytest.raises((TrtspecError, ValueError)) as raised:
         ServingSettings.from_parameters(REQUIRED_PARAMETERS | params)
     assert str(raised.value) == error
+
+
+def test_request_limits_have_bounded_defaults():
+    """Every bound on what a request may ask is on by default, at the values docs/usage.md states."""
+    settings = ServingSettings.from_parameters(REQUIRED_PARAMETERS | {"max_input_len": "4096"})
+    assert settings.request_timeout_ms == 600_000
+    assert (settings.max_stop_words, settings.max_bad_words, settings.max_word_chars) == (64, 64, 256)
+    assert settings.max_input_chars == 16 * 4096
+    assert settings.max_returned_logits == 2**24
+    overridden = ServingSettings.from_parameters(
+        REQUIRED_PARAMETERS
+        | {"request_timeout_ms": "0", "max_stop_words": "2", "max_bad_words": "0", "max_returned_logits": "0"}
+    )
+    assert (overridden.request_timeout_ms, overridden.max_stop_words, overridden.max_bad_words) == (0, 2, 0)
+    assert overridden.max_returned_logits == 0

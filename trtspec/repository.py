@@ -40,7 +40,7 @@ from trtspec.launch import (
     repository_launch,
 )
 from trtspec.marker import MARKER_FILE
-from trtspec.serving_settings import ServingSettings
+from trtspec.serving_settings import INPUT_CHARS_PER_TOKEN, ServingSettings
 
 TEMPLATES_DIR = Path(__file__).parent / "model_repository"
 CONFIG_FILE = "config.pbtxt"
@@ -218,6 +218,7 @@ def _bls_build_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo
         "max_matching_ngram_size": config.speculation.max_matching_ngram_size,
         "max_draft_len": target.max_draft_len,
         "max_input_len": prompt_limit(target),
+        "max_input_chars": INPUT_CHARS_PER_TOKEN * prompt_limit(target),  # refused untokenized beyond
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)
         # the GPU-memory alerts fire above it, not at a level TensorRT-LLM's KV-cache reservation reaches at start
         # (trtspec.monitoring)

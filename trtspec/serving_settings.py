@@ -23,6 +23,9 @@ _COSTS = CostModel()  # the adaptive draft length's cost prior, in one target st
 PER_BUILD = "per_build"  # field metadata: deploy writes it from the build, not at its default
 REQUIRED = "required"  # field metadata: a BLS without it fails to load
 BUILD_LABELS = ("target", "draft", "quantization", "max_draft_len", "trtspec_version")
+# a prompt's characters per token of max_input_len before it is refused untokenized: about four times an English
+# token's length, so only text of unusually long tokens (runs of spaces, say) meets it before max_input_len does
+INPUT_CHARS_PER_TOKEN = 16
 
 
 def parameter(params: Mapping[str, str], key: str, default: str | None = None) -> str:
@@ -81,8 +84,16 @@ class ServingSettings:
     max_concurrent_requests: int = 64
     # requests allowed to wait beyond those served; more are refused at once with an error
     max_queued_requests: int = 256
-    # the time a request may take from its arrival (0: no limit; a request's timeout_ms overrides it)
-    request_timeout_ms: int = 0
+    # the longest a request may take from its arrival; a request's timeout_ms may shorten it, never lift it (0: no
+    # limit). 10 minutes: a production pair's whole 8192-token max_seq_len at 14 tokens/s, and the OpenAI front's own
+    # --timeout default, so both give up together
+    request_timeout_ms: int = 600000
+    # stop words and bad words a request may name: 4x the OpenAI front's 16 stop strings (which it sends as stop
+    # words), room for a stock client's variants of each word; each is tokenized, and bad words cost each step
+    max_stop_words: int = 64
+    max_bad_words: int = 64
+    # the longest stop or bad word, in characters, checked before tokenizing it: a phrase, not a document
+    max_word_chars: int = 256
     # a draft call unanswered this long is a draft failure and the request goes on with the target alone (0: no
     # limit); above the ~1 s in which Triton reports a dead Python model, so a dead draft counts as dead, not slow
     draft_timeout_ms: int = 5000
@@ -111,9 +122,14 @@ class ServingSettings:
     max_input_len: int | None = _required()
     # the longest prompt plus output, in tokens
     max_seq_len: int | None = _required()
+    # the longest prompt in characters, refused before it is tokenized (None: INPUT_CHARS_PER_TOKEN x max_input_len)
+    max_input_chars: int | None = _per_build(None)
     # what the target engine was built to return: a request for logits it cannot return is refused
     gather_context_logits: bool = _per_build(False)
     gather_generation_logits: bool = _per_build(False)
+    # the most logits one request may have returned (tokens x vocabulary, context and generation together; 0: none):
+    # 2^24 floats, 64 MiB, e.g. 128 tokens of Llama 3's 128k vocabulary (a whole Llama 3 answer's are ~1 GB)
+    max_returned_logits: int = 1 << 24
     # a request that does not say drafts with the draft model's logits (rejection sampling) or token matching
     use_draft_logits_default: bool = _per_build(False)
     # whether the engine models are decoupled: the BLS then reads their response streams (template field
@@ -121,8 +137,16 @@ class ServingSettings:
     engine_decoupled_mode: bool = _per_build(False)
 
     def __post_init__(self):
-        if self.draft_timeout_ms < 0:
-            raise ValueError(f"the parameter draft_timeout_ms must be >= 0 (0: no limit), got {self.draft_timeout_ms}")
+        for name in ("draft_timeout_ms", "request_timeout_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"the parameter {name} must be >= 0 (0: no limit), got {getattr(self, name)}")
+        for name in ("max_stop_words", "max_bad_words", "max_returned_logits"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"the parameter {name} must be >= 0 (0: none allowed), got {getattr(self, name)}")
+        for name in ("max_word_chars", "max_input_chars"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"the parameter {name} must be >= 1, got {value}")
         if self.governor_hold_seconds < 0:
             raise ValueError(f"the parameter governor_hold_seconds must be >= 0, got {self.governor_hold_seconds:g}")
 
@@ -144,6 +168,8 @@ class ServingSettings:
             values["speculation_num_draft_tokens"] = values["default_num_draft_tokens"] or 4
         if values["default_speculation"] is None:
             values["default_speculation"] = "draft_model" if values["tensorrt_llm_draft_model_name"] else "none"
+        if values["max_input_chars"] is None:
+            values["max_input_chars"] = INPUT_CHARS_PER_TOKEN * values["max_input_len"]
         return cls(**values)
 
     @classmethod

@@ -27,9 +27,37 @@ class Rules:
     bad_words: list[list[int]] = dataclasses.field(default_factory=list)
     log_probs: bool = False
 
+    def __post_init__(self):
+        self.banned = BadWords(self.bad_words)
+
     @property
     def active(self) -> bool:
         return self.penalties.active or bool(self.bad_words) or self.log_probs
+
+
+class BadWords:
+    """A request's bad words indexed once per call, so that a step costs one tensor write for the one-token words
+    and one dict lookup per distinct length of the others, however many words there are (the step runs on the
+    thread that serves the whole batch)."""
+
+    def __init__(self, words: list[list[int]]):
+        single = sorted({w[0] for w in words if len(w) == 1})
+        self.single = torch.as_tensor(single, dtype=torch.long) if single else None
+        # prefix length -> the word's tokens but its last -> the last tokens that would complete a word
+        self.by_prefix: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        for w in words:
+            if len(w) > 1:
+                self.by_prefix.setdefault(len(w) - 1, {}).setdefault(tuple(w[:-1]), []).append(w[-1])
+
+    def ban(self, logits: torch.Tensor, history: list[int]) -> None:
+        """Set to -inf, in place, every token that would complete a bad word after `history`."""
+        if self.single is not None:
+            logits[self.single] = float("-inf")
+        for n, prefixes in self.by_prefix.items():
+            if n <= len(history):
+                last = prefixes.get(tuple(history[-n:]))
+                if last:
+                    logits[last] = float("-inf")
 
 
 def prepare(
@@ -56,9 +84,7 @@ def prepare(
         out[seen] = values - pen.presence - pen.frequency * counts[seen].float()
     if blocked is not None:
         out[blocked] = float("-inf")
-    for word in rules.bad_words:
-        if len(word) == 1 or history[-(len(word) - 1) :] == word[:-1]:
-            out[word[-1]] = float("-inf")
+    rules.banned.ban(out, history)
     return out, params
 
 

@@ -32,6 +32,15 @@ from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.governor import LoadGovernors, Outcome
 from trtspec.orchestrator.loop import SpecRequest, Trace, speculate
 from trtspec.orchestrator.stats import RequestStats
+from trtspec.request_limits import (
+    check_prompt_chars,
+    check_returned_logits,
+    check_words,
+    deadline_advice,
+    deadline_ms,
+    finite,
+    utf8,
+)
 from trtspec.serving_settings import ServingSettings
 from trtspec.triton.common import error_response, input_arrays, load_tokenizer, model_parameters
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
@@ -167,18 +176,14 @@ class TritonPythonModel:
         """Serve one request; `load`: the requests in flight when it started, itself included; `peak_load()`:
         the most in flight so far during its life; `arrived`: when Triton handed it over (its deadline counts
         from there, queueing included)."""
-        timeout_ms = fields.scalar("timeout_ms", int, self.settings.request_timeout_ms)
-        if timeout_ms < 0:
-            raise RequestError("timeout_ms", f"must be >= 0 (0: no limit), got {timeout_ms}")
+        timeout_ms, deployments = deadline_ms(fields.scalar("timeout_ms", int, 0), self.settings.request_timeout_ms)
 
         asked = [0.0, False]  # when Triton was last asked whether the client cancelled, and its answer
 
         def stop() -> bool:  # checked between iterations and while a target call runs: cancelled, or past the deadline
             now = time.monotonic()
             if timeout_ms and (now - arrived) * 1000 > timeout_ms:
-                raise DeadlineExceeded(
-                    f"the request ran past its {timeout_ms} ms; give it a longer timeout_ms, or fewer max_tokens"
-                )
+                raise DeadlineExceeded(deadline_advice(timeout_ms, deployments))
             if now - asked[0] >= WATCH_SECONDS:  # each question is an IPC round trip to the server process
                 asked[:] = [now, sender.is_cancelled()]
             return asked[1]
@@ -396,8 +401,9 @@ class TritonPythonModel:
 
     def _parse(self, f: _Fields) -> _Plan:
         """A request's fields as a plan, checked in this order (a request with several problems is told the first):
-        neutral inputs, the prompt, max_tokens, the draft source and length, sampling, end and pad ids, the word
-        lists, seed and min_tokens, the logits asked for, the penalties."""
+        string inputs are UTF-8, neutral inputs, the prompt, max_tokens, the draft source and length, sampling, end
+        and pad ids, the word lists, seed and min_tokens, the logits asked for, the penalties."""
+        f.check_text()
         check_neutral(f.inputs, BLS_INPUTS)
         prompt = self._prompt(f)
         max_tokens = self._max_tokens(f, len(prompt))
@@ -409,7 +415,7 @@ class TritonPythonModel:
         min_tokens = f.scalar("min_tokens", int, 0)
         if min_tokens < 0:
             raise RequestError("min_tokens", f"must be >= 0, got {min_tokens}")
-        self._check_logits_wanted(f)
+        self._check_logits_wanted(f, len(prompt), max_tokens)
         penalties = self._penalties(f)
         spec = SpecRequest(
             prompt=prompt,
@@ -448,6 +454,7 @@ class TritonPythonModel:
         text = f.text("text_input")
         if not text:
             raise RequestError("text_input", "is required and must not be empty")
+        check_prompt_chars(text, self.settings)
         prompt = self.tokenizer(text, add_special_tokens=self.settings.add_special_tokens)["input_ids"]
         limit = self.settings.max_input_len
         if len(prompt) > limit:
@@ -534,19 +541,26 @@ class TritonPythonModel:
 
     def _words(self, f: _Fields, name: str) -> list[list[int]]:
         """stop_words or bad_words: each string one word, tokenized without special tokens (as NVIDIA's
-        preprocessing does); empty strings and those without tokens are left out."""
+        preprocessing does); empty strings and those without tokens are left out. How many and how long they may be
+        is checked first, so the tokenizer never sees more than the deployment allows."""
+        given = f.strings(name)
+        check_words(name, given, self.settings)
         words = []
-        for word in f.strings(name):
+        for word in given:
             ids = self.tokenizer(word, add_special_tokens=False)["input_ids"] if word else []
             if ids:
                 words.append(ids)
         return words
 
-    def _check_logits_wanted(self, f: _Fields) -> None:
-        """Logits the target engine was not built to gather are refused, as the engine refuses them."""
+    def _check_logits_wanted(self, f: _Fields, prompt_len: int, max_tokens: int) -> None:
+        """Logits the target engine was not built to gather are refused, as the engine refuses them; so are more
+        than max_returned_logits of them (rows of the vocabulary: the prompt's for context logits, max_tokens for
+        generation logits), before anything is generated."""
         built = {"context": self.settings.gather_context_logits, "generation": self.settings.gather_generation_logits}
-        for kind, gathered in built.items():
-            if f.scalar(f"return_{kind}_logits", bool, False) and not gathered:
+        rows = {"context": prompt_len, "generation": max_tokens}
+        wanted = {kind: rows[kind] for kind in built if f.scalar(f"return_{kind}_logits", bool, False)}
+        for kind in wanted:
+            if not built[kind]:
                 only = " (torch backend only)" if kind == "context" else ""
                 raise RequestError(
                     f"return_{kind}_logits",
@@ -554,6 +568,8 @@ class TritonPythonModel:
                     f"clients read {kind} logits sets engine.gather_{kind}_logits: true in its build "
                     f"config and rebuilds{only}",
                 )
+        # the tokenizer's vocabulary: an engine's rows may be padded a little wider (TensorRT-LLM's vocab_size_padded)
+        check_returned_logits(wanted, len(self.tokenizer), self.settings)
 
     @staticmethod
     def _penalties(f: _Fields) -> Penalties:
@@ -690,9 +706,18 @@ class _Fields:
             raise RequestError(name, f"expected one value, got {flat.size}")
         value = flat[0]
         try:
-            return bool(value) if kind is bool else kind(value)
+            value = bool(value) if kind is bool else kind(value)
         except (TypeError, ValueError) as exc:
             raise RequestError(name, f"cannot read {value!r} as {kind.__name__}") from exc
+        return finite(name, value) if kind is float else value
+
+    def check_text(self) -> None:
+        """Every string input is UTF-8, the only text the tokenizer takes, else the request's fault naming it."""
+        for name, arr in self.inputs.items():
+            if arr.dtype == np.object_:
+                for value in arr.reshape(-1):
+                    if isinstance(value, bytes):
+                        utf8(name, value)
 
     def strings(self, name: str) -> list[str]:
         arr = self._get(name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import traceback
+import uuid
 from collections.abc import Callable
 
 import numpy as np
@@ -49,17 +50,29 @@ def required(inputs: dict[str, np.ndarray], name: str) -> np.ndarray:
 
 def error_response(exc: BaseException, model: str) -> pb_utils.InferenceResponse:
     """A request's failure as its error response: the request's own fault (INVALID_ARG: HTTP 400), an engine
-    that cannot answer now (UNAVAILABLE: 503, worth a retry) or an internal one (INTERNAL: 500, logged with its
-    traceback when it is not one of trtspec's own)."""
+    that cannot answer now (UNAVAILABLE: 503, worth a retry) or an internal one (INTERNAL: 500). trtspec's own
+    errors are written for the client and go out as they are; any other exception's text may hold paths, code or
+    another request's data, so it stays in the server log with its traceback and the client gets an id to find it."""
     if isinstance(exc, RequestError):
         code = pb_utils.TritonError.INVALID_ARG
     elif isinstance(exc, EngineUnavailable):
         code = pb_utils.TritonError.UNAVAILABLE
     else:
         code = pb_utils.TritonError.INTERNAL
-        if not isinstance(exc, TrtspecError):
-            pb_utils.Logger.log_error(f"{model}: request failed:\n{''.join(traceback.format_exception(exc))}")
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{model}: {exc}", code))
+    if isinstance(exc, TrtspecError):
+        message = f"{model}: {exc}"
+    else:
+        error_id = internal_error_id()
+        pb_utils.Logger.log_error(
+            f"{model}: request failed (error {error_id}):\n{''.join(traceback.format_exception(exc))}"
+        )
+        message = f"{model}: internal error {error_id}; the server log has its details under that id"
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def internal_error_id() -> str:
+    """A short id that ties an internal error's generic answer to its traceback in the server log."""
+    return uuid.uuid4().hex[:12]
 
 
 def respond_each(requests, handle: Callable[[object], dict[str, np.ndarray]], model: str) -> list:
