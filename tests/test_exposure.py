@@ -92,6 +92,11 @@ def test_without_the_admin_key_no_model_is_uploaded_loaded_or_unloaded(server, t
         with pytest.raises(Exception, match=keys.ADMIN_HEADER):
             client.get_system_shared_memory_status()
         assert client.is_model_ready("tensorrt_llm") and client.is_model_ready("tensorrt_llm_bls")
+        # the key as gRPC metadata, under the prefix Triton's gRPC front reads
+        admin = {keys.GRPC_PREFIX + keys.ADMIN_HEADER: server.admin_key.value}
+        assert client.get_inference_statistics("tensorrt_llm_bls", headers=admin) is not None
+        with pytest.raises(Exception, match=keys.ADMIN_HEADER):
+            client.get_inference_statistics("tensorrt_llm_bls", headers={keys.ADMIN_HEADER: server.admin_key.value})
     finally:
         client.close()
 

@@ -315,7 +315,9 @@ class SpecClient:
         if protocol == "http" and self.scheme not in ("http", "https"):
             raise ClientError(f"an HTTP URL must be http:// or https://, got '{url}'")
         self.url = _hostport(self.host, self.port)
-        self.headers = keys.client_headers(self.url) if headers is None else dict(headers)
+        given = keys.client_headers(self.url) if headers is None else dict(headers)
+        # Triton's gRPC front reads a restricted protocol's key from metadata named with this prefix
+        self.headers = {keys.GRPC_PREFIX + k: v for k, v in given.items()} if protocol == "grpc" else given
         self._tc = None  # tritonclient module of the protocol
         self._client = None  # its InferenceServerClient, made on first use
         self._lock = threading.Lock()
@@ -364,6 +366,18 @@ class SpecClient:
                 )
             self._tc = tc
         return self._client
+
+    def _send(self, responses: queue.Queue, send: Callable[[], None], what: str) -> None:
+        """Send a request on the gRPC stream. A stream the server refused at once (a restricted protocol, say) makes
+        tritonclient raise a generic error here and hand the server's reason to the callback: raise with that."""
+        try:
+            send()
+        except Exception as exc:
+            try:
+                *_, error = responses.get(timeout=1.0)
+            except queue.Empty:
+                error = None
+            raise self._error(error or exc, what) from exc
 
     def _error(self, exc: Exception, what: str) -> ClientError:
         message = exc.message() if hasattr(exc, "message") and callable(exc.message) else str(exc)
@@ -474,7 +488,13 @@ class SpecClient:
         try:
             sent_at = time.perf_counter()
             collector = Collector(sent_at, on_chunk)
-            client.async_stream_infer(self.model, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+            self._send(
+                responses,
+                lambda: client.async_stream_infer(
+                    self.model, inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True
+                ),
+                self.model,
+            )
             deadline = sent_at + self.timeout
             stop_at = sent_at + stop_after_s if stop_after_s is not None else None
             while True:
@@ -605,8 +625,12 @@ class SpecClient:
         client.start_stream(callback=lambda result, error: responses.put((result, error)), headers=self.headers)
         merged: dict[str, np.ndarray] = {}
         try:
-            client.async_stream_infer(
-                model, inputs, outputs=wanted, request_id=uuid.uuid4().hex, enable_empty_final_response=True
+            self._send(
+                responses,
+                lambda: client.async_stream_infer(
+                    model, inputs, outputs=wanted, request_id=uuid.uuid4().hex, enable_empty_final_response=True
+                ),
+                model,
             )
             while True:
                 try:

@@ -29,6 +29,9 @@ API_ENV = "TRTSPEC_API_KEY"
 CONTROL_ENV_TOKEN = "TRTSPEC_CONTROL_TOKEN"
 ADMIN_HEADER = "trtspec-admin-key"  # Triton's restricted APIs; lower case, as gRPC metadata keys must be
 API_HEADER = "trtspec-api-key"  # Triton's inference API when it is bound beyond loopback
+# Triton's gRPC front expects the header of --grpc-restricted-protocol as metadata with this prefix ("This protocol is
+# restricted, expecting header 'triton-grpc-protocol-<header>'", tritonserver 2.51)
+GRPC_PREFIX = "triton-grpc-protocol-"
 MIN_LENGTH = 16  # a shorter key is guessable in a day of requests
 _KEY_CHARACTERS = re.compile(r"[A-Za-z0-9._+/-]+")
 
