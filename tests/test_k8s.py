@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from conftest import free_ports
 from test_trtllm_deploy import deployed, no_trtllm  # noqa: F401  (fixtures: the 70B example on layout engines)
 
-from trtspec import keys
+from trtspec import k8s, keys
 from trtspec.cli import cli
 from trtspec.config import load_config
 from trtspec.k8s import (
@@ -390,3 +399,116 @@ def test_mpirun_is_told_it_may_run_as_root_only_as_root(monkeypatch, euid, flag)
     cmd = Launch(mpi=True, engine_models=["tensorrt_llm"], devices=[0]).command(["tritonserver"])
     assert cmd[0] == "mpirun" and ("--allow-run-as-root" in cmd) is flag
     assert cmd[1 + flag : 4 + flag] == ["-n", "1", "tritonserver"]
+
+
+# ---- the Deployment's command, run as the pod runs it ------------------------------------------------------------
+
+
+def _outside_address() -> str | None:
+    """This machine's address on its network (no packet is sent), None where it has only loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture
+def pod_like(built_fp8, tmp_path):
+    """The tiny FP8 pair deployed, and the writable places the pod mounts emptyDirs at: HOME and /tmp."""
+    from trtspec.repository import write_repository
+
+    loaded = load_config(built_fp8.config)
+    repo = write_repository(loaded, built_fp8.engines, tmp_path / "model_repository", device="cpu")
+    writable = {name: tmp_path / name for name in ("home", "tmp")}
+    for path in writable.values():
+        path.mkdir()
+    return repo, writable
+
+
+def _listing(*folders: Path) -> dict[str, float]:
+    """The files under `folders` with their modification times, but Python's bytecode caches: the Python backend
+    writes them beside each model.py where it can (a read-only volume makes that a silent no-op, as Python's import
+    system ignores a cache it cannot write)."""
+    return {
+        str(p): p.stat().st_mtime
+        for folder in folders
+        for p in folder.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+@pytest.mark.server
+def test_the_deployment_command_serves_behind_the_key(built_fp8, pod_like):
+    """`trtspec serve` with the Deployment's own arguments and environment (keys from the environment, as the Secret
+    gives them; HOME, the XDG folders and TMPDIR on the pod's emptyDirs): the front answers /health to anyone and
+    everything else only to the API key, Triton's HTTP is on loopback only, the metrics are reachable from outside,
+    and the repository and engines (read-only in the pod) are not written to. (The pod's uid cannot be taken here:
+    the test interpreter lives under root's 0700 home.)"""
+    repo, writable = pod_like
+    docs = manifests(load_config(built_fp8.config), repo, image="i", pvc="p")
+    container = docs["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    http, grpc, metrics, front = free_ports(4)
+    port_of = {"--metrics-port": metrics, "--openai-port": front}
+    args = [str(port_of.get(prev, a)) for prev, a in zip([None, *container["args"]], container["args"])]
+    args += ["--http-port", str(http), "--grpc-port", str(grpc)]
+    api_key, admin_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    home, tmp = str(writable["home"]), str(writable["tmp"])
+    env = {e["name"]: e["value"].replace(k8s.HOME, home).replace("/tmp", tmp) for e in container["env"] if "value" in e}
+    env |= {keys.API_ENV: api_key, keys.ADMIN_ENV: admin_key, "OMP_NUM_THREADS": "1"}
+    env |= {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    before = _listing(repo, built_fp8.engines)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trtspec.cli", *args],
+        env=env,
+        cwd=home,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{front}"
+    try:
+        deadline = time.monotonic() + 240
+        while _get_or_none(f"{base}{HEALTH_PATH}") != 200:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "the front did not answer /health within 240 s"
+            time.sleep(0.5)
+        assert _get(f"{base}/v1/models")[0] == 401
+        status, body = _get(f"{base}/v1/models", {"Authorization": f"Bearer {api_key}"})
+        assert status == 200 and json.loads(body)["data"]
+        assert _get(f"http://127.0.0.1:{http}/v2/health/ready")[0] == 200  # Triton, from inside the pod
+        outside = _outside_address()
+        if outside is not None:
+            with pytest.raises(OSError):  # Triton is not listening there at all
+                socket.create_connection((outside, http), timeout=5).close()
+            status, body = _get(f"http://{outside}:{metrics}/metrics")
+            assert status == 200 and b"nv_inference_request_success" in body
+            assert _get(f"http://{outside}:{front}{HEALTH_PATH}")[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # the pytriton binary's backend directory went under XDG_CACHE_HOME, the server log under TMPDIR
+    assert any(Path(env["XDG_CACHE_HOME"]).rglob("libtriton_python.so"))
+    assert any(Path(tmp).glob("tritonserver-*.log"))
+    assert _listing(repo, built_fp8.engines) == before
+
+
+def _get_or_none(url: str) -> int | None:
+    try:
+        return _get(url)[0]
+    except OSError:
+        return None
