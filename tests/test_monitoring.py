@@ -373,15 +373,20 @@ def test_a_real_alertmanager_forces_and_releases_through_the_control_receiver(tm
     import time
 
     from conftest import free_ports
+    from test_control import TOKEN
 
     from trtspec.control import ControlServer, read
 
-    control = ControlServer(tmp_path / "force.json").start()
+    control = ControlServer(tmp_path / "force.json", token=TOKEN).start()
     port = free_ports(1)[0]
     write_monitoring(tmp_path)
     config = yaml.safe_load((tmp_path / "alertmanager.yml").read_text())
     config["route"] |= {"group_wait": "1s", "group_interval": "1s"}
-    config["receivers"][1]["webhook_configs"][0]["url"] = f"http://127.0.0.1:{control.port}/alertmanager"
+    webhook = config["receivers"][1]["webhook_configs"][0]
+    webhook["url"] = f"http://127.0.0.1:{control.port}/alertmanager"
+    # the example's token file, here a copy of this receiver's token (the receiver refuses a call without it)
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    webhook["http_config"]["authorization"]["credentials_file"] = str(tmp_path / "token")
     (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
         [

@@ -446,11 +446,11 @@ def test_a_forced_mode_reaches_the_bls_and_is_counted(spec_server):
     """`trtspec serve --control-port`'s receiver forces plain decoding: the BLS's next request (the file is re-read
     at most twice a second) drafts nothing, the state gauge says plain, the change is counted with its reason; the
     release returns the level from before, counted too."""
-    from test_control import call
+    from test_control import TOKEN, call
 
     from trtspec.control import ControlServer
 
-    control = ControlServer(spec_server.control_file).start()
+    control = ControlServer(spec_server.control_file, token=TOKEN).start()
     url = f"http://127.0.0.1:{control.port}/control"
     request = {"text_input": PROMPTS[1], "max_tokens": 16, "num_draft_tokens": 4, "adaptive_draft_length": False}
 

@@ -28,6 +28,8 @@ DASHBOARD_FILE = "grafana-dashboard.json"
 ALERTMANAGER_FILE = "alertmanager.yml"
 # The control receiver the Alertmanager example sends to: `trtspec serve --control-port 8004` (trtspec.control).
 EXAMPLE_CONTROL_URL = "http://127.0.0.1:8004/alertmanager"
+# The receiver's token, copied where Alertmanager can read it: the file `trtspec serve` names at start.
+EXAMPLE_CONTROL_TOKEN_FILE = "/etc/alertmanager/trtspec-control-token"
 WINDOW = "5m"
 # Below this many finished requests per second (15 in the 5-minute window) no alert fires.
 MIN_REQUESTS_PER_SECOND = 0.05
@@ -431,7 +433,17 @@ def alertmanager() -> dict:
         },
         "receivers": [
             {"name": "default"},  # your paging receiver goes here
-            {"name": "trtspec-governor", "webhook_configs": [{"url": EXAMPLE_CONTROL_URL, "send_resolved": True}]},
+            {
+                "name": "trtspec-governor",
+                "webhook_configs": [
+                    {
+                        "url": EXAMPLE_CONTROL_URL,
+                        "send_resolved": True,
+                        # sent as `Authorization: Bearer <token>`, which the receiver asks of every request
+                        "http_config": {"authorization": {"credentials_file": EXAMPLE_CONTROL_TOKEN_FILE}},
+                    }
+                ],
+            },
         ],
     }
 
@@ -443,9 +455,9 @@ def files() -> dict[str, str]:
         + yaml.safe_dump(rules(), sort_keys=False, width=120),
         DASHBOARD_FILE: json.dumps(dashboard(), indent=2) + "\n",
         ALERTMANAGER_FILE: "# Written by `trtspec deploy --monitoring`: an example Alertmanager configuration. Alerts\n"
-        "# labelled trtspec_mode force that mode through `trtspec serve --control-port 8004`.\n"
-        "# With --control-host beyond loopback, add to the webhook config the token it requires:\n"
-        "#   http_config: {authorization: {credentials_file: <the --control-token-file>}}\n"
+        "# labelled trtspec_mode force that mode through `trtspec serve --control-port 8004`, whose token\n"
+        "# (the file `trtspec serve` names at start, or your --control-token-file) Alertmanager sends from\n"
+        f"# {EXAMPLE_CONTROL_TOKEN_FILE}: copy it there, readable by Alertmanager only.\n"
         + yaml.safe_dump(alertmanager(), sort_keys=False, width=120),
     }
 
