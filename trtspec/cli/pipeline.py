@@ -139,7 +139,8 @@ def doctor(as_json: bool) -> None:
 @click.option(
     "--control-token-file",
     type=click.Path(dir_okay=False, exists=True),
-    help="A file holding the token every control request must send as `Authorization: Bearer <token>`.",
+    help="A file holding the token every control request must send as `Authorization: Bearer <token>` "
+    f"[default: ${keys.CONTROL_ENV_TOKEN}, else one generated into a 0600 file whose path is printed].",
 )
 def serve(
     repo,
@@ -189,7 +190,15 @@ def serve(
     if control_port is not None:
         from trtspec.control import ControlError, ControlServer
 
-        token = Path(control_token_file).read_text().strip() if control_token_file else None
+        try:
+            token = keys.resolve(
+                file=control_token_file,
+                option="--control-token-file",
+                env=keys.CONTROL_ENV_TOKEN,
+                generate_into=keys.state_dir(repo) / "control-token",
+            )
+        except keys.KeyProblem as exc:
+            raise click.ClickException(str(exc)) from None
         control_file = Path(tempfile.mkdtemp(prefix="trtspec-control-")) / "force.json"
         try:
             control = ControlServer(
@@ -200,7 +209,10 @@ def serve(
                 log=lambda line: out.print(line, highlight=False, markup=False),
             )
         except (ControlError, OSError) as exc:
+            shutil.rmtree(control_file.parent, ignore_errors=True)
             raise click.ClickException(f"--control-port {control_port}: {exc}") from exc
+        if not print_command:  # where the token is, never the token: requests send `Authorization: Bearer <token>`
+            out.print(f"speculation control token: {token.source}", highlight=False, markup=False, soft_wrap=True)
     try:
         admin_key = keys.resolve(
             file=admin_key_file,
