@@ -190,6 +190,14 @@ def test_a_post_must_say_it_is_json(control, content_type):
         status, answer = call(f"http://127.0.0.1:{control.port}{path}", body, content_type=content_type)
         assert status == 415 and "Content-Type: application/json" in answer["error"]
     assert not control.path.exists()
+    preflight = urllib.request.Request(
+        f"http://127.0.0.1:{control.port}/control",
+        method="OPTIONS",
+        headers={"Origin": "http://example.com", "Access-Control-Request-Method": "POST"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as unanswered:  # the browser then sends nothing
+        urllib.request.urlopen(preflight, timeout=10)
+    assert unanswered.value.code == 501 and "Access-Control-Allow-Origin" not in unanswered.value.headers
     charset = call(f"http://127.0.0.1:{control.port}/control", {"mode": "plain"}, content_type=f"{JSON}; charset=utf-8")
     assert charset[0] == 200
 

@@ -3,8 +3,9 @@
 `trtspec serve --control-port P` runs a small HTTP receiver beside tritonserver and hands the server one control file
 (its path in the environment variable TRTSPEC_CONTROL_FILE, which the Python-backend stubs inherit). The receiver
 writes the file; every BLS instance reads it (at most twice a second, and only when it changed) and forces its
-governor (trtspec.orchestrator.governor) for the time given. The file, not a request to the BLS, because a BLS
-model may run several instances and a force must reach each.
+governor (trtspec.orchestrator.governor) for the time given, under the governor's KV-cache and draft-outage floors,
+which no force lifts. The file, not a request to the BLS, because a BLS model may run several instances and a force
+must reach each.
 
     GET  /control        the force in effect, or {"mode": "auto"}
     POST /control        {"mode": "plain" | "reduced" | "speculating" | "auto", "for_seconds": 900, "reason": "..."}
