@@ -54,15 +54,17 @@ MONITORING_NAMESPACE = {"kubernetes.io/metadata.name": "monitoring"}
 GIB = 2**30
 SHM_GIB = 16  # /dev/shm: the Python-backend models exchange tensors (logits included) through it
 SCRATCH_GIB = {"tmp": 4, "home": 2}  # /tmp (mpirun's session directory, the server log) and $HOME (caches, state)
-# Host memory beside the engines: tritonserver, the Python-backend stubs (BLS, tokenizers: each imports transformers),
-# the OpenAI front and `trtspec serve` itself.
-BASE_HOST_GIB = 4
+# Host memory beside the engines: tritonserver, the Python-backend stubs of the BLS and the tokenizers, the OpenAI
+# front and `trtspec serve` itself. Measured 1.3 GiB RSS for the demo pair on CPU (serve and the front 0.33 GiB,
+# tritonserver 0.04, each of the three stubs 0.31), rounded up.
+BASE_HOST_GIB = 2
 # trtllm: TensorRT-LLM streams an engine file from disk into GPU memory (tllmRuntime.cpp, TllmRuntime's
 # RawEngine::Type::FilePath case reads it through an IStreamReader), so weights never sit in host memory whole; each
-# engine rank's process holds its CUDA context, the TensorRT/TensorRT-LLM libraries and host buffers. An estimate.
+# engine rank's process holds its CUDA context, the TensorRT/TensorRT-LLM libraries and host buffers. An estimate,
+# not measured here.
 TRTLLM_RANK_HOST_GIB = 4
 # torch: the embedded engine holds its weights as the engine dir stores them, its KV caches up to engine.kv_cache_mb,
-# and the torch runtime of its own stub process.
+# and the torch runtime of its own stub process (measured 0.5-0.6 GiB beyond the weights for the demo pair).
 TORCH_ENGINE_HOST_GIB = 1
 # CPU cores (request, limit). Starting points, not measurements: the embedded engine computes on the CPU (its OpenMP
 # team is sized to the request); a trtllm deployment needs cores for the tokenizers, the BLS and each rank's process.
