@@ -265,6 +265,14 @@ def test_bad_penalty_is_refused_naming_it(engine):
         gen(engine, bad_words=[[100000]])
 
 
+@pytest.mark.parametrize("temperature", [-0.5, float("nan")])
+def test_a_temperature_the_executor_refuses_is_refused_naming_it(engine, temperature):
+    """TensorRT-LLM's SamplingConfig::checkTemperature requires temperature >= 0, which NaN fails too; a direct
+    caller of tensorrt_llm is refused so, not answered with what a NaN distribution samples."""
+    with pytest.raises(RequestError, match=r"^temperature: must be >= 0"):
+        gen(engine, sampling=SamplingParams(temperature=temperature, top_p=1.0))
+
+
 def test_a_streamed_response_without_tokens_keeps_its_empty_generation_logits():
     """A streaming engine's last response may carry no token (the call ended on the end token, which it does not
     return): its generation logits are [1, 1, 0, V], and reading them gives an empty [0, V] block, not an error."""

@@ -291,6 +291,8 @@ class Engine:
             )
         if not r.penalties.repetition > 0:  # SamplingConfig::validate: repetitionPenalty > 0
             raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {r.penalties.repetition}")
+        if not r.sampling.temperature >= 0:  # SamplingConfig::checkTemperature: temperature >= 0, which NaN fails
+            raise RequestError("temperature", f"must be >= 0 (0: greedy), got {r.sampling.temperature}")
         for name, words in (("stop_words_list", r.stop_words), ("bad_words_list", r.bad_words)):
             bad = next((t for w in words for t in w if not 0 <= t < vocab), None)
             if bad is not None:
