@@ -17,6 +17,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtspec.errors import EngineBusy, EngineError
 from trtspec.triton.engine_model import TritonPythonModel as EmbeddedEngineModel
 from trtspec.triton.engine_model import engine_inputs
 
@@ -84,6 +85,19 @@ class TritonPythonModel(EmbeddedEngineModel):
             if requested and name not in requested:
                 raise pb_utils.TritonModelException(f"{name} tensor must be present in list of output tensors")
         self._queue(regularized(engine_inputs(request)), sender, request.request_id())
+
+    def _submit_all(self, calls, request_id):
+        """The queue bound as the backend applies it: max_queue_size from dynamic_batching.default_queue_policy
+        (getExecutorConfigFromParams) into the executor, whose enqueueRequests refuses a request whose rows would
+        take the queued ones past it (executorImpl.cpp: TLLM_THROW "Maximum queue size of %d has been reached,
+        please try again later"); the backend's enqueue answers that exception with TRITONSERVER_ERROR_INTERNAL.
+        The same id map as the embedded engine's (the latest request with an id is the one its stop cancels)."""
+        try:
+            super()._submit_all(calls, request_id)
+        except EngineBusy:
+            raise EngineError(
+                f"Maximum queue size of {self.max_queue_size} has been reached, please try again later"
+            ) from None
 
     def _response(self, call, outcome, batch_index=None):
         response = super()._response(call, outcome, batch_index)

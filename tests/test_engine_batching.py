@@ -18,7 +18,7 @@ from trtspec.engine import kernels
 from trtspec.engine.kv import GROWTH_TOKENS, _common_prefix
 from trtspec.engine.model import CompactModel, HFModel, Segment
 from trtspec.engine.runtime import Engine
-from trtspec.errors import EngineError, RequestError
+from trtspec.errors import EngineBusy, EngineError, RequestError
 
 ARCHITECTURES = {
     "llama": ("LlamaConfig", {}),
@@ -477,6 +477,58 @@ def test_a_fault_outside_the_forward_pass_fails_the_calls_in_flight_not_the_engi
             assert pool.submit(engine.generate, request).result(timeout=60).output_ids == expected
     finally:
         engine.scheduler.stop()
+
+
+def test_a_stop_reaches_only_the_latest_request_with_its_id(built_fp8):
+    """As TensorRT-LLM's backend maps ids (model_instance_state.cc `enqueue` replaces the id's entry with the newest
+    request's calls; `handleStopRequest` cancels those): a stop ends the latest calls with the id, and an earlier
+    call with the same id runs to its end; once those have ended, a stop of the id ends nothing."""
+    engine = Engine.load(built_fp8.target)
+    vocab = engine.info.vocab_size
+    ended: dict[str, object] = {}
+    first = GenerationRequest(input_ids=_ids(10, 1, vocab), request_output_len=20, end_id=-1)
+    later = GenerationRequest(input_ids=_ids(10, 2, vocab), request_output_len=20, end_id=-1)
+    engine.submit(first, lambda out: ended.__setitem__("first", out), request_id="1")
+    engine.scheduler.step()  # the first is running
+    engine.submit_all(  # a request of two rows with the same id
+        [
+            (later, lambda out: ended.__setitem__("later", out), None),
+            (later, lambda out: ended.__setitem__("later row", out), None),
+        ],
+        request_id="1",
+    )
+    engine.scheduler.step()
+    assert engine.cancel("1") == 2  # both rows of the latest request, not the first
+    while len(ended) < 3:
+        engine.scheduler.step()
+    assert len(ended["first"].new_tokens) == 20
+    assert len(ended["later"].new_tokens) < 20 and len(ended["later row"].new_tokens) < 20
+    assert engine.cancel("1") == 0 and not engine.scheduler._latest  # ended calls leave the id's map
+
+
+def test_the_waiting_queue_is_bounded_by_max_queue_size(built_fp8):
+    """A request whose rows would take the waiting calls past max_queue_size is refused whole, at once, naming the
+    limit (as TensorRT-LLM's executor refuses it); nothing of it is queued, and a request that fits is served."""
+    engine = Engine.load(built_fp8.target)
+    scheduler, vocab = engine.scheduler, engine.info.vocab_size
+    scheduler.max_queue_size = 2
+    call = GenerationRequest(input_ids=_ids(8, 3, vocab), request_output_len=4, end_id=-1)
+    ended: list = []
+
+    def rows(n):
+        return [(call, ended.append, None)] * n
+
+    with pytest.raises(EngineBusy, match=r"max_queue_size 2"):
+        engine.submit_all(rows(3), request_id="three")  # more rows than the queue holds, even when it is empty
+    assert not scheduler.waiting and "three" not in scheduler._latest
+    engine.submit_all(rows(2), request_id="two")
+    with pytest.raises(EngineBusy, match=r"2 calls wait .* adds 1, beyond max_queue_size 2"):
+        engine.submit(call, ended.append, request_id="one")
+    scheduler.step()  # the waiting calls take batch slots: the queue has room again
+    engine.submit(call, ended.append, request_id="one")
+    while len(ended) < 3:
+        scheduler.step()
+    assert all(len(o.new_tokens) == 4 for o in ended)
 
 
 def test_kv_budget_comes_from_the_build_config(tiny_pair, tmp_path):

@@ -50,6 +50,12 @@ class EngineUnavailable(EngineError):
     and a passing one: the request may be retried (UNAVAILABLE, HTTP 503)."""
 
 
+class EngineBusy(EngineError):
+    """An engine model whose waiting queue is full (max_queue_size): refused at once, the server's fault and a
+    passing one (UNAVAILABLE, HTTP 503: retry later). Not an EngineUnavailable: nothing died, so a request that meets
+    it ends rather than waiting for a reload, and the queue stays bounded."""
+
+
 class RequestError(EngineError):
     """A request that breaks the engine's limits or the tensor contract; names the field and the limit."""
 

@@ -179,6 +179,11 @@ def template_values(
         # One instance by default: each keeps its own prefix KV cache, and the orchestrator's next iteration of
         # a sequence must find the cache of its previous one.
         "engine_instance_count": 1,
+        # Engine calls that may wait for a batch slot (dynamic_batching.default_queue_policy.max_queue_size, where
+        # TensorRT-LLM's backend reads its executor's bound); more are refused at once (503). The BLS has at most
+        # one call per engine for each of its max_concurrent_requests (64), so twice that never refuses its own
+        # calls while bounding how many direct calls can pile up ahead of them.
+        "max_queue_size": 128,
         "device": device,
         "enable_kv_cache_reuse": True,
         "engine_inputs": tensor_block(ENGINE_INPUTS, inputs=True),

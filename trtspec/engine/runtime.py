@@ -168,12 +168,21 @@ class Engine:
         """Queue a call for the background worker; `done(result or exception)` is called from the worker, and
         `on_token(result so far)` (streaming) at each token of a plain generation as it is chosen, but the last.
         `request_id`: what `cancel` stops it by."""
-        job = self._job(request, lambda out: done(self._finished(request, out)), request_id)
-        job.on_token = on_token
-        self.scheduler.submit(job)
+        self.submit_all([(request, done, on_token)], request_id)
+
+    def submit_all(self, calls: list[tuple], request_id: str = "") -> None:
+        """Queue the calls (request, done, on_token) of one Triton request together, under `request_id`; refused
+        together (EngineBusy) when the scheduler's queue cannot take them all."""
+        jobs = []
+        for request, done, on_token in calls:
+            job = self._job(request, lambda out, r=request, d=done: d(self._finished(r, out)), request_id)
+            job.on_token = on_token
+            jobs.append(job)
+        self.scheduler.submit_all(jobs, request_id)
 
     def cancel(self, request_id: str) -> int:
-        """Stop the calls submitted with `request_id` within one step; each ends with the tokens it has so far."""
+        """Stop the calls of the latest request submitted with `request_id` within one step; each ends with the
+        tokens it has so far."""
         return self.scheduler.cancel(request_id)
 
     def start(self) -> None:

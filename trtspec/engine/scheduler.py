@@ -12,7 +12,14 @@ Admission is first come, first served, up to `max_batch_size` running calls and 
 
 A call can be stopped (`cancel`, TensorRT-LLM's cancelRequest): a waiting one leaves the queue at once, a running
 one before the next step, so its batch slot and KV lease are free within one forward pass. It ends as TensorRT-LLM
-ends a cancelled request: a normal result holding the tokens chosen so far.
+ends a cancelled request: a normal result holding the tokens chosen so far. A request id names the calls of the
+LATEST request that carried it, as TensorRT-LLM's Triton backend maps ids (model_instance_state.cc `enqueue`:
+`mTritonRequestIdToRequestIds[tritonRequestId] = *requestIdsSet`, replacing what an earlier request with that id
+left there; `handleStopRequest` cancels what it finds there), so a stop never reaches an earlier call with the id.
+
+The waiting queue is bounded by `max_queue_size` (0: no bound), as TensorRT-LLM's executor bounds its queue
+(ExecutorConfig maxQueueSize; executorImpl.cpp `enqueueRequests`: a request whose rows would take the queued ones
+past it is refused whole, "Maximum queue size of N has been reached, please try again later").
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from trtspec.contract import GenerationRequest, GenerationResult, StopWords
 from trtspec.engine.kv import KVPool, Lease
 from trtspec.engine.model import Segment
 from trtspec.engine.sampling import Rules, accept_draft, log_prob, prepare, select
-from trtspec.errors import EngineError
+from trtspec.errors import EngineBusy, EngineError
 
 # unconfigured, a warning still reaches stderr (Python's last-resort handler), which Triton's log holds
 log = logging.getLogger("trtspec.engine")
@@ -209,10 +216,12 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, model, pool: KVPool, max_batch_size: int):
+    def __init__(self, model, pool: KVPool, max_batch_size: int, max_queue_size: int = 0):
         self.model, self.pool, self.max_batch_size = model, pool, max_batch_size
+        self.max_queue_size = max_queue_size  # calls that may wait for a batch slot; 0: no bound
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
+        self._latest: dict[str, list[Job]] = {}  # request id -> the unfinished calls of the latest request with it
         self.stats = BatchStats()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -222,19 +231,35 @@ class Scheduler:
 
     # ---- feeding ------------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
+        self.submit_all([job], job.request_id)
+
+    def submit_all(self, jobs: list[Job], request_id: str = "") -> None:
+        """Queue the calls of one request (its rows) under `request_id`, which from now on names these calls and no
+        earlier ones. Refused whole (EngineBusy, nothing queued) when they would take the waiting queue past
+        max_queue_size."""
         with self._wake:
-            self.waiting.append(job)
+            if self.max_queue_size and len(self.waiting) + len(jobs) > self.max_queue_size:
+                raise EngineBusy(
+                    f"the engine's queue is full: {len(self.waiting)} calls wait for a batch slot and this request "
+                    f"adds {len(jobs)}, beyond max_queue_size {self.max_queue_size}; retry later"
+                )
+            for job in jobs:
+                job.request_id = request_id
+            self.waiting.extend(jobs)
+            if request_id:
+                self._latest[request_id] = list(jobs)
             self._wake.notify()
 
     def cancel(self, request_id: str) -> int:
-        """Stop the calls of `request_id`: a waiting one ends now, a running one before the next step (the step in
-        progress, if any, completes first). Returns how many calls it stopped; an id with none is no error (its call
-        may have ended already), as for TensorRT-LLM's handleStopRequest."""
+        """Stop the calls of the latest request with `request_id`: a waiting one ends now, a running one before the
+        next step (the step in progress, if any, completes first). Returns how many calls it stopped; an id with
+        none is no error (its calls may have ended already), as for TensorRT-LLM's handleStopRequest."""
         with self._wake:
-            queued = [job for job in self.waiting if job.request_id == request_id]
+            latest = [job for job in self._latest.get(request_id, ()) if not job.stopped]
+            queued = [job for job in latest if job in self.waiting]
             for job in queued:
                 self.waiting.remove(job)
-            running = [job for job in self.running if job.request_id == request_id and not job.stopped]
+            running = [job for job in latest if job in self.running]
             for job in running:
                 job.stopped = True
             self._wake.notify()
@@ -298,19 +323,21 @@ class Scheduler:
             return True
 
     def _admit(self) -> None:
+        refused = []
         with self._lock:
             while self.waiting and len(self.running) < self.max_batch_size:
                 job = self.waiting[0]
                 lease = self.pool.acquire(job.tokens, job.capacity, max_cached=len(job.tokens) - job.first_logits)
                 if lease is None:
                     if not self.running:  # cannot happen after pool.check; guard against waiting forever
-                        self.waiting.popleft()
-                        job.done(EngineError("KV cache budget exhausted with nothing running"))
+                        refused.append(self.waiting.popleft())
                         continue
                     break  # first come, first served: later calls wait behind this one
                 self.waiting.popleft()
                 job.admitted(lease)
                 self.running.append(job)
+        for job in refused:
+            self._deliver(job, EngineError("KV cache budget exhausted with nothing running"))
 
     def _finish(self, job: Job, outcome) -> None:
         with self._lock:
@@ -319,8 +346,13 @@ class Scheduler:
             self.pool.release(job.lease, job.kept_tokens if not isinstance(outcome, BaseException) else [])
         self._deliver(job, outcome)
 
-    @staticmethod
-    def _deliver(job: Job, outcome) -> None:
+    def _deliver(self, job: Job, outcome) -> None:
+        with self._lock:  # an ended call leaves its id's map, as the backend's WaitForResponse erases it
+            latest = self._latest.get(job.request_id)
+            if latest is not None and job in latest:
+                latest.remove(job)
+                if not latest:
+                    del self._latest[job.request_id]
         try:
             job.done(outcome)
         except Exception as exc:  # a response that cannot be delivered (client gone) must not stop the others

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtspec.errors import EngineUnavailable, RequestError, TrtspecError
+from trtspec.errors import EngineBusy, EngineUnavailable, RequestError, TrtspecError
 
 # how every Triton model reads its parameters (re-exported: the BLS reads its own as trtspec.serving_settings)
 from trtspec.serving_settings import bool_parameter, parameter  # noqa: F401
@@ -55,7 +55,7 @@ def error_response(exc: BaseException, model: str) -> pb_utils.InferenceResponse
     another request's data, so it stays in the server log with its traceback and the client gets an id to find it."""
     if isinstance(exc, RequestError):
         code = pb_utils.TritonError.INVALID_ARG
-    elif isinstance(exc, EngineUnavailable):
+    elif isinstance(exc, (EngineUnavailable, EngineBusy)):
         code = pb_utils.TritonError.UNAVAILABLE
     else:
         code = pb_utils.TritonError.INTERNAL

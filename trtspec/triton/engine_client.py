@@ -20,7 +20,7 @@ from trtspec.contract import (
     request_to_tensors,
     tensors_to_result,
 )
-from trtspec.errors import Cancelled, EngineError, EngineUnavailable
+from trtspec.errors import Cancelled, EngineBusy, EngineError, EngineUnavailable
 from trtspec.triton.recovery import Reloader, unavailable
 
 # How often a call that is waiting on its engine looks at the client and the request's deadline: a call given up
@@ -30,20 +30,36 @@ WATCH_SECONDS = 0.02
 STOP_TIMEOUT_SECONDS = 2.0
 # A call silent this long asks whether its model is still alive (see BlsEngineClient.lost).
 SILENT_SECONDS = 1.0
+# How much of the client's request id an engine call's id keeps (for the engine's logs; the rest is random).
+CLIENT_ID_CHARS = 64
+# What an engine says when its queue is full: the embedded engine names max_queue_size; TensorRT-LLM's executor
+# says "Maximum queue size of N has been reached, please try again later" (executorImpl.cpp enqueueRequests, sent
+# as INTERNAL by the backend's enqueue); Triton's own scheduler says "Exceeds maximum queue size" (UNAVAILABLE).
+_QUEUE_FULL_SIGNS = ("max_queue_size", "maximum queue size")
+
+
+def call_id(request_id: str) -> str:
+    """An engine call's own Triton request id: the client's id (shortened) for the logs, and a random part, so
+    that this call's stop can reach no other call. TensorRT-LLM's backend maps an id to the latest request that
+    carried it and its `stop` cancels that one (model_instance_state.cc `enqueue`, `handleStopRequest`), and clients
+    choose ids freely (often a constant): with the client's id as it is, one client's stop would end another's call."""
+    random = uuid.uuid4().hex
+    return f"{request_id[:CLIENT_ID_CHARS]}:{random}" if request_id else random
 
 
 class BlsEngineClient:
     """An engine client that calls a `tensorrt_llm`-contract model through BLS, on behalf of one request
-    (`request_id`: its calls carry the client's request id, as NVIDIA's BLS passes its own to both engines, so
-    that the engine can stop them by that id).
+    (`request_id`: the client's id, for the logs). Each call carries an id of its own (`call_id`), by which the
+    engine can stop it and nothing else.
 
     While a call runs, the request watches: `watch()` (the client cancelled: True; the request's deadline passed:
     it raises), `call_timeout_ms` (the deployment's `draft_timeout_ms`, for the draft model) and `deadline` (a
     `time.monotonic()` instant: the request's `timeout_ms`, for the target; a draft call past the request's
     deadline is not the draft model's failure, and the target call after it ends the request). A call given up on
-    is stopped at the engine with a `stop` request carrying the same request id (NVIDIA's send_cancellation_request
+    is stopped at the engine with a `stop` request carrying that call's id (NVIDIA's send_cancellation_request
     in triton_decoder.py; the backend's handleStopRequest), so its batch slot and KV blocks are freed within an
-    engine step; the request gets Cancelled, or an EngineError naming the bound.
+    engine step; the request gets Cancelled, or an EngineError naming the bound. An engine whose queue is full
+    refuses a call (EngineBusy: the request ends with UNAVAILABLE, the server's failure, not the client's).
 
     A call is read on a thread of `calls` while the request waits on it, because a call to a model whose process
     died never ends: with Triton's Python backend (2.51 to 2.71) a decoupled model's open calls get no further
@@ -88,14 +104,14 @@ class BlsEngineClient:
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        call = self._call(request, streaming=False)
-        tensors = self._bounded(lambda: self._exec(call))
+        call, cid = self._call(request, streaming=False)
+        tensors = self._bounded(lambda: self._exec(call), cid)
         return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
 
     def stream(self, request: GenerationRequest) -> _Stream:
         if not self.decoupled:
             raise EngineError(f"{self.model_name}: streaming needs a decoupled engine model")
-        return _Stream(self, self._call(request, streaming=True))
+        return _Stream(self, *self._call(request, streaming=True))
 
     def failure(self, error) -> EngineError:
         """An engine model's error (a TritonError or its message) as the request's: EngineUnavailable when the
@@ -103,6 +119,8 @@ class BlsEngineClient:
         dead is reloaded (trtspec.triton.recovery)."""
         message = error if isinstance(error, str) else error.message()
         refused = not isinstance(error, str) and error.code() == pb_utils.TritonError.INVALID_ARG
+        if not refused and any(sign in message.lower() for sign in _QUEUE_FULL_SIGNS):
+            return EngineBusy(f"{self.model_name} is busy: {message}")
         if refused or not unavailable(message):
             return EngineError(f"{self.model_name}: {message}")
         exc = EngineUnavailable(f"{self.model_name}: {message}")
@@ -124,16 +142,19 @@ class BlsEngineClient:
         return False
 
     def _call(self, request: GenerationRequest, *, streaming: bool):
+        """The call's InferenceRequest and its id."""
         tensors = request_to_tensors(request)
         if streaming:
             tensors["streaming"] = np.ones((1, 1), np.bool_)
         wanted = [n for n in ENGINE_OUTPUT_NAMES if n != "generation_logits" or request.return_generation_logits]
-        return pb_utils.InferenceRequest(
+        cid = call_id(self.request_id)
+        call = pb_utils.InferenceRequest(
             model_name=self.model_name,
             requested_output_names=wanted,
             inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
-            request_id=self.request_id,
+            request_id=cid,
         )
+        return call, cid
 
     def _exec(self, call) -> dict[str, np.ndarray]:
         """A unary call's output tensors. A decoupled model answers a request without `streaming` with one response
@@ -156,7 +177,7 @@ class BlsEngineClient:
             raise EngineError(f"{self.model_name}: answered without output_ids")
         return tensors
 
-    def _bounded(self, run):
+    def _bounded(self, run, cid: str):
         bound = self._bound()
         started = time.monotonic()
         expires = started + bound[0] if bound else None
@@ -167,32 +188,30 @@ class BlsEngineClient:
                 return future.result(timeout=max(wait, 0.0))
             except FutureTimeout:
                 pass
-            self.check(future.done)
+            self.check(cid, future.done)
             if expires is not None and time.monotonic() >= expires and not future.done():
-                self.send_stop()
+                self.send_stop(cid)
                 raise EngineError(f"{self.model_name}: no answer within {bound[1]}; stopped it")
             if not future.done() and self.lost(started, started):
                 raise self._gone()
 
-    def check(self, done=lambda: False) -> None:
-        """Raise Cancelled (or the watch's own error) when the request is over, after stopping its call."""
+    def check(self, cid: str, done=lambda: False) -> None:
+        """Raise Cancelled (or the watch's own error) when the request is over, after stopping its call `cid`."""
         try:
             if self.watch is not None and self.watch():
                 raise Cancelled()
         except BaseException:
             if not done():
-                self.send_stop()
+                self.send_stop(cid)
             raise
 
-    def send_stop(self) -> None:
-        """Stop this request's call at the engine. Waits for the stop's own answer, so that the request's next call,
-        which carries the same id, cannot be the one it stops."""
-        if not self.request_id:
-            return
+    def send_stop(self, cid: str) -> None:
+        """Stop the call `cid` at the engine (it may have ended: no error). Waits for the stop's own answer, so that
+        the call's slot is free before the request goes on."""
         try:
-            self._stop(self.request_id)
+            self._stop(cid)
         except Exception as exc:  # the call it stops ends with its model anyway; the request goes on
-            pb_utils.Logger.log_warn(f"could not stop {self.model_name} request {self.request_id}: {exc}")
+            pb_utils.Logger.log_warn(f"could not stop {self.model_name} call {cid} of request {self.request_id}: {exc}")
 
     def _stop(self, request_id: str) -> None:
         """A stop request: the tensors of NVIDIA's send_cancellation_request (input_ids, input_lengths,
@@ -242,8 +261,8 @@ class _Stream:
     checks the client's watch, the request's bound (a timer stops the call there) and whether the model died. A
     stopped call is still read to its final response, which the engine sends within a step."""
 
-    def __init__(self, client: BlsEngineClient, call):
-        self.client, self.call = client, call
+    def __init__(self, client: BlsEngineClient, call, cid: str):
+        self.client, self.call, self.cid = client, call, cid
         self.finished = self.stopping = self.expired = False
         self.ending = False  # stopped by stop_soon: read on to the last response
 
@@ -301,7 +320,7 @@ class _Stream:
                 if not self.stopping and now - checked >= WATCH_SECONDS:
                     checked = now
                     try:
-                        client.check()  # stops the call first when the request is over
+                        client.check(self.cid)  # stops the call first when the request is over
                     except BaseException:
                         self.stopping = True
                         raise
@@ -336,9 +355,9 @@ class _Stream:
         if not self.finished and not self.stopping:
             self.stopping = True
             if not self.ending:
-                self.client.send_stop()
+                self.client.send_stop(self.cid)
 
     def stop_soon(self) -> None:
         if not self.finished and not self.stopping and not self.ending:
             self.ending = True
-            self.client.send_stop()
+            self.client.send_stop(self.cid)

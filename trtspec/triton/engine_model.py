@@ -7,7 +7,10 @@ answered through its response sender as soon as its call ends, so a short verifi
 long generation that shares its steps. As TensorRT-LLM's backend: a request of batch size B > 1 needs a decoupled
 model, and becomes B calls, each answered by its own response with its `batch_index`; `streaming` needs a
 decoupled model too, and then each token goes out as it is chosen. A request with `stop` true stops the calls
-that carry its request id (TensorRT-LLM's handleStopRequest): they end within one step with the tokens they have.
+of the latest request that carried its request id, as TensorRT-LLM's backend maps ids (trtspec.engine.scheduler):
+they end within one step with the tokens they have. Calls wait for a batch slot in a queue bounded as the backend
+bounds it, by the config's `dynamic_batching { default_queue_policy { max_queue_size } }` (none: no bound; the
+repository writes one); a request whose rows would take it past that is refused at once, UNAVAILABLE (HTTP 503).
 Metrics: `trtspec_engine_calls_total` (calls queued, one per row: TensorRT-LLM's executor requests),
 `trtspec_engine_tokens_total` (tokens the calls returned) and `trtspec_engine_running_calls` (calls holding a batch
 slot now).
@@ -36,7 +39,9 @@ class TritonPythonModel:
 
         params = model_parameters(args)
         self.name = args.get("model_name", "tensorrt_llm")
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.max_queue_size = max_queue_size(config)
         device = parameter(params, "device", "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EngineError(
@@ -67,6 +72,7 @@ class TritonPythonModel:
             engine = Engine.load(parameter(params, "engine_dir"), device, forward=parameter(params, "forward", "auto"))
             if not bool_parameter(params, "enable_kv_cache_reuse", True):
                 engine.cache.reuse = False  # nothing is kept: every request computes its whole sequence
+            engine.scheduler.max_queue_size = self.max_queue_size
             block = KV_TOKENS_PER_BLOCK * engine.model.kv_bytes_per_token
             pool = engine.scheduler.pool
             self.metrics.watch(
@@ -110,16 +116,12 @@ class TritonPythonModel:
             self.engine.check(call)
         if "streaming" in tensors and np.any(tensors["streaming"]):
             return self._stream(calls, tensors, sender, request_id)
-        self.metrics.count("calls", len(calls))
         if len(calls) == 1:
-            self.engine.submit(
-                calls[0],
-                lambda outcome: sender.send(
-                    self._response(calls[0], outcome), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-                ),
-                request_id=request_id,
-            )
-            return
+
+            def respond(outcome):
+                sender.send(self._response(calls[0], outcome), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            return self._submit_all([(calls[0], respond, None)], request_id)
         # a batch (decoupled only): one response per row as it ends, with its batch_index, as TensorRT-LLM answers
         left, lock = [len(calls)], threading.Lock()
 
@@ -132,14 +134,21 @@ class TritonPythonModel:
             if last:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-        for i, call in enumerate(calls):
-            self.engine.submit(call, lambda outcome, i=i: done(i, outcome), request_id=request_id)
+        self._submit_all(
+            [(call, lambda outcome, i=i: done(i, outcome), None) for i, call in enumerate(calls)], request_id
+        )
+
+    def _submit_all(self, calls: list[tuple], request_id: str) -> None:
+        """Queue a request's calls (request, done, on_token) together: all of them, or none when the engine's queue
+        is full (EngineBusy: the request gets UNAVAILABLE)."""
+        self.engine.submit_all(calls, request_id)
+        self.metrics.count("calls", len(calls))
 
     def _stop(self, request_id: str, sender) -> None:
-        """A stop request: the calls with this request id end within one step, each with a final response holding
-        what it has; the stop itself gets one empty final response. An id with no call running is no error (the
-        call may have ended), as TensorRT-LLM's handleStopRequest (model_instance_state.cc, 1.2.0rc8), which also
-        refuses a stop without an id: "Trying to stop a request but request ID is not provided"."""
+        """A stop request: the calls of the latest request with this id end within one step, each with a final
+        response holding what it has; the stop itself gets one empty final response. An id with no call running is
+        no error (the call may have ended), as TensorRT-LLM's handleStopRequest (model_instance_state.cc, 1.2.0rc8),
+        which also refuses a stop without an id: "Trying to stop a request but request ID is not provided"."""
         if not request_id:
             raise RequestError(
                 "request_id",
@@ -199,8 +208,7 @@ class TritonPythonModel:
         def token(result):
             part(result, False)
 
-        self.metrics.count("calls", 1)
-        self.engine.submit(call, done, on_token=None if call.draft_input_ids else token, request_id=request_id)
+        self._submit_all([(call, done, None if call.draft_input_ids else token)], request_id)
 
     def _response(self, call, outcome, batch_index: int | None = None):
         if isinstance(outcome, BaseException):
@@ -306,6 +314,14 @@ class _Metrics:
     def _run(self) -> None:
         while not self._stopped.wait(REPORT_SECONDS):
             self.flush()
+
+
+def max_queue_size(config: dict) -> int:
+    """The bound on calls waiting for a batch slot, where TensorRT-LLM's backend reads it
+    (model_instance_state.cc getExecutorConfigFromParams: dynamic_batching.default_queue_policy.max_queue_size, into
+    ExecutorConfig maxQueueSize); 0, or no dynamic_batching, is no bound, as there."""
+    policy = (config.get("dynamic_batching") or {}).get("default_queue_policy") or {}
+    return int(policy.get("max_queue_size") or 0)
 
 
 def engine_inputs(request) -> dict[str, np.ndarray]:
