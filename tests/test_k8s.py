@@ -347,6 +347,16 @@ def test_mpi_deployments_copy_without_cross_memory_attach(trtllm_docs, torch_doc
     assert "OMPI_MCA_btl_vader_single_copy_mechanism" not in {e["name"] for e in the_container(torch_docs)["env"]}
 
 
+def test_a_volume_over_the_pods_own_mounts_is_refused():
+    from trtspec.k8s import ManifestError, volume_root
+
+    assert volume_root([Path("/engines/model_repository"), Path("/engines/a/target")]) == Path("/engines")
+    assert volume_root([Path("/tmp/x/repo"), Path("/tmp/x/target")]) == Path("/tmp/x")  # mounted inside /tmp's
+    for paths in (["/engines/repo", "/data/target"], ["/home/a/repo", "/home/b/target"], ["/tmp/repo", "/tmp/t"]):
+        with pytest.raises(ManifestError, match="keep them under one folder"):
+            volume_root([Path(p) for p in paths])
+
+
 # ---- the flags the manifests and the image pass exist ----------------------------------------------------------
 
 

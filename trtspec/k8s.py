@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from trtspec import keys
+from trtspec.errors import TrtspecError
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 FRONT_PORT = 9000
@@ -89,9 +90,23 @@ def secret_name(name: str) -> str:
     return f"{name}-keys"
 
 
+class ManifestError(TrtspecError):
+    """A deployment the manifests cannot describe; the message says how to lay it out instead."""
+
+
 def volume_root(paths: list[Path]) -> Path:
     """The folder the engine volume is mounted at: the deepest one holding the repository and every engine dir."""
-    return Path(os.path.commonpath([str(p) for p in paths]))
+    root = Path(os.path.commonpath([str(p) for p in paths]))
+    # the pod's own mounts must not lie at or under the volume's (a volume inside one of them, e.g. under /tmp, is
+    # mounted after it and works)
+    taken = [p for p in ("/dev/shm", "/tmp", HOME) if Path(p) == root or Path(p).is_relative_to(root)]
+    if taken:
+        raise ManifestError(
+            f"the repository and the engines ({', '.join(str(p) for p in paths)}) share no folder but {root}, which "
+            f"the pod needs for {taken[0]}: keep them under one folder of their own (e.g. /engines/model_repository "
+            "and /engines/<name>) and deploy again"
+        )
+    return root
 
 
 def _dir_bytes(path: Path) -> int:
