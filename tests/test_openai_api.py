@@ -3,9 +3,13 @@ package."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import random
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +21,9 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from trtspec.client import SpecClient  # noqa: E402
-from trtspec.openai_api.protocol import CHAT, COMPLETION, APIError, StopText, parse_request  # noqa: E402
+from trtspec.keys import Key  # noqa: E402
+from trtspec.openai_api.protocol import CHAT, COMPLETION, APIError, Limits, parse_request  # noqa: E402
+from trtspec.openai_api.stops import StopText  # noqa: E402
 
 MODEL = "tiny-target"
 PROMPTS = ["The quick brown fox", "def add(a, b):"]
@@ -39,6 +45,88 @@ def test_stop_text_cuts_before_the_first_stop_string_across_chunks():
     stop = StopText(["END"])
     assert stop.push("abc E") == "abc " and stop.flush() == "E" and not stop.stopped  # a held tail comes out at the end
     assert StopText([]).push("x") == "x"
+
+
+def test_stop_text_cuts_where_the_first_stop_string_ends_however_the_text_is_chunked():
+    """The automaton against the rule written plainly: cut before the stop string that ends first (the longest of
+    those ending there), with the text pushed in random chunks."""
+
+    def reference(stops, text):
+        for end in range(1, len(text) + 1):
+            if ends := [s for s in stops if text[:end].endswith(s)]:
+                return text[: end - max(map(len, ends))], True
+        return text, False
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        alphabet = "ab c"[: rng.randint(2, 4)]
+        stops = list({"".join(rng.choices(alphabet, k=rng.randint(1, 5))) for _ in range(rng.randint(1, 5))})
+        text = "".join(rng.choices(alphabet, k=rng.randint(0, 30)))
+        stop, out, i = StopText(stops), [], 0
+        while i < len(text):
+            n = rng.randint(1, 4)
+            out.append(stop.push(text[i : i + n]))
+            i += n
+        assert ("".join(out) + stop.flush(), stop.stopped) == reference(stops, text), (stops, text)
+
+
+def test_limits_derive_from_the_bls():
+    limits = Limits().resolve(max_input_len=4096, capacity=64 + 256)
+    assert (limits.prompt_chars, limits.messages, limits.connections) == (16 * 4096, 4096, 64 + 256 + 64)
+    assert limits.body_bytes == 4 * 1024 * 1024  # the longest prompt, escaped, fits
+    long = Limits().resolve(max_input_len=131072)
+    assert long.body_bytes >= 12 * long.prompt_chars  # a deployment of long prompts can still be sent one
+    assert Limits().resolve().connections == 512 and Limits(prompt_chars=10).resolve(4096).prompt_chars == 10
+
+
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"stop": [f"s{i}" for i in range(17)]}, "stop", "at most 16"),
+        ({"stop": ["x" * 257]}, "stop", "at most 256"),
+        ({"prompt": "x" * (16 * 96 + 1)}, "prompt", "at most 1536"),
+        ({"prompt": "\ud800 lone"}, "prompt", "U+D800"),
+        ({"prompt": "a\udcff"}, "prompt", "not UTF-8"),  # what surrogateescape makes of the byte 0xff
+        ({"stop": ["ok", "\udfff"]}, "stop[1]", "lone surrogate"),
+        ({"user": "\ud83d"}, "user", "lone surrogate"),
+        ({"metadata": {"\ud800": "x"}}, "metadata.\\ud800", "lone surrogate"),
+    ],
+)
+def test_limits_and_text_are_checked_naming_the_field(body, param, words):
+    limits = Limits().resolve(max_input_len=96)
+    with pytest.raises(APIError) as err:
+        parse_request({"model": "m", "prompt": "x"} | body, COMPLETION, limits)
+    assert err.value.status == 400 and err.value.param == param and words in err.value.message
+    json.dumps(err.value.body()).encode("utf-8")  # the error itself is sendable
+
+
+def test_chat_limits_are_checked_before_the_template():
+    limits = Limits().resolve(max_input_len=96)
+    many = [{"role": "user", "content": "hi"}] * 97
+    with pytest.raises(APIError, match="97 messages.*at most 96") as err:
+        parse_request({"model": "m", "messages": many}, CHAT, limits)
+    assert err.value.param == "messages"
+    long = [{"role": "user", "content": "x" * 1000}, {"role": "user", "content": [{"type": "text", "text": "y" * 537}]}]
+    with pytest.raises(APIError, match="1537 characters.*at most 1536"):
+        parse_request({"model": "m", "messages": long}, CHAT, limits)
+    with pytest.raises(APIError) as err:
+        parse_request({"model": "m", "messages": [{"role": "user", "content": "\ud800"}]}, CHAT, limits)
+    assert err.value.param == "messages[0].content"
+
+
+def test_the_front_binds_beyond_loopback_only_with_a_key():
+    from rich.console import Console
+
+    from trtspec.openai_api import Deployment, Front, FrontError, serve_front
+
+    deployment = Deployment("127.0.0.1:1")  # not connected: the check comes first
+    for host in ("0.0.0.0", "::", "192.168.1.10", ""):
+        with pytest.raises(FrontError, match="--openai-host .*--api-key-file FILE, or \\$TRTSPEC_API_KEY"):
+            Front(deployment, host=host, port=9000)
+    Front(deployment, host="0.0.0.0", port=9000, api_key=Key("k" * 32, "test"))  # made, not started
+    Front(deployment, host="127.0.0.1", port=9000)
+    with pytest.raises(FrontError, match="--host 0.0.0.0 is not loopback"):  # before it connects to Triton
+        serve_front("127.0.0.1:1", host="0.0.0.0", port=9000, console=Console())
 
 
 @pytest.mark.parametrize(
@@ -475,16 +563,239 @@ def test_health_says_what_can_be_served(triton, front):
         except urllib.error.HTTPError as exc:
             return exc.code, json.load(exc)
 
+    from trtspec.keys import GRPC_PREFIX
+
+    key = {GRPC_PREFIX + k: v for k, v in triton.admin_headers.items()}  # the repository API is the admin's
     admin = tc.InferenceServerClient(triton.grpc_url)
     try:
-        admin.unload_model("tensorrt_llm_draft")
+        admin.unload_model("tensorrt_llm_draft", headers=key)
         status, body = health()
         assert status == 200 and body["status"] == "degraded" and "tensorrt_llm_draft" in body["detail"]
-        admin.unload_model("tensorrt_llm")
+        admin.unload_model("tensorrt_llm", headers=key)
         status, body = health()
         assert status == 503 and "'tensorrt_llm'" in body["error"]["message"]
+        assert str(triton.http_port) not in body["error"]["message"]  # Triton's address is internal
     finally:
-        admin.load_model("tensorrt_llm")
-        admin.load_model("tensorrt_llm_draft")
+        admin.load_model("tensorrt_llm", headers=key)
+        admin.load_model("tensorrt_llm_draft", headers=key)
         admin.close()
     assert health() == (200, {"status": "ready", "model": MODEL})
+
+
+# ---- the front's key and limits, on the real server ----------------------------------------------------------
+
+KEY = Key("front-key-" + "k" * 24, "test")
+
+
+@pytest.fixture(scope="module")
+def keyed(triton):
+    """The front with an API key."""
+    from trtspec.openai_api import Deployment, Front
+    from trtspec.server import free_port
+
+    with Front(Deployment(triton.http_url, served_model_name=MODEL).connect(), port=free_port(), api_key=KEY) as f:
+        yield f
+
+
+def _raw(front, head: bytes, body: bytes = b"", timeout: float = 10.0) -> tuple[int, dict, dict]:
+    """One request on a fresh connection, sent as given (`head`: the request line and headers without the blank
+    line); its status, headers and JSON body."""
+    host, port = front.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(head + b"\r\n\r\n" + body)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        return resp.status, dict(resp.getheaders()), json.loads(resp.read())
+
+
+def _post(path: str, body: bytes, *headers: bytes) -> bytes:
+    lines = [b"POST " + path.encode() + b" HTTP/1.1", b"Host: front", b"Content-Type: application/json", *headers]
+    return b"\r\n".join(lines)
+
+
+def _served(client, model=MODEL) -> bool:
+    return client.completions.create(model=model, prompt="hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
+
+
+def test_every_route_but_health_asks_for_the_key(keyed):
+    with openai.OpenAI(base_url=f"{keyed.url}/v1", api_key="not-the-key-at-all", max_retries=0) as wrong:
+        with pytest.raises(openai.AuthenticationError) as err:
+            wrong.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        assert err.value.code == "invalid_api_key" and err.value.type == "invalid_request_error"
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+    for path in ("/v1/models", "/v1/models/" + MODEL, "/v1/embeddings"):  # an unknown route too: nothing is said
+        status, headers, body = _raw(keyed, b"GET " + path.encode() + b" HTTP/1.1\r\nHost: front")
+        assert status == 401 and headers["www-authenticate"] == "Bearer", path
+        assert body["error"]["code"] == "invalid_api_key" and "Authorization: Bearer" in body["error"]["message"]
+    status, _, body = _raw(keyed, b"GET /v1/models HTTP/1.1\r\nHost: front\r\nAuthorization: Basic " + b"k" * 32)
+    assert status == 401
+    # refused before the body is read: a body announced and never sent is not waited for
+    status, _, _ = _raw(keyed, _post("/v1/completions", b"", b"Content-Length: 1000"))
+    assert status == 401
+    status, _, body = _raw(keyed, b"GET /health HTTP/1.1\r\nHost: front")
+    assert status == 200 and body["status"] == "ready"
+    with openai.OpenAI(base_url=f"{keyed.url}/v1", api_key=KEY.value, max_retries=0) as right:
+        assert [m.id for m in right.models.list().data] == [MODEL] and _served(right)
+        assert right.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2).choices[0].message
+
+
+def test_a_body_past_the_limit_is_refused_as_it_arrives(front, client):
+    limit = front.deployment.limits.body_bytes
+    assert limit == 4 * 1024 * 1024
+    # by its Content-Length, before any of it is read
+    status, headers, body = _raw(front, _post("/v1/completions", b"", f"Content-Length: {limit + 1}".encode()))
+    assert status == 413 and body["error"]["param"] == "body" and str(limit) in body["error"]["message"]
+    assert headers["connection"] == "close"
+    # chunked (no length): counted as it arrives, refused once past the limit, not read to its end
+    host, port = front.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(_post("/v1/completions", b"", b"Transfer-Encoding: chunked") + b"\r\n\r\n")
+        piece, sent = b"x" * 65536, 0
+        while not select.select([sock], [], [], 0)[0]:
+            assert sent < 4 * limit, "no answer though the body is far past the limit"
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+            except (BrokenPipeError, ConnectionResetError):
+                break  # the front answered and closed: its answer is there to read
+            sent += len(piece)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "request_too_large"
+    assert limit < sent < 2 * limit
+    assert _served(client)
+
+
+def test_bad_text_and_too_many_stops_are_400s_naming_the_field(front, client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, stop=[f"s{i}" for i in range(17)])
+    assert err.value.param == "stop" and "at most 16" in err.value.message
+    assert _served(client)
+    model = MODEL.encode()
+    for raw, param, words in (
+        (b'{"model": "%s", "prompt": "a \\ud800 b"}' % model, "prompt", "lone surrogate"),  # as JSON allows
+        (b'{"model": "%s", "prompt": "hi", "stop": ["ok", "\\udc00"]}' % model, "stop[1]", "lone surrogate"),
+        (b'{"model": "%s", "prompt": "caf\xe9"}' % model, "prompt", "not UTF-8"),  # Latin-1
+    ):
+        status, _, body = _raw(front, _post("/v1/completions", raw, b"Content-Length: %d" % len(raw)), raw)
+        assert status == 400 and body["error"]["param"] == param and words in body["error"]["message"], body
+    deep = b"[" * 100000 + b"]" * 100000
+    status, _, body = _raw(front, _post("/v1/completions", deep, b"Content-Length: %d" % len(deep)), deep)
+    assert status == 400 and body["error"]["param"] == "body"
+    with pytest.raises(openai.BadRequestError) as err:  # refused before it is tokenized
+        client.completions.create(model=MODEL, prompt="x" * (16 * 96 + 1), max_tokens=2)
+    assert err.value.param == "prompt" and "at most 1536" in err.value.message
+    assert _served(client)
+
+
+def test_an_internal_failure_answers_an_id_not_the_exception(front, client, monkeypatch, caplog):
+    async def broken(req, text):
+        raise RuntimeError("secret detail: Triton at 10.1.2.3:8000")
+
+    monkeypatch.setattr(front.deployment, "complete", broken)
+    with pytest.raises(openai.InternalServerError) as err:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+    message = err.value.body["message"]
+    assert "secret" not in message and "RuntimeError" not in message and "error id" in message
+    ref = message.split("error id ")[1].split(",")[0]
+    logged = [r for r in caplog.records if r.exc_info]
+    assert len(logged) == 1 and ref in logged[0].getMessage()  # the log has it once, under the id
+    monkeypatch.undo()
+    assert _served(client)
+
+
+def test_the_limits_come_from_the_bls(triton, front):
+    config = SpecClient(triton.http_url).model_config("tensorrt_llm_bls")["parameters"]
+    admitted = sum(int(config[k]["string_value"]) for k in ("max_concurrent_requests", "max_queued_requests"))
+    limits = front.deployment.limits
+    assert (limits.prompt_chars, limits.messages, limits.connections) == (16 * 96, 96, admitted + 64)
+    assert front._server.config.limit_concurrency == admitted + 64
+    assert front.deployment.upstream._session.connector.limit == admitted + 64  # the pool to Triton is bounded
+    from trtspec.openai_api import Deployment, FrontError
+
+    with pytest.raises(FrontError, match="restricted"):  # the headers it is given are what it sends
+        Deployment(triton.http_url, admin_headers={"trtspec-admin-key": "w" * 32}).connect()
+    assert Deployment(triton.http_url, admin_headers=triton.admin_headers).connect().limits == limits
+
+
+LONG = "m" * 4000  # a long model id makes every streamed chunk about 4 KB: a few dozen tokens fill the buffers
+
+
+@pytest.fixture(scope="module")
+def tight(triton):
+    """A front whose deadlines are short (a second), with a small send buffer and three connections."""
+    from trtspec.openai_api import Deployment, Front
+    from trtspec.server import free_port
+
+    limits = Limits(stall_seconds=1.0, body_seconds=1.0, send_buffer_bytes=4096, connections=3)
+    with Front(Deployment(triton.http_url, served_model_name=LONG, limits=limits).connect(), port=free_port()) as f:
+        yield f
+
+
+def test_a_client_that_stops_reading_loses_its_stream_and_its_request(tight, monkeypatch):
+    """A client that sends a streaming request and reads nothing: once the buffers are full, the front waits
+    stall_seconds for it, then closes the connection, which ends the stream and closes the request to Triton
+    before it is read to its end."""
+    outcomes = []
+    stream_of = tight.deployment.upstream.stream
+
+    async def recorded(fields):
+        responses = stream_of(fields)
+        try:
+            async for item in responses:
+                yield item
+            outcomes.append(("read to the end", time.monotonic()))
+        except BaseException as exc:  # GeneratorExit or CancelledError: closed early
+            outcomes.append((type(exc).__name__, time.monotonic()))
+            raise
+        finally:
+            await responses.aclose()
+
+    monkeypatch.setattr(tight.deployment.upstream, "stream", recorded)
+    request = {"model": LONG, "prompt": PROMPTS[0], "max_tokens": 140, "temperature": 0, "stream": True}
+    body = json.dumps(request | {"ignore_eos": True, "num_draft_tokens": 0}).encode()
+    host, port = tight.url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # a reader that takes next to nothing
+    sock.connect((host, int(port)))
+    try:
+        sock.sendall(_post("/v1/completions", body, b"Content-Length: %d" % len(body)) + b"\r\n\r\n" + body)
+        sent = time.monotonic()
+        while not outcomes and time.monotonic() < sent + 20:
+            time.sleep(0.05)
+        assert outcomes and outcomes[0][0] in ("GeneratorExit", "CancelledError"), outcomes
+        # the connection was reset: what the client reads ends, short of the 140 chunks
+        sock.settimeout(5)  # a connection left open would time out here
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+        assert received.startswith(b"HTTP/1.1 200") and b"data: [DONE]" not in received
+    finally:
+        sock.close()
+    monkeypatch.undo()
+    with openai.OpenAI(base_url=f"{tight.url}/v1", api_key="x", max_retries=0) as c:
+        assert _served(c, LONG)
+
+
+def test_a_body_that_does_not_arrive_in_time_is_refused(tight):
+    status, headers, body = _raw(tight, _post("/v1/completions", b"", b"Content-Length: 100"), b'{"model":')
+    assert status == 408 and body["error"]["param"] == "body" and "1 s" in body["error"]["message"]
+
+
+def test_connections_past_the_limit_get_503(tight):
+    host, port = tight.url.removeprefix("http://").rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port))) for _ in range(3)]
+    try:
+        time.sleep(0.2)  # the front has accepted them
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{tight.url}/health", timeout=10)
+        assert err.value.code == 503
+    finally:
+        for sock in idle:
+            sock.close()
+    time.sleep(0.2)
+    with urllib.request.urlopen(f"{tight.url}/health", timeout=10) as resp:
+        assert resp.status == 200

@@ -18,24 +18,29 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from trtspec.client import ClientError, Completion, SpecClient, request_fields
+from trtspec.control import is_loopback
 from trtspec.errors import TrtspecError
+from trtspec.keys import API_ENV, Key
+from trtspec.openai_api.guard import AnswerFailures, RequireKey, http_protocol, read_body
 from trtspec.openai_api.protocol import (
     CHAT,
     COMPLETION,
     APIError,
     Chunks,
+    Limits,
     Request,
-    StopText,
     bls_error,
     finish_reason,
     parse_request,
     response,
 )
+from trtspec.openai_api.stops import StopText
 from trtspec.openai_api.upstream import Upstream
 
 log = logging.getLogger("trtspec.openai")
@@ -51,6 +56,11 @@ def _parameter(config: dict, key: str) -> str | None:
     return None if value == "" or value.startswith("${") else value  # an unfilled template field is unset
 
 
+def _number(config: dict, key: str) -> int | None:
+    value = _parameter(config, key)
+    return int(value) if value and value.isdigit() and int(value) > 0 else None
+
+
 def served_name_for(tokenizer_dir: str) -> str:
     """The default model id: the tokenizer dir's name, or for trtspec's `engines/<name>/target` layout, <name>."""
     path = Path(tokenizer_dir.rstrip("/"))
@@ -59,7 +69,13 @@ def served_name_for(tokenizer_dir: str) -> str:
 
 class Deployment:
     """What the front knows of one deployment: the BLS's tokenizer and limits, and the BLS to call
-    (`triton_url`: Triton's HTTP host:port)."""
+    (`triton_url`: Triton's HTTP host:port).
+
+    `triton_headers`: sent with every request to Triton (`trtspec-api-key` where its inference API asks for it);
+    `admin_headers`: sent besides them with the read of the BLS's config (`trtspec-admin-key` where Triton restricts
+    its model-config API). Neither given: SpecClient's (the keys in the environment, or of a server this process
+    started). `limits`: the front's (trtspec.openai_api.protocol.Limits), resolved against the BLS's config on
+    connect."""
 
     def __init__(
         self,
@@ -69,16 +85,25 @@ class Deployment:
         served_model_name: str | None = None,
         tokenizer_dir: str | None = None,
         timeout: float = 600.0,
+        triton_headers: dict[str, str] | None = None,
+        admin_headers: dict[str, str] | None = None,
+        limits: Limits | None = None,
     ):
         self.triton_url, self.model, self.timeout = triton_url, model, timeout
         self._served, self._tokenizer_dir = served_model_name, tokenizer_dir
-        self.upstream = Upstream(triton_url, model, timeout)
+        given = triton_headers is not None or admin_headers is not None
+        self._config_headers = (triton_headers or {}) | (admin_headers or {}) if given else None
+        self.limits = (limits or Limits()).resolve()  # until connect reads the BLS's
+        self._limits = limits or Limits()
+        self.upstream = Upstream(triton_url, model, timeout, headers=triton_headers if given else None)
         self.tokenizer = None
         self.stopping = threading.Event()  # set when the front stops: streams in flight end at their next chunk
 
     def connect(self) -> Deployment:
         """Read the BLS's config from Triton and load its tokenizer; FrontError says what is missing."""
-        with SpecClient(self.triton_url, protocol="http", model=self.model, timeout=10.0) as client:
+        with SpecClient(
+            self.triton_url, protocol="http", model=self.model, timeout=10.0, headers=self._config_headers
+        ) as client:
             try:
                 config = client.model_config(self.model)
             except ClientError as exc:
@@ -115,8 +140,11 @@ class Deployment:
             "target": _parameter(config, "tensorrt_llm_model_name") or "tensorrt_llm",
             "draft": _parameter(config, "tensorrt_llm_draft_model_name"),
         }
-        seq = _parameter(config, "max_seq_len")
-        self.max_seq_len = int(seq) if seq and seq.isdigit() else None
+        self.max_seq_len = _number(config, "max_seq_len")
+        admitted = [_number(config, key) for key in ("max_concurrent_requests", "max_queued_requests")]
+        self.limits = self._limits.resolve(
+            _number(config, "max_input_len"), sum(admitted) if None not in admitted else None
+        )
         self.created = int(time.time())
         return self
 
@@ -139,9 +167,11 @@ class Deployment:
                     "tokenizer",
                     param="messages",
                 )
+            from jinja2 import TemplateError
+
             try:
                 text = tok.apply_chat_template(req.messages, tokenize=False, add_generation_prompt=True)
-            except Exception as exc:  # the template's own checks (e.g. roles must alternate)
+            except (TemplateError, ValueError) as exc:  # the template's own checks (e.g. roles must alternate)
                 raise APIError(400, f"messages: the chat template refused them: {exc}", param="messages") from exc
             # The BLS adds the tokenizer's special tokens itself: a template that writes the BOS would get two.
             bos = tok.bos_token
@@ -183,16 +213,18 @@ class Deployment:
 # ---- the app -------------------------------------------------------------------------------------------------
 
 
-def _error(exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+def _error(exc: APIError) -> Response:
+    # ASCII JSON: an error may quote what the client sent, whatever it holds
+    return Response(json.dumps(exc.body()), exc.status, exc.headers, media_type="application/json")
 
 
 def _sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def create_app(deployment: Deployment) -> Starlette:
-    """The Starlette app; `deployment` must be connected (Deployment.connect)."""
+def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
+    """The Starlette app; `deployment` must be connected (Deployment.connect). With `api_key`, every route but
+    /health answers only to `Authorization: Bearer <key>`."""
     dep = deployment
 
     async def health(request: HTTPRequest):
@@ -205,7 +237,8 @@ def create_app(deployment: Deployment) -> Starlette:
             if down:
                 body["detail"] = f"the draft model {down[0]} is not ready: requests decode with the target alone"
             return JSONResponse(body)
-        return _error(APIError(503, f"{', '.join(down)} not ready on Triton at {dep.triton_url}", code="unavailable"))
+        # the message names the models, not where Triton is: that address is internal
+        return _error(APIError(503, f"{', '.join(down)} not ready on the inference server", code="unavailable"))
 
     def _model_card() -> dict:
         return {"id": dep.served_model, "object": "model", "created": dep.created, "owned_by": "trtspec"}
@@ -227,11 +260,14 @@ def create_app(deployment: Deployment) -> Starlette:
         )
 
     async def generate(request: HTTPRequest, kind: str):
-        try:
-            body = json.loads(await request.body())
+        raw = await read_body(request, dep.limits)
+        try:  # bytes that are not UTF-8 become lone surrogates, which parse_request finds and names the field of
+            body = json.loads(raw.decode("utf-8", "surrogateescape"))
         except ValueError as exc:
-            raise APIError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
-        req = parse_request(body, kind)
+            raise APIError(400, f"body: not valid JSON ({exc}); send a JSON object", param="body") from None
+        except RecursionError:
+            raise APIError(400, "body: nested too deeply to parse; send a flat JSON object", param="body") from None
+        req = parse_request(body, kind, dep.limits)
         if req.model != dep.served_model:
             raise _unknown_model(req.model)
         text, prompt_tokens = await run_in_threadpool(dep.prompt, req)
@@ -304,10 +340,6 @@ def create_app(deployment: Deployment) -> Starlette:
             )
         )
 
-    async def internal_error(request, exc: Exception):
-        log.exception("request failed")
-        return _error(APIError(500, f"the front failed: {type(exc).__name__}: {exc}"))
-
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
@@ -318,7 +350,7 @@ def create_app(deployment: Deployment) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        await dep.upstream.start()  # its connections belong to uvicorn's event loop
+        await dep.upstream.start(dep.limits.connections)  # its connections belong to uvicorn's event loop
         try:
             yield
         finally:
@@ -327,7 +359,8 @@ def create_app(deployment: Deployment) -> Starlette:
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={APIError: api_error, HTTPException: http_error, Exception: internal_error},
+        middleware=[Middleware(RequireKey, key=api_key)] * (api_key is not None) + [Middleware(AnswerFailures)],
+        exception_handlers={APIError: api_error, HTTPException: http_error},
     )
 
 
@@ -335,20 +368,36 @@ def create_app(deployment: Deployment) -> Starlette:
 
 
 class Front:
-    """The front on uvicorn in a background thread: beside tritonserver in `trtspec serve`, or in tests."""
+    """The front on uvicorn in a background thread: beside tritonserver in `trtspec serve`, or in tests.
 
-    def __init__(self, deployment: Deployment, host: str = "127.0.0.1", port: int = 9000, log_level: str = "warning"):
+    Bound beyond loopback it needs `api_key` (FrontError otherwise); `host_option` names the option that chose
+    `host`, for that error."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        host: str = "127.0.0.1",
+        port: int = 9000,
+        log_level: str = "warning",
+        *,
+        api_key: Key | None = None,
+        host_option: str = "--openai-host",
+    ):
         import uvicorn
 
+        check_exposure(host, api_key, host_option)
         self.deployment, self.host, self.port = deployment, host, port
+        limits = deployment.limits
         config = uvicorn.Config(
-            create_app(deployment),
+            create_app(deployment, api_key),
             host=host,
             port=port,
             log_level=log_level,
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            http=http_protocol(limits),
+            limit_concurrency=limits.connections,
         )
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
@@ -398,6 +447,16 @@ class Front:
         self.stop()
 
 
+def check_exposure(host: str, api_key: Key | None, option: str) -> None:
+    """The front binds beyond loopback only with an API key: anyone who reaches it could generate otherwise."""
+    if api_key is None and not is_loopback(host):
+        raise FrontError(
+            f"{option} {host or '(all interfaces)'} is not loopback: give the OpenAI front an API key "
+            f"(--api-key-file FILE, or ${API_ENV}) that every request must send as `Authorization: Bearer <key>`, "
+            "or bind it to 127.0.0.1"
+        )
+
+
 def check_port(host: str, port: int, option: str) -> None:
     import socket
 
@@ -412,9 +471,11 @@ def check_port(host: str, port: int, option: str) -> None:
             ) from None
 
 
-def serve_front(triton_url: str, *, host: str, port: int, console, **deployment_options) -> int:
+def serve_front(
+    triton_url: str, *, host: str, port: int, console, api_key: Key | None = None, **deployment_options
+) -> int:
     """`trtspec openai`: the front alone, in the foreground, against a running deployment (Ctrl-C or SIGTERM stops
-    it)."""
+    it). `deployment_options`: Deployment's (triton_headers, admin_headers, limits, ...)."""
     import signal
 
     def _interrupt(signum, frame):
@@ -423,8 +484,10 @@ def serve_front(triton_url: str, *, host: str, port: int, console, **deployment_
     previous = signal.signal(signal.SIGTERM, _interrupt)
     front = None
     try:
+        check_exposure(host, api_key, "--host")
         check_port(host, port, "--port")
-        front = Front(Deployment(triton_url, **deployment_options).connect(), host=host, port=port).start()
+        deployment = Deployment(triton_url, **deployment_options).connect()
+        front = Front(deployment, host=host, port=port, api_key=api_key, host_option="--host").start()
         console.print(
             f"OpenAI API for '{front.deployment.served_model}' on {front.url}/v1 (Triton HTTP {triton_url});"
             " press Ctrl-C to stop",
@@ -443,10 +506,20 @@ def serve_front(triton_url: str, *, host: str, port: int, console, **deployment_
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_with_triton(server, console, start_timeout: float | None, *, port: int, **deployment_options) -> int:
-    """`trtspec serve --openai-port`: tritonserver, then the front beside it on the same host; Ctrl-C or SIGTERM
-    stops the front first (no request reaches a stopping Triton), then Triton. Returns an exit code; a start that
-    fails raises (ServerError, FrontError) for the CLI to print."""
+def run_with_triton(
+    server,
+    console,
+    start_timeout: float | None,
+    *,
+    port: int,
+    host: str = "127.0.0.1",
+    api_key: Key | None = None,
+    **deployment_options,
+) -> int:
+    """`trtspec serve --openai-port`: tritonserver, then the front beside it on its own `host` (Triton may stay on
+    loopback while the front, with its `api_key`, is the public surface); Ctrl-C or SIGTERM stops the front first
+    (no request reaches a stopping Triton), then Triton. Returns an exit code; a start that fails raises
+    (ServerError, FrontError) for the CLI to print. `deployment_options`: Deployment's."""
     import signal
 
     from rich.markup import escape
@@ -461,11 +534,13 @@ def run_with_triton(server, console, start_timeout: float | None, *, port: int, 
     try:
         if port in (server.http_port, server.grpc_port, server.metrics_port):
             raise FrontError(f"--openai-port {port} is one of Triton's ports; choose another (e.g. 9000)")
-        check_port(server.host, port, "--openai-port")  # before the (long) model loading, not after
+        check_exposure(host, api_key, "--openai-host")  # before the (long) model loading, not after
+        check_port(host, port, "--openai-port")
         timeout = start_timeout_for(server.repo) if start_timeout is None else start_timeout
         with console.status(f"starting tritonserver (waiting up to {timeout:.0f} s for its models)…"):
             server.start(timeout)
-        front = Front(Deployment(server.http_url, **deployment_options).connect(), host=server.host, port=port).start()
+        deployment = Deployment(server.http_url, **deployment_options).connect()
+        front = Front(deployment, host=host, port=port, api_key=api_key).start()
         console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
         for label, value in (
             ("HTTP", server.http_base_url),

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 import time
 import uuid
@@ -10,9 +12,60 @@ from dataclasses import dataclass, field
 
 from trtspec.client import ClientError, Completion
 from trtspec.interfaces import SPECULATION_METHODS
+from trtspec.openai_api.stops import StopText
 
+log = logging.getLogger("trtspec.openai")
 COMPLETION, CHAT = "text_completion", "chat.completion"
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the front, and what the front holds for one client: every refusal names its field
+    and the limit. None: derived from the BLS's config when the front connects (`resolve`)."""
+
+    # The longest accepted prompt (65,536 characters for max_input_len 4096) is at most 786 KB as JSON even with
+    # every character \u-escaped (12 bytes); 4 MiB leaves room and keeps a body's buffer small. Raised by `resolve`
+    # where the deployment's prompts need more.
+    body_bytes: int = 4 * 1024 * 1024
+    # The whole body must arrive within this: a client that trickles it holds a connection. 4 MiB at 1 Mbit/s: 34 s.
+    body_seconds: float = 60.0
+    # OpenAI allows 4; clients written for vLLM or SGLang send a few more. Each one is matched on every token.
+    stop_strings: int = 16
+    # A stop string is a short marker; longer ones only cost the hold-back and the BLS's tokenizing.
+    stop_chars: int = 256
+    # The prompt cap is this many characters a token of the BLS's max_input_len, checked before tokenizing: text
+    # averages 3-5 characters a token, so a longer prompt would be refused by the BLS after paying for its tokens.
+    chars_per_token: int = 16
+    prompt_chars: int | None = None  # None: chars_per_token x max_input_len (262,144 when the BLS does not say)
+    # Every chat template spends at least one token a message, so more than max_input_len messages cannot fit;
+    # the bound keeps the template's work (a worker thread) in proportion.
+    messages: int | None = None  # None: the BLS's max_input_len (4,096 when it does not say)
+    # uvicorn answers 503 past this many connections (idle keep-alive ones count): the BLS admits
+    # max_concurrent_requests + max_queued_requests and refuses the rest, plus 64 for probes and idle connections.
+    # The pool of connections to Triton is the same size: no more requests than that can be in flight.
+    connections: int | None = None  # None: from the BLS as above (512 when it does not say)
+    # The kernel's send buffer of a client's connection (autotuned, it grows to 4 MiB): what a client that stops
+    # reading pins before the front notices. 256 KiB holds about a thousand streamed tokens.
+    send_buffer_bytes: int | None = 256 * 1024
+    # A response that the client has not read for this long (the send buffers full, nothing drained) ends: its
+    # connection is closed, which ends the stream and cancels its request in Triton, freeing the slot.
+    stall_seconds: float = 30.0
+
+    def resolve(self, max_input_len: int | None = None, capacity: int | None = None) -> Limits:
+        """These limits with every derived one filled in, from the BLS's max_input_len and its admitted requests
+        (max_concurrent_requests + max_queued_requests); None where the BLS does not say."""
+        prompt = self.prompt_chars or self.chars_per_token * (max_input_len or 16384)
+        return dataclasses.replace(
+            self,
+            prompt_chars=prompt,
+            messages=self.messages or max_input_len or 4096,
+            connections=self.connections or (capacity + 64 if capacity else 512),
+            body_bytes=max(self.body_bytes, 12 * prompt + 64 * 1024),
+        )
+
+
+DEFAULT_LIMITS = Limits().resolve()
 
 # Accepted and ignored: they change nothing in the generated text.
 HARMLESS = {
@@ -77,9 +130,17 @@ _FIELDS = {
 class APIError(Exception):
     """A request that gets an error in OpenAI's shape: `status`, its message (what and the fix), the field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
 
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
@@ -88,6 +149,52 @@ class APIError(Exception):
 
 def bad(param: str, message: str) -> APIError:
     return APIError(400, f"{param}: {message}", param=param)
+
+
+def internal(exc: BaseException) -> APIError:
+    """A failure of the front itself: logged with an id, answered with the id alone (no internal detail)."""
+    ref = uuid.uuid4().hex[:12]
+    log.error("request failed (error id %s)", ref, exc_info=exc)
+    return APIError(
+        500,
+        f"the server failed on this request (error id {ref}, in its log); retry it",
+        code="internal_error",
+        headers={"Connection": "close"},  # whatever state the failure left behind goes with the connection
+    )
+
+
+def check_text(body) -> None:
+    """Refuse a body holding a string that is not Unicode text: a lone surrogate (JSON allows "\\ud800") or, decoded
+    with surrogateescape, bytes that are not UTF-8. The tokenizer would fail on it; the error names the field."""
+    todo: list[tuple[str | None, object]] = [(None, body)]
+    while todo:  # iterative: a body may nest as deep as JSON's parser allows
+        path, value = todo.pop()
+        if isinstance(value, str):
+            _utf8(value, path or "body")
+        elif isinstance(value, dict):
+            items = []
+            for key, item in value.items():
+                name = f"{path}.{_printable(key)}" if path else _printable(key)
+                _utf8(key, name)
+                items.append((name, item))
+            todo.extend(reversed(items))
+        elif isinstance(value, list):
+            todo.extend(reversed([(f"{path or 'body'}[{i}]", item) for i, item in enumerate(value)]))
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _utf8(text: str, param: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad(
+            param,
+            f"character {exc.start} is a lone surrogate (U+{ord(text[exc.start]):04X}) or a byte that is not "
+            "UTF-8; send UTF-8 text (a surrogate escape must come in a high-low pair)",
+        ) from None
 
 
 @dataclass
@@ -166,16 +273,29 @@ def _bool(body: dict, name: str) -> bool | None:
     return value
 
 
-def _stop(value) -> list[str]:
+def _stop(value, limits: Limits) -> list[str]:
     if value is None:
         return []
     words = [value] if isinstance(value, str) else value
     if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
-        raise bad("stop", f"must be a non-empty string or a list of them, got {value!r}")
+        raise bad("stop", f"must be a non-empty string or a list of them, got {_short(value)}")
+    if len(words) > limits.stop_strings:
+        raise bad("stop", f"holds {len(words)} strings; this server accepts at most {limits.stop_strings}")
+    for i, word in enumerate(words):
+        if len(word) > limits.stop_chars:
+            raise bad(
+                "stop",
+                f"stop[{i}] has {len(word)} characters; this server accepts at most {limits.stop_chars} a string",
+            )
     return list(dict.fromkeys(words))
 
 
-def _prompt(value) -> str:
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."  # an error never echoes a whole body back
+
+
+def _prompt(value, limits: Limits) -> str:
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
         value = value[0]
     if not isinstance(value, str):
@@ -186,12 +306,27 @@ def _prompt(value) -> str:
         )
     if not value:
         raise bad("prompt", "must not be empty")
+    if len(value) > limits.prompt_chars:
+        raise bad("prompt", f"has {len(value)} characters; {_prompt_limit(limits)}")
     return value
 
 
-def _messages(value) -> list[dict]:
+def _prompt_limit(limits: Limits) -> str:
+    return (
+        f"this deployment accepts at most {limits.prompt_chars} ({limits.chars_per_token} a token of its "
+        "max_input_len); shorten it"
+    )
+
+
+def _messages(value, limits: Limits) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise bad("messages", 'must be a non-empty list of {"role": ..., "content": ...} objects')
+    if len(value) > limits.messages:
+        raise bad(
+            "messages",
+            f"holds {len(value)} messages; this deployment accepts at most {limits.messages} (its max_input_len: "
+            "every message costs a token at least)",
+        )
     out = []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
@@ -222,13 +357,17 @@ def _messages(value) -> list[dict]:
         if not isinstance(content, str):
             raise bad(f"{where}.content", f"must be a string or a list of text parts, got {content!r}")
         out.append({"role": role, "content": content})
+    if (chars := sum(len(m["content"]) for m in out)) > limits.prompt_chars:
+        raise bad("messages", f"their contents have {chars} characters; {_prompt_limit(limits)}")
     return out
 
 
-def parse_request(body, kind: str) -> Request:
-    """Check an OpenAI request body (`kind`: COMPLETION or CHAT); APIError names the first bad field."""
+def parse_request(body, kind: str, limits: Limits = DEFAULT_LIMITS) -> Request:
+    """Check an OpenAI request body (`kind`: COMPLETION or CHAT) against `limits` (resolved); APIError names the
+    first bad field."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
+    check_text(body)
     body = {k: v for k, v in body.items() if v is not None}  # null is OpenAI's "not given"
     known = _FIELDS[kind] | HARMLESS
     for name in body:
@@ -250,15 +389,15 @@ def parse_request(body, kind: str) -> Request:
     if kind == COMPLETION:
         if "prompt" not in body:
             raise bad("prompt", "is required")
-        req.prompt = _prompt(body["prompt"])
+        req.prompt = _prompt(body["prompt"], limits)
     else:
         if "messages" not in body:
             raise bad("messages", "is required")
-        req.messages = _messages(body["messages"])
-    limits = [("max_tokens", _int(body, "max_tokens", 1))]
+        req.messages = _messages(body["messages"], limits)
+    lengths = [("max_tokens", _int(body, "max_tokens", 1))]
     if kind == CHAT:
-        limits.insert(0, ("max_completion_tokens", _int(body, "max_completion_tokens", 1)))
-    for name, value in limits:
+        lengths.insert(0, ("max_completion_tokens", _int(body, "max_completion_tokens", 1)))
+    for name, value in lengths:
         if value is not None:
             req.max_tokens, req.max_tokens_param = value, name
             break
@@ -268,7 +407,7 @@ def parse_request(body, kind: str) -> Request:
     req.temperature = 1.0 if temperature is None else temperature
     req.top_p = _number(body, "top_p", 0.0, 1.0)
     req.seed = _int(body, "seed", 0)
-    req.stop = _stop(body.get("stop"))
+    req.stop = _stop(body.get("stop"), limits)
     n = _int(body, "n", 1)
     if n not in (None, 1):
         raise bad(
@@ -300,6 +439,7 @@ def parse_request(body, kind: str) -> Request:
 
 # SpecClient's message: "<model> (<protocol> <url>): <the BLS's message>"; a request error reads "<field>: <why>".
 _CLIENT_PREFIX = re.compile(r"^\S+ \((?:grpc|http) [^)]*\): ", re.DOTALL)
+_ADDRESS = re.compile(r" \((?:grpc|http) [^)]*\)")
 _FIELD = re.compile(r"^(\w+): ")
 _UNAVAILABLE = re.compile(
     r"busy|unavailable|failed to connect|connection refused|not ready|is not found|"
@@ -312,8 +452,8 @@ def bls_error(exc: Exception, req: Request) -> APIError:
     """A failed BLS call as an OpenAI error: the request's fault (400, naming the OpenAI field), the server being
     unreachable or busy (503), anything else (500)."""
     if not isinstance(exc, ClientError):
-        return APIError(500, f"the front failed: {type(exc).__name__}: {exc}")
-    message = _CLIENT_PREFIX.sub("", str(exc), count=1)
+        return internal(exc)
+    message = _ADDRESS.sub("", _CLIENT_PREFIX.sub("", str(exc), count=1))  # Triton's address is internal
     names = {
         "text_input": "prompt" if req.kind == COMPLETION else "messages",
         "max_tokens": req.max_tokens_param,
@@ -335,42 +475,6 @@ def bls_error(exc: Exception, req: Request) -> APIError:
     if _UNAVAILABLE.search(message):
         return APIError(503, f"the inference server cannot take the request now: {message}", code="unavailable")
     return APIError(500, f"the inference server failed: {message}")
-
-
-# ---- stop strings ----------------------------------------------------------------------------------------------
-
-
-class StopText:
-    """Cuts generated text before the first stop string, as OpenAI does (the BLS stops on the stop words' tokens
-    and keeps them in its output). Streaming, it holds back a tail that could be the start of a stop string."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = stops
-        self.pending = ""
-        self.stopped = False
-
-    def push(self, text: str) -> str:
-        if self.stopped:
-            return ""
-        if not self.stops:
-            return text
-        buf = self.pending + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.stopped, self.pending = True, ""
-            return buf[: min(hits)]
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), hold, -1):
-                if buf.endswith(s[:k]):
-                    hold = k
-                    break
-        self.pending = buf[len(buf) - hold :] if hold else ""
-        return buf[: len(buf) - hold]
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
 
 
 # ---- responses -----------------------------------------------------------------------------------------------

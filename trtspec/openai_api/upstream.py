@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -19,23 +20,29 @@ import aiohttp
 
 from trtspec.client import Chunk, ClientError, Collector, Completion, SpecClient, http_error_message, parse_event
 
+log = logging.getLogger("trtspec.openai")
+
 
 class Upstream:
     """One deployment's BLS over HTTP, for coroutines of one event loop; `start()` in that loop, `close()` at the end.
 
     `timeout`: seconds a request may take in all; past it the connection is closed, on which Triton cancels the
-    request."""
+    request. `headers`: sent with every request (the key Triton's inference API asks for, if any; None: SpecClient's
+    default)."""
 
-    def __init__(self, url: str, model: str, timeout: float):
-        self.client = SpecClient(url, protocol="http", model=model, timeout=timeout)  # model, address, timeout, errors
+    def __init__(self, url: str, model: str, timeout: float, headers: dict[str, str] | None = None):
+        # the model, address, timeout, headers and error messages
+        self.client = SpecClient(url, protocol="http", model=model, timeout=timeout, headers=headers)
         base = f"{self.client.scheme}://{self.client.url}"
         self._generate = f"{base}/v2/models/{urllib.parse.quote(model)}/generate"
         self._ready = base + "/v2/models/{}/ready"
         self._session: aiohttp.ClientSession | None = None
 
-    async def start(self) -> None:
-        # no limit on connections: the BLS queues beyond its own max_concurrent_requests
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), trust_env=False)
+    async def start(self, connections: int) -> None:
+        """`connections`: the most open at once to Triton; a request past them waits for one (within `timeout`)."""
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections), headers=self.client.headers, trust_env=False
+        )
 
     async def close(self) -> None:
         if self._session is not None:
@@ -129,13 +136,15 @@ class Upstream:
         return self.client.server_error(self.client.model, http_error_message(resp.status, resp.reason or "", body))
 
     def _failed(self, exc: Exception) -> ClientError:
-        # the words protocol.bls_error reads as "unavailable" (503): the server, not the client, failed
+        # the words protocol.bls_error reads as "unavailable" (503): the server, not the client, failed. The
+        # exception (it names Triton's address) goes to the log, not to the client.
         what = (
             "failed to connect"
             if isinstance(exc, aiohttp.ClientConnectorError)
             else "the connection closed before the final response (socket closed)"
         )
-        return self.client.server_error(self.client.model, f"{what}: {type(exc).__name__}: {exc}")
+        log.warning("Triton at %s: %s: %s: %s", self.client.url, what, type(exc).__name__, exc)
+        return self.client.server_error(self.client.model, what)
 
 
 def _data(event: bytes) -> str | None:
