@@ -62,7 +62,8 @@ CPU_ENGINE_ENV = {"GOMP_SPINCOUNT": "1000"}
 # repository: load (with an uploaded model.py: code execution) and unload; model-config: engine and tokenizer paths;
 # shared-memory: the path of the CVE-2025-23319/23320/23334 chain; statistics, trace, logging: what clients sent and
 # how the server logs. The names are those 2.51's `--help` lists (health, metadata, inference, shared-memory,
-# model-config, model-repository, statistics, trace, logging); the 2.6x containers list the same.
+# model-config, model-repository, statistics, trace, logging); Triton's src/restricted_features.h has the same up to
+# 2.73 (26.09), and its gRPC front reads the key from metadata prefixed triton-grpc-protocol- (grpc_server.h).
 ADMIN_APIS = ("model-repository", "model-config", "shared-memory", "statistics", "trace", "logging")
 
 
