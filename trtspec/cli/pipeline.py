@@ -420,7 +420,7 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
     "--k8s",
     "k8s_dir",
     type=click.Path(file_okay=False),
-    help="Also write Kubernetes manifests (Deployment, Service, HPA) here.",
+    help="Also write Kubernetes manifests here (Deployment, Service, NetworkPolicy, HPA; keys from a Secret).",
 )
 @click.option(
     "--monitoring",
