@@ -568,8 +568,8 @@ class TritonPythonModel:
                     f"clients read {kind} logits sets engine.gather_{kind}_logits: true in its build "
                     f"config and rebuilds{only}",
                 )
-        # the tokenizer's vocabulary: an engine's rows may be padded a little wider (TensorRT-LLM's vocab_size_padded)
-        check_returned_logits(wanted, len(self.tokenizer), self.settings)
+        if wanted:  # rows of the tokenizer's vocabulary: an engine's may be a little wider (vocab_size_padded)
+            check_returned_logits(wanted, len(self.tokenizer), self.settings)
 
     @staticmethod
     def _penalties(f: _Fields) -> Penalties:
