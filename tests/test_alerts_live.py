@@ -49,10 +49,13 @@ def scaled_rules(out):
 
 
 def serving(tmp_path_factory, name: str, **kwargs):
-    """A served pair (tiny.served_pair's `kwargs`) under a folder of its own, started, and stopped afterwards."""
+    """A served pair (tiny.served_pair's `kwargs`) under a folder of its own, started, and stopped afterwards; its
+    BLS reads forces from `server.control_file` (as under `trtspec serve --control-port`)."""
     from tiny import served_pair
 
-    server = served_pair(tmp_path_factory.mktemp("alerts") / name, **kwargs)
+    root = tmp_path_factory.mktemp("alerts")
+    server = served_pair(root / name, **kwargs)
+    server.control_file = root / "force.json"
     compileall.compile_dir(server.repo, quiet=1)  # as in test_reliability: a reload then loads the model again
     server.start(timeout=300)
     yield server
@@ -255,3 +258,63 @@ def test_a_full_kv_cache_fires_its_alert_and_the_governor_decodes_plainly_until_
     print("timeline (s):", watch.timeline)
     assert not traffic.errors, traffic.errors[:3]  # a full KV cache makes calls wait, never fail
     assert "(kv_cache); draft-length cap now 0" in small_kv_server.log_path.read_text()
+
+
+def test_a_forced_speculating_still_decodes_plainly_while_the_kv_cache_is_full(small_kv_server):
+    """A force never lifts a floor: with speculation forced on through the control receiver, a full KV cache still
+    takes the load's range to plain decoding (kv_cache), and once the cache empties the forced level is back."""
+    from test_control import TOKEN, call
+    from test_serving import read_metrics
+
+    from trtspec.control import ControlServer
+
+    def states() -> dict[str, str]:
+        values = read_metrics(small_kv_server.metrics_url)
+        return {
+            k.split('load="')[1].split('"')[0]: k.split('state="')[1].split('"')[0]
+            for k, v in values.items()
+            if k.startswith("trtspec_speculation_state{") and v == 1
+        }
+
+    def wait_for(what: str, check, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s; states {states()}"
+            time.sleep(1.0)
+
+    def log() -> str:
+        return small_kv_server.log_path.read_text()[start:]
+
+    start = len(small_kv_server.log_path.read_text())
+    control = ControlServer(small_kv_server.control_file, token=TOKEN).start()
+    url = f"http://127.0.0.1:{control.port}/control"
+    traffic = None
+    try:
+        assert call(url, {"mode": "speculating", "for_seconds": 600, "reason": "load test"})[0] == 200
+        time.sleep(0.6)  # the BLS re-reads the file at most twice a second, on a request
+        grpc_generate(small_kv_server.grpc_url, REQUEST | {"text_input": WORDS[0]})
+        wait_for("forced", lambda: "speculation forced to speculating" in log(), 10)
+        assert set(states().values()) == {"speculating"}
+        # as in the alert's test above: nine streamed clients want 63 of the 64 blocks
+        traffic = Traffic(
+            small_kv_server.grpc_url,
+            WORDS,
+            pause=0.0,
+            clients=9,
+            fields={"max_tokens": 200, "min_tokens": 200, "stream": True},
+        )
+        wait_for("plain under the force (kv_cache)", lambda: "(kv_cache); draft-length cap now 0" in log(), 90)
+        assert "plain" in states().values()
+        traffic.stop()
+        wait_for(
+            "the forced level back (kv_cache_cleared)",
+            lambda: "(kv_cache_cleared)" in log() and set(states().values()) == {"speculating"},
+            90,
+        )
+        assert "force_expired" not in log() and "force_release" not in log()  # the force held throughout
+    finally:
+        if traffic is not None:
+            traffic.stop()
+        call(url, {"mode": "auto"})
+        control.stop()
+    assert not traffic.errors, traffic.errors[:3]
