@@ -134,7 +134,7 @@ def doctor(as_json: bool) -> None:
     "--control-host",
     default="127.0.0.1",
     show_default=True,
-    help="Address of the control receiver; beyond loopback it needs --control-token-file.",
+    help="Address of the control receiver (every request needs its token, beyond loopback too).",
 )
 @click.option(
     "--control-token-file",
@@ -175,7 +175,7 @@ def serve(
     \b
     Examples:
       trtspec serve --repo model_repository
-      TRTSPEC_API_KEY=$(cat api.key) trtspec serve --repo model_repository --openai-port 9000 --openai-host 0.0.0.0
+      trtspec serve --repo model_repository --openai-port 9000 --openai-host 0.0.0.0 --api-key-file api.key
       trtspec serve --repo model_repository --control-port 8004
       trtspec serve --repo model_repository --print-command
     """
