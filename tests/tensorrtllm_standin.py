@@ -82,8 +82,8 @@ class TritonPythonModel(EmbeddedEngineModel):
         requested = set(request.requested_output_names())
         for name in ("output_ids", "sequence_length"):
             # fillTritonResponse: TLLM_THROW("%s tensor must be present in list of output tensors")
-            if requested and name not in requested:
-                raise pb_utils.TritonModelException(f"{name} tensor must be present in list of output tensors")
+            if requested and name not in requested:  # the backend's own words reach the client (INTERNAL)
+                raise EngineError(f"{name} tensor must be present in list of output tensors")
         self._queue(regularized(engine_inputs(request)), sender, request.request_id())
 
     def _submit_all(self, calls, request_id):
