@@ -454,32 +454,39 @@ def test_raw_http_errors(front):
     assert code == 404 and "/v1/completions" in body["message"]
 
 
-def test_a_client_that_leaves_mid_stream_cancels_its_request(client, front, monkeypatch):
-    """The front stops reading the BLS when its client leaves: its stream from Triton is closed before the end (the
-    connection closes, on which Triton cancels the request), not read to max_tokens."""
+def _record_streams(front, monkeypatch) -> list[tuple[str, float]]:
+    """How each of the front's streams from Triton ends, and when: "closed early" (before the final response, which
+    closes the connection, on which Triton cancels the request) or "read to the end"."""
+    from trtspec.client import Completion
+
     outcomes = []
     stream_of = front.deployment.upstream.stream
 
     async def recorded(fields):
-        responses = stream_of(fields)
+        responses, final = stream_of(fields), False
         try:
             async for item in responses:
+                final = isinstance(item, Completion)
                 yield item
-            outcomes.append("read to the end")
-        except BaseException as exc:  # GeneratorExit or CancelledError: closed early
-            outcomes.append(type(exc).__name__)
-            raise
         finally:
+            outcomes.append(("read to the end" if final else "closed early", time.monotonic()))
             await responses.aclose()
 
     monkeypatch.setattr(front.deployment.upstream, "stream", recorded)
+    return outcomes
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_request(client, front, monkeypatch):
+    """The front stops reading the BLS when its client leaves: its stream from Triton is closed before the end (the
+    connection closes, on which Triton cancels the request), not read to max_tokens."""
+    outcomes = _record_streams(front, monkeypatch)
     stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=140, temperature=0, stream=True)
     next(iter(stream))
     stream.close()
     deadline = time.monotonic() + 30
     while not outcomes and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert outcomes and outcomes[0] in ("GeneratorExit", "CancelledError"), outcomes
+    assert outcomes and outcomes[0][0] == "closed early", outcomes
     out = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=3, temperature=0)
     assert out.usage.completion_tokens == 3
 
@@ -718,40 +725,39 @@ def test_the_limits_come_from_the_bls(triton, front):
     assert Deployment(triton.http_url, admin_headers=triton.admin_headers).connect().limits == limits
 
 
-LONG = "m" * 4000  # a long model id makes every streamed chunk about 4 KB: a few dozen tokens fill the buffers
+LONG = "m" * 32000  # a long model id makes every streamed chunk 32 KB: a few tokens fill the buffers
+ENGINE_TOKENS = 'trtspec_engine_tokens_total{model="tensorrt_llm"}'
 
 
 @pytest.fixture(scope="module")
 def tight(triton):
-    """A front whose deadlines are short (a second), with a small send buffer and three connections."""
+    """A front with short deadlines, a small send buffer and three connections. The stall deadline is far shorter
+    than the tiny engine's 140 tokens (about 0.25 s here), so a stalled stream ends while its request still runs."""
     from trtspec.openai_api import Deployment, Front
     from trtspec.server import free_port
 
-    limits = Limits(stall_seconds=1.0, body_seconds=1.0, send_buffer_bytes=4096, connections=3)
+    limits = Limits(stall_seconds=0.02, body_seconds=1.0, send_buffer_bytes=4096, connections=3)
     with Front(Deployment(triton.http_url, served_model_name=LONG, limits=limits).connect(), port=free_port()) as f:
         yield f
 
 
-def test_a_client_that_stops_reading_loses_its_stream_and_its_request(tight, monkeypatch):
-    """A client that sends a streaming request and reads nothing: once the buffers are full, the front waits
-    stall_seconds for it, then closes the connection, which ends the stream and closes the request to Triton
-    before it is read to its end."""
-    outcomes = []
-    stream_of = tight.deployment.upstream.stream
+def _engine_tokens(triton) -> float:
+    """The target engine's returned tokens, once the count has settled (it is sent every 0.25 s)."""
+    from trtspec.client import fetch_metrics
 
-    async def recorded(fields):
-        responses = stream_of(fields)
-        try:
-            async for item in responses:
-                yield item
-            outcomes.append(("read to the end", time.monotonic()))
-        except BaseException as exc:  # GeneratorExit or CancelledError: closed early
-            outcomes.append((type(exc).__name__, time.monotonic()))
-            raise
-        finally:
-            await responses.aclose()
+    last = None
+    while (now := fetch_metrics(triton.metrics_url, "trtspec_engine_tokens").get(ENGINE_TOKENS, 0.0)) != last:
+        last = now
+        time.sleep(0.6)
+    return now
 
-    monkeypatch.setattr(tight.deployment.upstream, "stream", recorded)
+
+def test_a_client_that_stops_reading_loses_its_stream_and_its_request(triton, tight, monkeypatch):
+    """A client sends a streaming request and reads nothing: once the buffers are full, the front waits
+    stall_seconds for it, then closes the connection, which ends the stream and the request to Triton: the engine
+    stops short of the 140 tokens asked for."""
+    outcomes = _record_streams(tight, monkeypatch)
+    before = _engine_tokens(triton)
     request = {"model": LONG, "prompt": PROMPTS[0], "max_tokens": 140, "temperature": 0, "stream": True}
     body = json.dumps(request | {"ignore_eos": True, "num_draft_tokens": 0}).encode()
     host, port = tight.url.removeprefix("http://").rsplit(":", 1)
@@ -762,9 +768,9 @@ def test_a_client_that_stops_reading_loses_its_stream_and_its_request(tight, mon
         sock.sendall(_post("/v1/completions", body, b"Content-Length: %d" % len(body)) + b"\r\n\r\n" + body)
         sent = time.monotonic()
         while not outcomes and time.monotonic() < sent + 20:
-            time.sleep(0.05)
-        assert outcomes and outcomes[0][0] in ("GeneratorExit", "CancelledError"), outcomes
-        # the connection was reset: what the client reads ends, short of the 140 chunks
+            time.sleep(0.02)
+        assert outcomes and outcomes[0][0] == "closed early", outcomes
+        assert outcomes[0][1] - sent < 5  # the tokens that filled the buffers, then the stall's deadline
         sock.settimeout(5)  # a connection left open would time out here
         received = b""
         try:
@@ -775,6 +781,8 @@ def test_a_client_that_stops_reading_loses_its_stream_and_its_request(tight, mon
         assert received.startswith(b"HTTP/1.1 200") and b"data: [DONE]" not in received
     finally:
         sock.close()
+    generated = _engine_tokens(triton) - before
+    assert generated < 140, generated  # Triton cancelled the request: its engine call stopped
     monkeypatch.undo()
     with openai.OpenAI(base_url=f"{tight.url}/v1", api_key="x", max_retries=0) as c:
         assert _served(c, LONG)
@@ -799,3 +807,30 @@ def test_connections_past_the_limit_get_503(tight):
     time.sleep(0.2)
     with urllib.request.urlopen(f"{tight.url}/health", timeout=10) as resp:
         assert resp.status == 200
+
+
+def test_the_front_sends_the_key_of_tritons_inference_api(triton, tmp_path):
+    """Triton bound beyond loopback asks for the API key on inference: the front that is given it (triton_headers)
+    serves, one that is not answers 5xx (the deployment is misconfigured, not the request)."""
+    from trtspec.keys import API_HEADER
+    from trtspec.openai_api import Deployment, Front
+    from trtspec.server import TritonServer, free_port
+
+    key = Key("inference-" + "i" * 24, "test")
+    ports = {"http_port": free_port(), "grpc_port": free_port(), "metrics_port": free_port()}
+    exposed = TritonServer(
+        triton.repo, host="0.0.0.0", api_key=key, allow_dev_server_exposure=True, log_file=tmp_path / "log", **ports
+    )
+    with exposed:
+        for headers, serves in (({API_HEADER: key.value}, True), ({}, False)):
+            deployment = Deployment(
+                exposed.http_url, served_model_name=MODEL, triton_headers=headers, admin_headers=exposed.admin_headers
+            )
+            with Front(deployment.connect(), port=free_port()) as f:
+                with openai.OpenAI(base_url=f"{f.url}/v1", api_key="x", max_retries=0) as c:
+                    if serves:
+                        assert _served(c)
+                        continue
+                    with pytest.raises(openai.InternalServerError) as err:
+                        c.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+                    assert API_HEADER in err.value.message
