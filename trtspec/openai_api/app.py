@@ -93,8 +93,8 @@ class Deployment:
         self._served, self._tokenizer_dir = served_model_name, tokenizer_dir
         given = triton_headers is not None or admin_headers is not None
         self._config_headers = (triton_headers or {}) | (admin_headers or {}) if given else None
-        self.limits = (limits or Limits()).resolve()  # until connect reads the BLS's
         self._limits = limits or Limits()
+        self.limits = self._limits.resolve()  # until connect reads the BLS's
         self.upstream = Upstream(triton_url, model, timeout, headers=triton_headers if given else None)
         self.tokenizer = None
         self.stopping = threading.Event()  # set when the front stops: streams in flight end at their next chunk
@@ -356,10 +356,13 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
         finally:
             await dep.upstream.close()
 
+    guards = [Middleware(AnswerFailures)]
+    if api_key is not None:
+        guards.insert(0, Middleware(RequireKey, key=api_key))  # outermost: before anything else is done
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(RequireKey, key=api_key)] * (api_key is not None) + [Middleware(AnswerFailures)],
+        middleware=guards,
         exception_handlers={APIError: api_error, HTTPException: http_error},
     )
 
