@@ -65,8 +65,11 @@ def test_a_full_engine_queue_refuses_at_once_and_the_server_keeps_serving(server
     """max_queue_size bounds the calls that wait for a batch slot, as TensorRT-LLM's executor bounds its queue: a
     request whose rows would pass it is refused at once (the embedded engine names max_queue_size; the backend says
     "Maximum queue size of N has been reached, please try again later"). The BLS's own call refused so is the
-    server's failure, not the client's: the BLS says the engine is busy and counts an engine error, not a bad
-    request; once the queue has room it serves again."""
+    server's failure, not the client's: the BLS says the engine is busy (the OpenAI front answers it 503) and counts
+    an engine error, not a bad request; once the queue has room it serves again."""
+    from trtspec.client import ClientError, SpecClient
+    from trtspec.openai_api.protocol import COMPLETION, Request, bls_error
+
     refusal = _refusal(server)
     batch = engine_call(server, engine_tensors(rows=2, output_len=4), "two-rows")
     with pytest.raises(InferenceServerException, match=refusal):  # more rows than the queue holds: never queued
@@ -80,7 +83,11 @@ def test_a_full_engine_queue_refuses_at_once_and_the_server_keeps_serving(server
         with pytest.raises(InferenceServerException, match=f"tensorrt_llm is busy: .*{refusal}"):
             call.rest()
         call.close()
-    assert bls_errors(server, "engine_error") == errors["engine_error"] + 1
+        # the front's path (HTTP generate): its client's error, as the front reads it
+        with SpecClient(server.http_url, "http") as client, pytest.raises(ClientError) as refused:
+            client.generate(PROMPTS[0], max_tokens=8, end_id=-1, num_draft_tokens=0)
+        assert bls_error(refused.value, Request(kind=COMPLETION, model="tiny")).status == 503
+    assert bls_errors(server, "engine_error") == errors["engine_error"] + 2
     assert bls_errors(server, "bad_request") == errors["bad_request"]
     call = bls_call(server, fields, "client-1")  # a retry, once the queue has room
     try:
