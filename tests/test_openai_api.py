@@ -736,7 +736,7 @@ def tight(triton):
     from trtspec.openai_api import Deployment, Front
     from trtspec.server import free_port
 
-    limits = Limits(stall_seconds=0.02, body_seconds=1.0, send_buffer_bytes=4096, connections=3)
+    limits = Limits(stall_seconds=0.02, header_seconds=2.0, body_seconds=1.0, send_buffer_bytes=4096, connections=3)
     with Front(Deployment(triton.http_url, served_model_name=LONG, limits=limits).connect(), port=free_port()) as f:
         yield f
 
@@ -791,6 +791,26 @@ def test_a_client_that_stops_reading_loses_its_stream_and_its_request(triton, ti
 def test_a_body_that_does_not_arrive_in_time_is_refused(tight):
     status, headers, body = _raw(tight, _post("/v1/completions", b"", b"Content-Length: 100"), b'{"model":')
     assert status == 408 and body["error"]["param"] == "body" and "1 s" in body["error"]["message"]
+
+
+def _closed(sock) -> bool:
+    """Whether the peer closed `sock` (an open one times out here)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_connection_that_sends_no_request_is_closed(tight):
+    host, port = tight.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as silent:
+        with socket.create_connection((host, int(port)), timeout=10) as trickle:
+            trickle.sendall(b"GET /health HTTP/1.1\r\nHost: front\r\n")  # and never the blank line
+            opened = time.monotonic()
+            assert _closed(silent) and _closed(trickle)
+            assert 1.5 < time.monotonic() - opened < 8
+        with urllib.request.urlopen(f"{tight.url}/health", timeout=10) as resp:
+            assert resp.status == 200
 
 
 def test_connections_past_the_limit_get_503(tight):

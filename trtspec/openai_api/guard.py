@@ -121,13 +121,17 @@ def _too_large(what: str, limits: Limits) -> APIError:
 
 
 def http_protocol(limits: Limits) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol with a bounded send buffer and a write deadline: a connection whose responses its
-    client has not read for limits.stall_seconds (the buffers full: asyncio paused the writing) is closed, which
-    ends its stream (Starlette sees the disconnect) and so the request in Triton, and frees its slot."""
+    """uvicorn's HTTP protocol with deadlines that free a connection's slot:
+    - a request's headers arrive within limits.header_seconds of the connection opening or of the previous
+      response's end (uvicorn waits for them forever), or the connection is closed;
+    - a connection whose responses its client has not read for limits.stall_seconds (the buffers full: asyncio
+      paused the writing) is closed, which ends its stream (Starlette sees the disconnect) and so the request in
+      Triton. Its send buffer is limits.send_buffer_bytes."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class BoundedHTTP(AutoHTTPProtocol):
         _stall: asyncio.TimerHandle | None = None
+        _headers: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -135,6 +139,21 @@ def http_protocol(limits: Limits) -> type[asyncio.Protocol]:
             if sock is not None and limits.send_buffer_bytes:
                 with contextlib.suppress(OSError):  # not a TCP socket (a Unix socket): keep the system's
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limits.send_buffer_bytes)
+            self._await_request()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._await_request()
+
+        def _await_request(self) -> None:
+            if self._headers is not None:
+                self._headers.cancel()
+            self._headers = self.loop.call_later(limits.header_seconds, self._no_request, self.cycle)
+
+        def _no_request(self, cycle) -> None:
+            self._headers = None
+            if self.cycle is cycle and not self.transport.is_closing():  # no request began since
+                self.transport.abort()
 
         def pause_writing(self) -> None:
             super().pause_writing()
@@ -147,6 +166,8 @@ def http_protocol(limits: Limits) -> type[asyncio.Protocol]:
 
         def connection_lost(self, exc) -> None:
             self._unstall()
+            if self._headers is not None:
+                self._headers.cancel()
             super().connection_lost(exc)
 
         def _unstall(self) -> None:

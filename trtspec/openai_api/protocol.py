@@ -28,6 +28,9 @@ class Limits:
     # every character \u-escaped (12 bytes); 4 MiB leaves room and keeps a body's buffer small. Raised by `resolve`
     # where the deployment's prompts need more.
     body_bytes: int = 4 * 1024 * 1024
+    # A request's headers must arrive within this (uvicorn waits forever): a connection that sends nothing holds a
+    # slot of `connections`. Headers come in one packet; 10 s covers a slow link's retransmissions.
+    header_seconds: float = 10.0
     # The whole body must arrive within this: a client that trickles it holds a connection. 4 MiB at 1 Mbit/s: 34 s.
     body_seconds: float = 60.0
     # OpenAI allows 4; clients written for vLLM or SGLang send a few more. Each one is matched on every token.
