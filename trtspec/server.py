@@ -235,11 +235,15 @@ class TritonServer:
         return {keys.ADMIN_HEADER: self.admin_key.value}
 
     @property
+    def inference_headers(self) -> dict[str, str]:
+        """The headers an inference request sends: the API key where inference asks for it."""
+        return {keys.API_HEADER: self.api_key.value} if self.restricts_inference and self.api_key else {}
+
+    @property
     def client_headers(self) -> dict[str, str]:
         """The headers trtspec's own clients of this server send: the admin key, and the API key where inference
         asks for it."""
-        api = {keys.API_HEADER: self.api_key.value} if self.restricts_inference and self.api_key else {}
-        return self.admin_headers | api
+        return self.admin_headers | self.inference_headers
 
     @property
     def log_path(self) -> Path | None:

@@ -263,7 +263,8 @@ def serve(
                 host=openai_host,
                 api_key=api_key,
                 served_model_name=served_model_name,
-                triton_headers=server.client_headers,
+                triton_headers=server.inference_headers,
+                admin_headers=server.admin_headers,
             )
         else:
             code = run_foreground(server, out, start_timeout)
