@@ -20,11 +20,13 @@ from trtllm_layout import engine_config, hf_config, write_checkpoint, write_engi
 
 from trtspec import environment
 from trtspec.cli import cli
+from trtspec.compile import trtllm
 from trtspec.config import load_config
 from trtspec.engine.validate import Expected, validate_engines
 from trtspec.environment import Package
 from trtspec.launch import Launch, repository_launch
 from trtspec.repository import validate_repository, write_repository
+from trtspec.serving_settings import CONCURRENT_REQUESTS_PER_BATCH_SLOT
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_70B = ROOT / "build_configs" / "llama-3.1-70b_llama-3.2-1b_4xh100.yaml"
@@ -297,9 +299,17 @@ def test_deploy_writes_tensorrtllm_models_that_validate(deployed, tmp_path):
         # (model_instance_state.cc: "recv_poll_period_ms is not set, will use busy loop")
         assert p["recv_poll_period_ms"] == "1"
     assert t["gpu_device_ids"] == "0,1,2,3" and d["gpu_device_ids"] == "0"
-    # they share GPU 0: the 0.9 is split by KV need and each is capped at what it needs
-    assert float(t["kv_cache_free_gpu_mem_fraction"]) + float(d["kv_cache_free_gpu_mem_fraction"]) == pytest.approx(0.9)
-    assert t["max_tokens_in_paged_kv_cache"] == str(16 * 8224) == d["max_tokens_in_paged_kv_cache"]
+    # they share GPU 0: each is capped at its share of what the engines leave free there (trtspec.compile.memory), the
+    # same as the build's plan, far beyond the bare 16 x 8224 tokens; the fractions keep the caps binding
+    plan = trtllm.plan(load_config(config), tmp_path / "plan", check_existing=False).memory
+    planned = {e.role: e.kv_cap_tokens for e in plan.engines}
+    assert t["max_tokens_in_paged_kv_cache"] == str(planned["target"]) and int(planned["target"]) >= 5 * 16 * 8224
+    assert d["max_tokens_in_paged_kv_cache"] == str(planned["draft"])
+    fractions = plan.kv_fractions()
+    assert float(t["kv_cache_free_gpu_mem_fraction"]) == fractions["target"]
+    assert float(d["kv_cache_free_gpu_mem_fraction"]) == fractions["draft"]
+    # the BLS serves twice the target's batch at once: what the cache keeps between their calls
+    assert params(bls)["max_concurrent_requests"] == str(CONCURRENT_REQUESTS_PER_BATCH_SLOT * 16) == "32"
     assert params(bls)["max_input_len"] == "4096"  # the prompt limit, not the engines' 8191
     # GPU 0 holds both engines (their files and 2 GiB each) and 0.9 of the rest as KV cache: the GPU-memory alerts
     # fire above this plan, not at the level the KV reservation reaches at start

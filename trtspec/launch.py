@@ -2,9 +2,12 @@
 
 Placement: each model's ranks go to GPU ids (`gpu.target_devices` / `gpu.draft_devices`, by default the first
 tp x pp GPUs each, so the draft shares the target's first GPU as NVIDIA's DTM README recommends). On a shared GPU the
-KV cache is split: `kv_cache_free_gpu_mem_fraction` in proportion to each engine's KV need (0.9 in all, TensorRT-LLM's
-default, the draft at least a tenth of it) and `max_tokens_in_paged_kv_cache` capped at what each needs, so the order
-in which Triton loads the two models does not matter.
+KV cache is split by the memory plan (trtspec.compile.memory.plan_kv_caches): together the caches take 0.9 of what the
+engines leave free (TensorRT-LLM's default fraction), each engine's `max_tokens_in_paged_kv_cache` is its share (the
+same multiple of its bare need, max_batch_size sequences at full length, for both), and `kv_cache_free_gpu_mem_fraction`
+is set so that this cap, not the fraction, binds whichever engine loads last; the caps sum below the free memory, so
+the load order does not matter. Room beyond the bare need is what keeps the orchestrator's sequences reusable between
+its calls. An engine alone on its GPUs takes 0.9 of their free memory, as TensorRT-LLM does by default.
 
 Launch, as TensorRT-LLM's scripts/launch_triton_server.py does it:
 - one TP1 target and no draft: tritonserver alone;
@@ -20,7 +23,6 @@ Every rank gets its own Python-backend shared-memory prefix (`--backend-config=p
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,8 +31,6 @@ from trtspec.engine.manifest import EngineInfo
 
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
-TOTAL_KV_FRACTION = 0.9
-TOKENS_PER_BLOCK = 32
 # In orchestrator mode the executor's receiving thread polls the workers for responses and sleeps this long between
 # empty polls; unset, it busy-loops ("recv_poll_period_ms is not set, will use busy loop", model_instance_state.cc;
 # the value goes to ExecutorConfig's recvPollPeriodMs), a core per engine model taken from the BLS and the
@@ -79,37 +79,25 @@ def placement(config, target: EngineInfo, draft: EngineInfo | None) -> Placement
     return Placement(target_devices, draft_devices, gpu.fast_logits and draft is not None)
 
 
-def engine_kv_tokens(info: EngineInfo) -> int:
-    """KV tokens for every scheduled sequence at the engine's full length."""
-    return info.max_batch_size * math.ceil(info.max_seq_len / TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
+def memory_plan(config, target: EngineInfo, draft: EngineInfo | None, place: Placement | None = None):
+    """The built engines' memory plan on the GPUs the build plans against (the machine's, else the config's): each
+    engine's KV cap and kv_cache_free_gpu_mem_fraction (trtspec.compile.memory.plan_kv_caches, kv_fractions)."""
+    from trtspec.compile.memory import MemoryPlan, built_engine_memory
+    from trtspec.environment import available_gpus
+
+    place = place or placement(config, target, draft)
+    gpus, source = available_gpus(config)
+    engines = [built_engine_memory(role, info, devices) for role, info, devices in _roles(target, draft, place)]
+    return MemoryPlan(engines, list(gpus), gpu_source=source)
 
 
-def engine_kv_bytes_per_gpu(info: EngineInfo) -> int:
-    pc = info.raw.get("pretrained_config") or {}
-    mapping = pc.get("mapping") or {}
-    tp, pp = int(mapping.get("tp_size", 1)), int(mapping.get("pp_size", 1))
-    heads = int(pc.get("num_attention_heads", 1))
-    kv_heads = int(pc.get("num_key_value_heads") or heads)
-    head_dim = int(pc.get("head_size") or pc.get("head_dim") or int(pc.get("hidden_size", 0)) // max(heads, 1))
-    per_element = 1 if info.kv_cache_quant_algo in ("FP8", "INT8") else (4 if info.dtype == "float32" else 2)
-    per_token = (
-        2 * math.ceil(int(pc.get("num_hidden_layers", 0)) / pp) * math.ceil(kv_heads / tp) * head_dim * per_element
-    )
-    return per_token * engine_kv_tokens(info)
-
-
-def kv_cache_split(target_kv: int, draft_kv: int | None, shared: bool) -> dict[str, float]:
-    """kv_cache_free_gpu_mem_fraction per role."""
-    if draft_kv is None or not shared:
-        return {"target": TOTAL_KV_FRACTION, "draft": TOTAL_KV_FRACTION}
-    share = min(max(draft_kv / max(target_kv + draft_kv, 1), 0.1), 0.5)
-    return {"target": round(TOTAL_KV_FRACTION * (1 - share), 2), "draft": round(TOTAL_KV_FRACTION * share, 2)}
-
-
-def _kv_fractions(target: EngineInfo, draft: EngineInfo | None, place: Placement) -> dict[str, float]:
-    return kv_cache_split(
-        engine_kv_bytes_per_gpu(target), engine_kv_bytes_per_gpu(draft) if draft else None, place.shared
-    )
+def kv_cache_sequences(config, target: EngineInfo, draft: EngineInfo | None) -> float | None:
+    """How many full-length sequences the target's planned KV cache holds, in units of its max_batch_size (None:
+    not a trtllm build)."""
+    if config.backend != "trtllm":
+        return None
+    cap = next(e for e in memory_plan(config, target, draft).engines if e.role == "target")
+    return max(cap.kv_cap_tokens, cap.kv_tokens) / cap.kv_tokens
 
 
 def _roles(target: EngineInfo, draft: EngineInfo | None, place: Placement):
@@ -128,14 +116,14 @@ def planned_gpu_memory_fraction(config, target: EngineInfo, draft: EngineInfo | 
     fire forever. Weights per rank are taken as the rank's engine file, plus RUNTIME_OVERHEAD_GIB per engine; the
     KV cap on a shared GPU (max_tokens_in_paged_kv_cache) can keep real use below the plan. An estimate, not a
     measurement."""
-    from trtspec.compile.memory import GIB, RUNTIME_OVERHEAD_GIB
+    from trtspec.compile.memory import GIB, RUNTIME_OVERHEAD_GIB, TOTAL_KV_FRACTION
     from trtspec.environment import available_gpus
 
     if config.backend != "trtllm":
         return None
     memory = {g.index: g.memory_gib * GIB for g in available_gpus(config)[0]}
     place = placement(config, target, draft)
-    fractions = _kv_fractions(target, draft, place)
+    fractions = memory_plan(config, target, draft, place).kv_fractions()
     planned = []
     for device in place.devices:
         if device not in memory:
@@ -146,7 +134,9 @@ def planned_gpu_memory_fraction(config, target: EngineInfo, draft: EngineInfo | 
                 engine = Path(info.path) / f"rank{devices.index(device)}.engine"
                 held += (engine.stat().st_size if engine.is_file() else 0) + RUNTIME_OVERHEAD_GIB * GIB
                 kv_fraction += fractions[role]
-        planned.append(1 - (1 - min(kv_fraction, 1.0)) * (1 - min(held / memory[device], 1.0)))
+        # on a shared GPU the caps sum to TOTAL_KV_FRACTION of the free memory (the fractions only keep the cap binding)
+        kv_fraction = min(kv_fraction, TOTAL_KV_FRACTION)
+        planned.append(1 - (1 - kv_fraction) * (1 - min(held / memory[device], 1.0)))
     return round(max(planned), 4) if planned else None
 
 
@@ -154,12 +144,14 @@ def engine_model_values(config, target: EngineInfo, draft: EngineInfo | None) ->
     """Per engine model ('target', 'draft'), the tensorrtllm template's placement fields; `extra_parameters`: the
     parameters that apply only to some placements (the repository writes them as parameter lines)."""
     place = placement(config, target, draft)
-    fractions = _kv_fractions(target, draft, place)
+    plan = memory_plan(config, target, draft, place)
+    fractions = plan.kv_fractions()
+    caps = {e.role: e.kv_cap_tokens for e in plan.engines}
     values = {}
-    for role, info, devices in _roles(target, draft, place):
+    for role, _info, devices in _roles(target, draft, place):
         extra = {}
         if place.shared:
-            extra["max_tokens_in_paged_kv_cache"] = engine_kv_tokens(info)
+            extra["max_tokens_in_paged_kv_cache"] = caps[role]
         if orchestrator_mode(target, draft):
             extra["recv_poll_period_ms"] = RECV_POLL_PERIOD_MS
         if place.fast_logits:

@@ -35,12 +35,13 @@ from trtspec.interfaces import MODEL_TENSORS, SPECULATION_METHODS
 from trtspec.launch import (
     RECV_POLL_PERIOD_MS,
     engine_model_values,
+    kv_cache_sequences,
     launch_for,
     planned_gpu_memory_fraction,
     repository_launch,
 )
 from trtspec.marker import MARKER_FILE
-from trtspec.serving_settings import INPUT_CHARS_PER_TOKEN, ServingSettings
+from trtspec.serving_settings import CONCURRENT_REQUESTS_PER_BATCH_SLOT, INPUT_CHARS_PER_TOKEN, ServingSettings
 
 TEMPLATES_DIR = Path(__file__).parent / "model_repository"
 CONFIG_FILE = "config.pbtxt"
@@ -181,8 +182,8 @@ def template_values(
         "engine_instance_count": 1,
         # Engine calls that may wait for a batch slot (dynamic_batching.default_queue_policy.max_queue_size, where
         # TensorRT-LLM's backend reads its executor's bound); more are refused at once (503). The BLS has at most
-        # one call per engine for each of its max_concurrent_requests (64), so twice that never refuses its own
-        # calls while bounding how many direct calls can pile up ahead of them.
+        # one call per engine for each of its max_concurrent_requests (2 x the batch), so 128 never refuses its own
+        # calls for batches up to 64 while bounding how many direct calls can pile up ahead of them.
         "max_queue_size": 128,
         "device": device,
         "enable_kv_cache_reuse": True,
@@ -222,6 +223,7 @@ def _bls_build_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo
         "adaptive_draft_length": config.speculation.adaptive,
         "max_matching_ngram_size": config.speculation.max_matching_ngram_size,
         "max_draft_len": target.max_draft_len,
+        "max_concurrent_requests": concurrent_requests(config, target, draft),
         "max_input_len": prompt_limit(target),
         "max_input_chars": INPUT_CHARS_PER_TOKEN * prompt_limit(target),  # refused untokenized beyond
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)
@@ -238,6 +240,16 @@ def _bls_build_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo
         "build_max_draft_len": target.max_draft_len,
         "build_trtspec_version": __version__,
     }
+
+
+def concurrent_requests(config: BuildConfig, target: EngineInfo, draft: EngineInfo | None) -> int:
+    """The BLS's max_concurrent_requests: CONCURRENT_REQUESTS_PER_BATCH_SLOT x the target's max_batch_size, fewer where
+    a trtllm plan's KV cache holds fewer full-length sequences (never less than one batch)."""
+    held = kv_cache_sequences(config, target, draft)
+    per_slot = CONCURRENT_REQUESTS_PER_BATCH_SLOT
+    if held is not None:
+        per_slot = max(1, min(per_slot, int(held)))
+    return per_slot * max(1, target.max_batch_size)
 
 
 def prompt_limit(target: EngineInfo) -> int:

@@ -26,6 +26,10 @@ BUILD_LABELS = ("target", "draft", "quantization", "max_draft_len", "trtspec_ver
 # a prompt's characters per token of max_input_len before it is refused untokenized: about four times an English
 # token's length, so only text of unusually long tokens (runs of spaces, say) meets it before max_input_len does
 INPUT_CHARS_PER_TOKEN = 16
+# requests the BLS serves at once per batch slot of the target engine: each alternates between a draft call and a
+# verification, so twice the batch keeps the target's batch full while the other half drafts, and no more sequences
+# are in flight than the KV cache keeps between their calls (each re-sends its sequence and reuses its blocks)
+CONCURRENT_REQUESTS_PER_BATCH_SLOT = 2
 
 
 def parameter(params: Mapping[str, str], key: str, default: str | None = None) -> str:
@@ -80,8 +84,9 @@ class ServingSettings:
     max_matching_ngram_size: int = _per_build(3)
     # above this many requests in flight new requests decode plainly (0: no limit; `bench --apply` measures it)
     max_speculative_concurrency: int = 0
-    # requests served at once, each on its own thread
-    max_concurrent_requests: int = 64
+    # requests served at once, each on its own thread; deploy writes CONCURRENT_REQUESTS_PER_BATCH_SLOT x the target
+    # engine's max_batch_size (trtspec.repository), so the requests admitted keep their sequences in the KV cache
+    max_concurrent_requests: int = _per_build(64)
     # requests allowed to wait beyond those served; more are refused at once with an error
     max_queued_requests: int = 256
     # the longest a request may take from its arrival; a request's timeout_ms may shorten it, never lift it (0: no

@@ -328,14 +328,8 @@ def memory_plan(config: BuildConfig, models: list[ModelPlan], gpus, source: str)
 
 
 def kv_cache_fractions(plan_: MemoryPlan) -> dict[str, float]:
-    """kv_cache_free_gpu_mem_fraction per model, as `trtspec deploy` will set it (trtspec.launch.kv_cache_split)."""
-    from trtspec.launch import kv_cache_split
-
-    by_role = {e.role: e for e in plan_.engines}
-    t, d = by_role["target"], by_role.get("draft")
-    shared = d is not None and bool(set(t.devices) & set(d.devices))
-    split = kv_cache_split(t.kv_cache, d.kv_cache if d else None, shared)
-    return {role: split[role] for role in by_role}
+    """kv_cache_free_gpu_mem_fraction per model, as `trtspec deploy` will set it (trtspec.compile.memory)."""
+    return plan_.kv_fractions()
 
 
 def mark_up_to_date(p: Plan) -> None:
@@ -377,7 +371,7 @@ def plan_table(p: Plan) -> Table:
 def memory_table(p: Plan) -> Table:
     mem = p.memory
     table = Table(title=f"memory per GPU, GiB ({escape(mem.gpu_source)})")
-    for col in ("GPU", "engine", "weights", "KV", "other", "total"):
+    for col in ("GPU", "engine", "weights", "KV", "KV tokens", "other", "total"):
         table.add_column(col, justify="left" if col == "engine" else "right")
     by_index = {g.index: g for g in mem.gpus}
     for device in mem.devices():
@@ -387,12 +381,14 @@ def memory_table(p: Plan) -> Table:
                 str(device),
                 f"{e.role} tp{e.tp_size}",
                 f"{e.weights / GIB:.1f}",
-                f"{e.kv_cache / GIB:.1f}",
+                f"{e.kv_planned / GIB:.1f}",
+                # the cap, and how many times the bare need (max_batch_size sequences at full length) it holds
+                f"{e.kv_cap_tokens or e.kv_tokens} ({(e.kv_cap_tokens or e.kv_tokens) / e.kv_tokens:.1f}x)",
                 f"{(e.activations + e.logits + e.overhead) / GIB:.1f}",
-                f"{e.total / GIB:.1f}",
+                f"{e.planned_total / GIB:.1f}",
             )
         capacity = f"of {gpu.memory_gib:.1f}" if gpu else "[red]no such GPU[/]"
-        table.add_row("", "", "", "", "", f"[bold]{mem.used(device) / GIB:.1f}[/] {capacity}")
+        table.add_row("", "", "", "", "", "", f"[bold]{mem.planned(device) / GIB:.1f}[/] {capacity}")
     return table
 
 
