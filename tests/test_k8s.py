@@ -32,6 +32,7 @@ from trtspec.config import load_config
 from trtspec.k8s import (
     FRONT_PORT,
     HEALTH_PATH,
+    LIVE_PATH,
     METRICS_PORT,
     MONITORING_NAMESPACE,
     SHM_GIB,
@@ -231,8 +232,9 @@ def test_triton_stays_on_loopback_and_the_front_is_the_public_surface(docs):
     service = docs["service.yaml"]["spec"]["ports"]
     assert {(p["port"], p["targetPort"]) for p in service} == {(FRONT_PORT, "openai"), (METRICS_PORT, "metrics")}
     # probes: the front's unauthenticated /health (Triton's /v2/health/ready is on loopback, where kubelet can't go)
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": HEALTH_PATH, "port": "openai"}, probe
+    assert container["livenessProbe"]["httpGet"] == {"path": LIVE_PATH, "port": "openai"}
     # what the monitoring stack names lines up with the pod
     monitor = docs["servicemonitor.yaml"]["spec"]
     assert monitor["endpoints"][0]["port"] in {p["name"] for p in service}

@@ -9,8 +9,8 @@
   and memory requests and limits, the GPUs the placement uses, the engine volume (a PersistentVolumeClaim holding
   the engines and the repository at the paths `trtspec deploy` wrote into the configs, mounted read-only), /dev/shm
   for the Python backend, and probes on the front's /health (a startup probe gives engine loading at least 30
-  minutes, more for engines `trtspec serve` waits longer for; the liveness probe restarts a pod whose models stay
-  unready for longer than loading them takes).
+  minutes, more for engines `trtspec serve` waits longer for) and /health/live (the liveness probe restarts a pod
+  whose target fails every call, or whose models stay unready for longer than loading them takes).
 - service.yaml: the front (9000) and the metrics (8002); Triton's own 8000/8001 are not reachable from outside the pod.
 - networkpolicy.yaml: ingress to the front's port from anywhere, to the metrics port only from the namespace
   `monitoring`; nothing else.
@@ -39,6 +39,9 @@ HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 FRONT_PORT = 9000
 FRONT_PORT_NAME, METRICS_PORT_NAME = "openai", "metrics"
 HEALTH_PATH = "/health"  # the front's: 200 when the BLS and its target are ready on Triton, 503 otherwise
+# the front's: 503 when the pod should be restarted (its target failed every call for a minute, or its models stayed
+# unready for longer than loading them takes: trtspec.openai_api.liveness)
+LIVE_PATH = "/health/live"
 QUEUE_METRIC = "nv_inference_pending_request_count"
 
 # NVIDIA's Triton images create the user `triton-server` with uid and gid 1000 (triton-inference-server/server
@@ -226,13 +229,14 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
         # at least as long as `trtspec serve` itself waits for the models (trtspec.server.start_timeout_for)
         "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": max(180, math.ceil(wait / 10) + 6)},
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
-        # Restarts a pod whose models cannot come back: not ready for longer than loading them takes (the BLS
-        # reloads an engine model whose process died, retrying; under mpirun nothing can, and this probe restarts it)
+        # Restarts a pod that cannot mend itself: its target fails every call (TensorRT-LLM's executor keeps its model
+        # READY when it does), or its models stay unready for longer than loading them takes (the BLS reloads a dead
+        # embedded engine model; under mpirun nothing can). The front keeps those times; a minute of 503s restarts.
         "livenessProbe": {
-            **probe,
+            "httpGet": {"path": LIVE_PATH, "port": FRONT_PORT_NAME},
             "periodSeconds": 15,
-            "timeoutSeconds": 5,
-            "failureThreshold": max(4, math.ceil(wait / 15) + 2),
+            "timeoutSeconds": 10,
+            "failureThreshold": 4,
         },
     }
     deployment = {

@@ -28,6 +28,7 @@ from trtspec.control import is_loopback
 from trtspec.errors import TrtspecError
 from trtspec.keys import API_ENV, Key
 from trtspec.openai_api.guard import AnswerFailures, RequireKey, http_protocol, read_body
+from trtspec.openai_api.liveness import Liveness
 from trtspec.openai_api.protocol import (
     CHAT,
     COMPLETION,
@@ -75,7 +76,10 @@ class Deployment:
     `admin_headers`: sent besides them with the read of the BLS's config (`trtspec-admin-key` where Triton restricts
     its model-config API). Neither given: SpecClient's (the keys in the environment, or of a server this process
     started). `limits`: the front's (trtspec.openai_api.protocol.Limits), resolved against the BLS's config on
-    connect."""
+    connect.
+
+    `liveness`: what `/health/live` reads besides readiness (trtspec.openai_api.liveness; default: nothing, as for a
+    front beside a Triton it did not start, which a restart of the front would not mend)."""
 
     def __init__(
         self,
@@ -88,8 +92,10 @@ class Deployment:
         triton_headers: dict[str, str] | None = None,
         admin_headers: dict[str, str] | None = None,
         limits: Limits | None = None,
+        liveness: Liveness | None = None,
     ):
         self.triton_url, self.model, self.timeout = triton_url, model, timeout
+        self.liveness = liveness or Liveness(None)
         self._served, self._tokenizer_dir = served_model_name, tokenizer_dir
         given = triton_headers is not None or admin_headers is not None
         self._config_headers = (triton_headers or {}) | (admin_headers or {}) if given else None
@@ -152,7 +158,17 @@ class Deployment:
         """Whether each model a request goes through is ready on Triton: the BLS, its target and its draft model
         (when it has one); every one False when Triton cannot be asked."""
         models = {"bls": self.model, **{role: name for role, name in self.engine_models.items() if name}}
-        return {role: await self.upstream.ready(name) for role, name in models.items()}
+        states = {role: await self.upstream.ready(name) for role, name in models.items()}
+        self.liveness.seen(states["bls"] and states["target"])
+        return states
+
+    async def dead(self) -> str | None:
+        """Why the deployment should be restarted (trtspec.openai_api.liveness), or None."""
+        states = await self.health()
+        down = [
+            f"'{self.model if role == 'bls' else self.engine_models[role]}'" for role, ok in states.items() if not ok
+        ]
+        return await self.liveness.why_dead(self.model, self.engine_models["target"], down)
 
     # one request
     def prompt(self, req: Request) -> tuple[str, int]:
@@ -239,6 +255,14 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
             return JSONResponse(body)
         # the message names the models, not where Triton is: that address is internal
         return _error(APIError(503, f"{', '.join(down)} not ready on the inference server", code="unavailable"))
+
+    async def live(request: HTTPRequest):
+        # 503: restart me (Kubernetes' liveness probe); /health above is readiness: can requests be served now
+        why = await dep.dead()
+        if why is None:
+            return JSONResponse({"status": "live", "model": dep.served_model})
+        log.error("not live: %s", why)
+        return _error(APIError(503, why, code="unavailable"))
 
     def _model_card() -> dict:
         return {"id": dep.served_model, "object": "model", "created": dep.created, "owned_by": "trtspec"}
@@ -335,13 +359,14 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
             APIError(
                 exc.status_code,
                 f"{request.method} {request.url.path}: {exc.detail}; the API has "
-                "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health",
+                "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /health/live",
                 code="not_found" if exc.status_code == 404 else None,
             )
         )
 
     routes = [
         Route("/health", health, methods=["GET"]),
+        Route("/health/live", live, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -542,7 +567,9 @@ def run_with_triton(
         timeout = start_timeout_for(server.repo) if start_timeout is None else start_timeout
         with console.status(f"starting tritonserver (waiting up to {timeout:.0f} s for its models)…"):
             server.start(timeout)
-        deployment = Deployment(server.http_url, **deployment_options).connect()
+        # the front restarts nothing by itself: under `serve`, /health/live tells the pod's supervisor when to
+        liveness = Liveness(server.metrics_url, unready_grace=timeout)
+        deployment = Deployment(server.http_url, liveness=liveness, **deployment_options).connect()
         front = Front(deployment, host=host, port=port, api_key=api_key).start()
         console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
         for label, value in (

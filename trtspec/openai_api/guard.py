@@ -13,7 +13,7 @@ from trtspec.keys import Key
 from trtspec.openai_api.protocol import APIError, Limits, internal
 
 log = logging.getLogger("trtspec.openai")
-OPEN_PATHS = {"/health"}  # a load balancer's probe carries no key
+OPEN_PATHS = {"/health", "/health/live"}  # a load balancer's or kubelet's probe carries no key
 _CLOSE = {"Connection": "close"}  # a refusal sent before the body was read: the rest of it is not waited for
 
 

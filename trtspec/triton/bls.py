@@ -86,6 +86,7 @@ class TritonPythonModel:
         # every token the target ends on (Llama 3.x Instruct declares three): the first is the engine's end_id
         self.end_ids = declared_end_ids(settings.tokenizer_dir, self.tokenizer.eos_token_id)
         self.metrics = Metrics(self.name, settings.build_info())
+        self.reloader.health.on_change = self.metrics.engine_health  # the liveness signal (trtspec.engine_health)
         self.metrics.break_even(*self.costs.break_even_at(1, self.settings.max_draft_len))
         self.metrics.gpu_memory_planned(settings.gpu_memory_planned_fraction)
         # the deployment's rollback, per load range: full draft length, reduced, plain (trtspec.orchestrator.governor)

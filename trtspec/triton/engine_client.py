@@ -121,10 +121,11 @@ class BlsEngineClient:
         refused = not isinstance(error, str) and error.code() == pb_utils.TritonError.INVALID_ARG
         if not refused and any(sign in message.lower() for sign in _QUEUE_FULL_SIGNS):
             return EngineBusy(f"{self.model_name} is busy: {message}")
-        if refused or not unavailable(message):
+        if refused:
             return EngineError(f"{self.model_name}: {message}")
-        exc = EngineUnavailable(f"{self.model_name}: {message}")
+        exc = (EngineUnavailable if unavailable(message) else EngineError)(f"{self.model_name}: {message}")
         self.reloader.notice(self.model_name, exc)
+        self.reloader.failed(self.model_name)  # the engine's own failure: the liveness signal (engine_health)
         return exc
 
     def lost(self, since: float, silent_since: float) -> bool:
@@ -175,6 +176,7 @@ class BlsEngineClient:
             tensors.update({t.name(): t.as_numpy().copy() for t in response.output_tensors()})
         if "output_ids" not in tensors:
             raise EngineError(f"{self.model_name}: answered without output_ids")
+        self.reloader.answered(self.model_name)
         return tensors
 
     def _bounded(self, run, cid: str):
@@ -313,6 +315,7 @@ class _Stream:
                     if item.has_error():
                         self.finished = True  # an error is the call's last response: nothing left to stop
                         raise client.failure(item.error())
+                    client.reloader.answered(client.model_name)
                     if not self.stopping:
                         yield tensors_to_result(
                             {t.name(): t.as_numpy().copy() for t in item.output_tensors()}, [], excluded=True

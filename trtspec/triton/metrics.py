@@ -10,6 +10,7 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from trtspec.engine_health import FAILURES, SINCE, Run
 from trtspec.orchestrator.governor import STATES
 from trtspec.orchestrator.stats import RequestStats
 
@@ -140,6 +141,17 @@ class Metrics:
             "GPU plan",
             gauge,
         )
+        # the liveness signal (trtspec.engine_health): read by the OpenAI front's /health/live and the alert rules
+        self._failures = family(
+            FAILURES,
+            "Engine-side failures of calls to an engine model since it last answered, by engine (0: answering)",
+            gauge,
+        )
+        self._failing_since = family(
+            SINCE,
+            "Unix time of the first of those failures, by engine (0: answering)",
+            gauge,
+        )
         self._children: dict[tuple, object] = {}  # metrics of families whose label values come as requests do
         self._shown: dict = {}  # the gauges' last values sent
         for reason in FALLBACK_REASONS:  # at 0 from the start, so rates over them (the alerts') have data
@@ -207,6 +219,12 @@ class Metrics:
     def governor_change(self, load: str, state: str, reason: str) -> None:
         with self._lock:
             self._child(self._changes, load=load, state=state, reason=reason).increment(1)
+
+    def engine_health(self, engine: str, run: Run | None) -> None:
+        """An engine model's run of failures (None: it answered), as trtspec.engine_health.EngineHealth reports it."""
+        with self._lock:
+            self._child(self._failures, engine=engine).set(run.failures if run else 0)
+            self._child(self._failing_since, engine=engine).set(run.since if run else 0)
 
     def error(self, kind: str) -> None:
         with self._lock:

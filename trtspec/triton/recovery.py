@@ -12,6 +12,11 @@ new model (a new stub) beside the old and switch to it, the old one left behind,
 a `trtspec_reload` parameter that changes each time), and tries again with a growing pause until it loads (a load
 can fail while the host is short of memory). It remembers when each model was last seen dead, so that calls left open
 can be given up (trtspec.triton.engine_client), and requests that need the model wait for it with `wait`.
+
+It also keeps each model's run of engine-side failures (`answered`, `failed`: trtspec.engine_health), the liveness
+signal for what no reload can mend: a `tensorrtllm` executor that fails every call while its model stays READY, and
+any model under mpirun, where Triton refuses loads. A failure while the model is being reloaded is not counted: the
+reload is bounded by itself (a model that never loads again is unready, which `/health/live` reads too).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
+
+from trtspec.engine_health import EngineHealth
 
 # What Triton answers for a model that cannot serve now: its stub died, it is being unloaded or loaded again, or it
 # is not loaded at all (a load that failed leaves it so).
@@ -70,6 +77,16 @@ class Reloader:
         self._probes: dict[str, float] = {}  # model -> when it was last probed
         self._open: dict[str, int] = {}  # model -> the BLS's calls to it that have not ended (see `opened`)
         self._closed = threading.Event()
+        self.health = EngineHealth()  # the BLS points its on_change at its metrics
+
+    def answered(self, model: str) -> None:
+        """`model` answered a call (a response without an error)."""
+        self.health.answered(model)
+
+    def failed(self, model: str) -> None:
+        """`model` failed a call on its side (not a refusal of the call as invalid, not a full queue)."""
+        if not self.reloading(model):
+            self.health.failed(model)
 
     def opened(self, model: str, by: int) -> None:
         """A call to `model` began (by 1) or ended (by -1); a call to a dead model never ends."""
