@@ -402,13 +402,18 @@ def test_fast_logits_launch_runs_one_server_per_rank(deployed, tmp_path):
     cmd = launch.command(["tritonserver", "--model-repository", "R"])
     assert cmd.count(":") == 5 and cmd.count("--model-control-mode=explicit") == 5
     assert "--pinned-memory-pool-byte-size=0" not in cmd  # NVIDIA's script adds them only when spawning
-    assert cmd[-5:] == [
+    assert cmd[-8:] == [
         "--model-control-mode=explicit",
         "--load-model=tensorrt_llm",
         "--load-model=tensorrt_llm_draft",
+        # only rank 0 serves: the others would try its ports (tests/test_mpi_ranks.py)
+        "--allow-http=false",
+        "--allow-grpc=false",
+        "--allow-metrics=false",
         "--disable-auto-complete-config",
         "--backend-config=python,shm-region-prefix-name=prefix5_",
     ]
+    assert cmd.count("--allow-http=false") == 5 and cmd.index("--allow-http=false") > cmd.index(":")
 
 
 def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):

@@ -16,7 +16,8 @@ Launch, as TensorRT-LLM's scripts/launch_triton_server.py does it:
   one worker process per GPU of each model (TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1);
 - `gpu.fast_logits`: orchestrator mode without spawned processes ("--disable-spawn-processes"): world size
   1 + draft ranks + target ranks, one tritonserver per MPI rank; rank 0 serves everything, ranks >= 1 load only the
-  engine models (`--model-control-mode=explicit --load-model=...`); `participant_ids` give each model its ranks
+  engine models (`--model-control-mode=explicit --load-model=...`) and open no HTTP, gRPC or metrics endpoint
+  (WORKER_RANK_ENDPOINTS); `participant_ids` give each model its ranks
   (draft 1..tp_d, target after it) and `speculative_decoding_fast_logits` sends draft logits over MPI.
 Every rank gets its own Python-backend shared-memory prefix (`--backend-config=python,shm-region-prefix-name=prefixR_`).
 """
@@ -36,6 +37,13 @@ DRAFT_MODEL = "tensorrt_llm_draft"
 # the value goes to ExecutorConfig's recvPollPeriodMs), a core per engine model taken from the BLS and the
 # tokenizers. 1 ms adds at most that to a response, against decode steps of several ms.
 RECV_POLL_PERIOD_MS = 1
+# Ranks >= 1 of a launch without spawned workers open no endpoint: every rank runs on this host with the server's
+# own arguments, ports included (as launch_triton_server.py, 0a2e2c1f, does). NVIDIA's worker ranks never reach their
+# endpoints, held in the tensorrtllm model's load until the orchestrator ends (model_instance_state.cc: shutdown(),
+# then exit(0)); a rank that did finish loading would fail to bind rank 0's ports and exit, ending the MPI job.
+# Given after the shared arguments, so they win over rank 0's --allow-metrics; the admin restrictions, still there,
+# guard nothing on a rank without endpoints.
+WORKER_RANK_ENDPOINTS = ("--allow-http=false", "--allow-grpc=false", "--allow-metrics=false")
 
 
 @dataclass(frozen=True)
@@ -212,6 +220,7 @@ class Launch:
             if rank:
                 cmd.append("--model-control-mode=explicit")
                 cmd += [f"--load-model={name}" for name in self.engine_models]
+                cmd += list(WORKER_RANK_ENDPOINTS)
             if self.spawn_processes:
                 # As launch_triton_server.py --multi-model does for spawned executor workers (Triton > 24.06): the
                 # server process itself runs no engine, so it must not reserve pinned or CUDA pool memory on the
