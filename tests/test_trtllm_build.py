@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -316,11 +317,7 @@ def test_version_guard_refuses_with_what_works(version, why):
         check_trtllm_version(version)
     text = str(exc.value)
     assert why in text
-    assert (
-        "0.20.0 to 1.3.0rc20" in text
-        and "1.2.1" in text
-        and "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in text
-    )
+    assert "TensorRT-LLM 1.2.1" in text and "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3" in text
 
 
 def test_pyproject_pins_the_release_the_container_ships():
@@ -459,7 +456,8 @@ if os.environ.get("FAKE_FAIL") == "build":
     print("[TensorRT-LLM][ERROR] Engine building failed, please check error log."); sys.exit(1)
 ck = json.loads((Path(a.checkpoint_dir) / "config.json").read_text())
 role = "target" if a.speculative_decoding_mode else "draft"
-cfg = engine_config(role=role, hf=ck["hf"], tp_size=ck["tp_size"], max_draft_len=a.max_draft_len,
+version = os.environ.get("FAKE_TRTLLM_VERSION", "1.2.1")
+cfg = engine_config(version=version, role=role, hf=ck["hf"], tp_size=ck["tp_size"], max_draft_len=a.max_draft_len,
                     max_batch_size=a.max_batch_size, max_input_len=a.max_input_len, max_seq_len=a.max_seq_len,
                     fp8=ck["fp8"], fp8_kv=ck["fp8_kv"], gather_generation_logits=a.gather_generation_logits)
 write_engine(Path(a.output_dir), cfg)
@@ -548,10 +546,51 @@ def test_a_failing_step_names_itself_its_command_and_its_log(fake_tools, tmp_pat
     assert (out / "target" / "manifest.json").is_file()
 
 
-def test_real_build_refuses_an_unsupported_tensorrt_llm(fake_tools, tmp_path, monkeypatch):
-    monkeypatch.setattr(environment, "installed_trtllm", lambda: Package("tensorrt_llm", "1.3.0rc21", "/fake"))
-    with pytest.raises(trtllm.BuildPlanError, match="no TensorRT engine backend"):
-        _run(fake_tools, tmp_path / "engines")
+@pytest.mark.parametrize(
+    "version,on_path,build_module,why",
+    [
+        ("1.3.0rc21", True, None, "has no TensorRT engine backend"),
+        ("1.3.0", True, None, "has no TensorRT engine backend"),
+        ("2.0.0", False, False, "has no TensorRT engine backend"),
+        ("1.3.0rc20", False, False, "has no trtllm-build"),  # tensorrt_llm/commands/build.py gone
+        ("1.2.1", False, True, "trtllm-build is not on PATH"),
+    ],
+)
+def test_real_build_stops_before_any_work_without_the_engine_backend(
+    fake_tools, tmp_path, monkeypatch, version, on_path, build_module, why
+):
+    """Nothing planned, printed or written: one sentence naming the release and the image to use."""
+    location = "/fake"
+    if build_module is not None:
+        package = tmp_path / "site-packages" / "tensorrt_llm"
+        (package / "commands").mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        if build_module:
+            (package / "commands" / "build.py").write_text("")
+        location = str(package)
+    monkeypatch.setattr(environment, "installed_trtllm", lambda: Package("tensorrt_llm", version, location))
+    if not on_path:
+        bin_dir = str(tmp_path / "bin")
+        monkeypatch.setenv("PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != bin_dir))
+        if shutil.which("trtllm-build"):
+            pytest.skip("this machine has a trtllm-build of its own")
+    buffer = io.StringIO()
+    with pytest.raises(trtllm.BuildPlanError) as exc:
+        run_build(fake_tools, tmp_path / "engines", console=Console(file=buffer, width=200))
+    text = str(exc.value)
+    assert why in text and "\n" not in text and text.endswith(".")
+    assert "TensorRT-LLM 1.2.1" in text and environment.CONTAINER_IMAGE in text
+    assert buffer.getvalue() == "" and not (tmp_path / "engines").exists()
+
+
+def test_real_build_on_a_1_3_pre_release_with_the_backend_says_it_is_outside_the_line(
+    fake_tools, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(environment, "installed_trtllm", lambda: Package("tensorrt_llm", "1.3.0rc20", "/fake"))
+    monkeypatch.setenv("FAKE_TRTLLM_VERSION", "1.3.0rc20")  # a trtllm-build writes its own release into the engine
+    log = _run(fake_tools, tmp_path / "engines")
+    assert "note: TensorRT-LLM 1.3.0rc20 is a pre-release outside trtspec's production line (1.2.x)" in log
+    assert (tmp_path / "engines" / "target" / "manifest.json").is_file()
 
 
 def test_real_build_refuses_a_pair_that_does_not_fit(fake_tools, tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
 """`trtspec doctor`: what this machine has for the production path, and whether trtspec can use it.
 
 GPUs (nvidia-smi, else torch.cuda) with SM and FP8 capability (SM89+) and memory; the NVIDIA driver against the
-one NVIDIA's container needs (trtspec.environment.driver_report); TensorRT, TensorRT-LLM (with the
-version guard's verdict) and tritonserver, each with where it was found. Nothing is imported that needs a GPU; a
+one NVIDIA's container needs (trtspec.environment.driver_report); TensorRT, TensorRT-LLM (with the guard's verdict:
+a release without the TensorRT engine backend, or an install without trtllm-build, gets one sentence naming the
+release and image to use) and tritonserver, each with where it was found. Nothing is imported that needs a GPU; a
 machine without any of it gets 'none found' lines, not errors.
 """
 
@@ -20,12 +21,14 @@ from trtspec.environment import (
     FP8_MIN_SM,
     TENSORRT_DISTRIBUTIONS,
     UnsupportedVersion,
-    check_trtllm_version,
+    build_command_present,
+    check_trtllm_install,
     detect_gpus,
     driver_report,
     find_package,
     find_tritonserver_binaries,
     installed_trtllm,
+    outside_line_note,
     tritonserver_version,
 )
 from trtspec.server_binary import DEV_SERVER_NOTE, is_pytriton_layout
@@ -34,9 +37,12 @@ from trtspec.server_binary import DEV_SERVER_NOTE, is_pytriton_layout
 def collect() -> dict:
     gpus = detect_gpus()
     trtllm = installed_trtllm()
+    trtllm_build = shutil.which("trtllm-build")
+    note = None
     try:
-        check_trtllm_version(trtllm.version)
+        version = check_trtllm_install(trtllm.version, trtllm_build, build_command_present(trtllm))
         verdict, supported = "supported (trtllm-build with draft_tokens_external)", True
+        note = outside_line_note(version)
     except UnsupportedVersion as exc:
         verdict, supported = str(exc), False
     tensorrt = find_package(TENSORRT_DISTRIBUTIONS, "tensorrt")
@@ -69,7 +75,8 @@ def collect() -> dict:
             "location": trtllm.location,
             "supported": supported,
             "verdict": verdict,
-            "trtllm_build": shutil.which("trtllm-build"),
+            "note": note,
+            "trtllm_build": trtllm_build,
         },
         "tritonserver": servers,
         "mpirun": shutil.which("mpirun"),
@@ -103,6 +110,8 @@ def render(report: dict, console: Console) -> None:
     rows.add_row("[bold]tensorrt[/]", _found(trt["version"], trt["location"]))
     rows.add_row("[bold]tensorrt_llm[/]", _found(llm["version"], llm["location"]))
     rows.add_row("", ("[green]" if llm["supported"] else "[yellow]") + escape(llm["verdict"]) + "[/]")
+    if llm["note"]:
+        rows.add_row("", f"[yellow]{escape(llm['note'])}[/]")
     rows.add_row("[bold]trtllm-build[/]", escape(llm["trtllm_build"]) if llm["trtllm_build"] else "none found on PATH")
     if report["tritonserver"]:
         for s in report["tritonserver"]:
@@ -128,8 +137,6 @@ def render(report: dict, console: Console) -> None:
     for advice in driver["advice"]:
         rows.add_row("", f"- {escape(advice)}")
     console.print(rows)
-    if not llm["supported"]:
-        console.print(f"The production path runs in NVIDIA's container: {escape(report['container'])}", highlight=False)
 
 
 def _found(version: str | None, location: str | None) -> str:

@@ -2,10 +2,14 @@
 TensorRT and Triton installs, each found without importing the heavy packages. `trtspec doctor` prints it;
 `trtspec build` uses the GPU list for its memory plan and the version guard before it runs any TensorRT-LLM step.
 
-The version guard is a pure function over version strings (`check_trtllm_version`): TensorRT-LLM releases from
-SUPPORTED_MIN up to and including 1.3.0rc20 ship `trtllm-build` with `--speculative_decoding_mode
-draft_tokens_external` and the Triton C++ `tensorrtllm` backend; the next release candidate removed the TensorRT
-engine backend (v1.3.0rc20's release notice: "the last one supporting the TensorRT backend").
+The production line is TensorRT-LLM 1.2.x (pinned 1.2.1, in NVIDIA's 26.07 Triton container): upstream removed
+`trtllm-build` and the legacy Triton backend after it. The version guard is a pure function over version strings
+(`check_trtllm_version`): releases from SUPPORTED_MIN up to and including 1.3.0rc20 ship `trtllm-build` with
+`--speculative_decoding_mode draft_tokens_external` and the Triton C++ `tensorrtllm` backend; the next release
+candidate removed the TensorRT engine backend (v1.3.0rc20's release notes, 2026-06-30: "This RC version will be the
+last one supporting the TensorRT backend"; NVIDIA/TensorRT-LLM PRs #15763, #15767, #15907, #15918 and #16369 removed it
+on main, #15918 deleting `tensorrt_llm/commands/build.py`, trtllm-build's entry point). `check_trtllm_install` adds what
+the version alone cannot tell: an install whose `trtllm-build` is gone.
 """
 
 from __future__ import annotations
@@ -55,40 +59,76 @@ TENSORRT_DISTRIBUTIONS = ("tensorrt", "tensorrt-cu13", "tensorrt_cu13", "tensorr
 
 
 class UnsupportedVersion(Exception):
-    """A TensorRT-LLM release trtspec's production path cannot drive."""
+    """A TensorRT-LLM install trtspec's production path cannot drive; its text is one sentence naming what to use."""
 
 
-def supported_versions_text() -> str:
+def use_instead() -> str:
+    """The end of every refusal: the release and the image to use."""
     return (
-        f"TensorRT-LLM {SUPPORTED_MIN} to {LAST_WITH_TRT_BACKEND} (trtspec pins {PINNED_TRTLLM}: "
-        f"`pip install 'trtspec[trtllm]'` or NVIDIA's container {CONTAINER_IMAGE})"
+        f"use TensorRT-LLM {PINNED_TRTLLM}, trtspec's production line (1.2.x), in NVIDIA's container "
+        f"{CONTAINER_IMAGE} or with `pip install 'trtspec[trtllm]'`"
     )
+
+
+def has_engine_backend(version: Version) -> bool:
+    """Whether a release still ships the TensorRT engine backend: everything up to 1.3.0rc20 (and rc20's post and dev
+    builds); 1.3.0rc21, 1.3.0 and every later release do not."""
+    if version.release != LAST_WITH_TRT_BACKEND.release:
+        return version.release < LAST_WITH_TRT_BACKEND.release
+    return not _after_rc20(version)
 
 
 def check_trtllm_version(version: str | None) -> Version:
     """The parsed version when trtspec can build and serve with it; UnsupportedVersion saying why and what works."""
     if version is None:
-        raise UnsupportedVersion(f"TensorRT-LLM is not installed; the trtllm backend needs {supported_versions_text()}")
+        raise UnsupportedVersion(f"TensorRT-LLM is not installed, and the trtllm backend needs it: {use_instead()}.")
     try:
         parsed = Version(version)
     except InvalidVersion as exc:
+        raise UnsupportedVersion(f"TensorRT-LLM version {version!r} is not a version number: {use_instead()}.") from exc
+    if not has_engine_backend(parsed):
         raise UnsupportedVersion(
-            f"TensorRT-LLM version {version!r} is not a version number; use {supported_versions_text()}"
-        ) from exc
-    if parsed.release > LAST_WITH_TRT_BACKEND.release or (
-        parsed.release == LAST_WITH_TRT_BACKEND.release and _after_rc20(parsed)
-    ):
-        raise UnsupportedVersion(
-            f"TensorRT-LLM {version} has no TensorRT engine backend (removed after {LAST_WITH_TRT_BACKEND}: no "
-            "trtllm-build, "
-            f"no draft_tokens_external, no Triton tensorrtllm backend); use {supported_versions_text()}"
+            f"TensorRT-LLM {version} has no TensorRT engine backend (upstream removed trtllm-build and the Triton "
+            f"tensorrtllm backend after {LAST_WITH_TRT_BACKEND}), so trtspec cannot build or serve with it: "
+            f"{use_instead()}."
         )
     if parsed < SUPPORTED_MIN:
         raise UnsupportedVersion(
             f"TensorRT-LLM {version} is older than {SUPPORTED_MIN}, the oldest release whose Triton backend speaks "
-            f"trtspec's tensor contract; use {supported_versions_text()}"
+            f"trtspec's tensor contract: {use_instead()}."
         )
     return parsed
+
+
+def check_trtllm_install(version: str | None, trtllm_build: str | None, build_command: bool | None = None) -> Version:
+    """`check_trtllm_version`, and `trtllm-build` on PATH (`trtllm_build`: its path, or None). `build_command`: whether
+    the package still holds trtllm-build's module (tensorrt_llm/commands/build.py; None: not known), which tells an
+    install without the engine backend from one whose `trtllm-build` is merely off PATH."""
+    parsed = check_trtllm_version(version)
+    if build_command is False:  # a trtllm-build left on PATH without its module cannot run either
+        raise UnsupportedVersion(
+            f"TensorRT-LLM {version} has no trtllm-build (tensorrt_llm/commands/build.py is gone, as in the releases "
+            f"after {LAST_WITH_TRT_BACKEND}), so trtspec cannot build or serve with it: {use_instead()}."
+        )
+    if trtllm_build is None:
+        raise UnsupportedVersion(
+            f"trtllm-build is not on PATH although TensorRT-LLM {version} is installed, so trtspec cannot build with "
+            f"it: run in the environment that installed it, or {use_instead()}."
+        )
+    return parsed
+
+
+def outside_line_note(version: Version) -> str | None:
+    """A sentence for a release trtspec accepts but that is not its production line: a 1.3.0 pre-release that still has
+    the engine backend. No Triton container ships one (Triton's compatibility matrix: 26.07 carries 1.2.1), and
+    TensorRT engines run only under the release that built them."""
+    if version.release != LAST_WITH_TRT_BACKEND.release:
+        return None
+    return (
+        f"TensorRT-LLM {version} is a pre-release outside trtspec's production line (1.2.x): it still has "
+        "trtllm-build, but no Triton container ships it, so its engines need a tensorrtllm backend built from the "
+        f"same release; the supported path is {PINNED_TRTLLM} in {CONTAINER_IMAGE}"
+    )
 
 
 def _after_rc20(v: Version) -> bool:
@@ -129,9 +169,23 @@ def installed_trtllm() -> Package:
     return find_package(TRTLLM_DISTRIBUTIONS, "tensorrt_llm")
 
 
+def build_command_present(package: Package) -> bool | None:
+    """Whether the installed package holds trtllm-build's module (tensorrt_llm/commands/build.py), read from its
+    files without importing it; None when the package's directory is not known."""
+    if package.location is None:
+        return None
+    location = Path(package.location)
+    for directory in (location, location / "tensorrt_llm"):
+        if (directory / "__init__.py").is_file():
+            return (directory / "commands" / "build.py").is_file()
+    return None
+
+
 def require_trtllm() -> Version:
-    """The installed TensorRT-LLM's version, or UnsupportedVersion naming what works."""
-    return check_trtllm_version(installed_trtllm().version)
+    """The installed TensorRT-LLM's version when it can build engines (trtllm-build on PATH), or UnsupportedVersion:
+    one sentence naming the release and the image to use."""
+    package = installed_trtllm()
+    return check_trtllm_install(package.version, shutil.which("trtllm-build"), build_command_present(package))
 
 
 # ---- GPUs --------------------------------------------------------------------------------------------------

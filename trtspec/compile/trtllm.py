@@ -428,6 +428,10 @@ def print_commands(p: Plan, console: Console) -> None:
 def run(loaded: LoadedConfig, output: Path, *, dry_run: bool = False, console: Console | None = None) -> Path:
     """`trtspec build` for backend: trtllm. Returns the output dir (engines in <output>/target and <output>/draft)."""
     console = console or Console(stderr=True)
+    if not dry_run:  # before any work: an install without the engine backend stops here, in one sentence
+        note = check_trtllm()
+        if note:
+            console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
     p = plan(loaded, output)
     print_plan(p, console)
     problems = p.memory.problems()
@@ -460,22 +464,22 @@ def run(loaded: LoadedConfig, output: Path, *, dry_run: bool = False, console: C
     return p.output
 
 
-def check_environment(p: Plan) -> None:
-    """TensorRT-LLM installed in a supported release, trtllm-build on PATH, and a GPU (unless every step is done)."""
-    from trtspec.environment import UnsupportedVersion, require_trtllm
+def check_trtllm() -> str | None:
+    """A TensorRT-LLM that can build engines (a release with the TensorRT engine backend, trtllm-build on PATH), or
+    BuildPlanError: one sentence naming the release and image to use. Returns a note for a release outside the
+    production line (a 1.3.0 pre-release), else None."""
+    from trtspec.environment import UnsupportedVersion, outside_line_note, require_trtllm
 
-    if all(s.up_to_date for s in p.steps):
-        return
     try:
-        require_trtllm()
+        return outside_line_note(require_trtllm())
     except UnsupportedVersion as exc:
         raise BuildPlanError(str(exc)) from exc
-    needs_build = any(s.kind == "engine" and not s.up_to_date for s in p.steps)
-    if needs_build and shutil.which(TRTLLM_BUILD) is None:
-        raise BuildPlanError(
-            f"{TRTLLM_BUILD} is not on PATH although tensorrt_llm is installed; run in the environment "
-            "that installed it (e.g. NVIDIA's tritonserver trtllm container)"
-        )
+
+
+def check_environment(p: Plan) -> None:
+    """A GPU to build on (unless every step is done); `check_trtllm` ran before the plan."""
+    if all(s.up_to_date for s in p.steps):
+        return
     if not p.memory.gpus or p.memory.gpus[0].source == "config":
         raise BuildPlanError(
             f"no GPU detected on this machine ({p.memory.gpu_source}); TensorRT-LLM builds on the GPUs "
