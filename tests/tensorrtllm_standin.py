@@ -7,7 +7,10 @@ the one `trtspec deploy` writes for TensorRT engines (tensorrt_llm_trtllm) with 
 repository's parameters and declared outputs are checked as the real backend would check them.
 
 Deliberately unkind: anything the real backend refuses, this refuses; anything it does silently (greedy for
-top_k 0 with top_p 0), this does too, so that the BLS cannot pass here and fail on a GPU.
+top_k 0 with top_p 0), this does too, so that the BLS cannot pass here and fail on a GPU. Where the real backend
+does something undefined, this refuses: `min_tokens` > 0 with no end id (end_id -1 or none given), which penalty
+kernels without the guard of 3c44cb97 turn into a write to logits[-1] (the embedded engine's check refuses it, and
+this inherits that check).
 """
 
 from __future__ import annotations

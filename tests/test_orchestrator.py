@@ -138,15 +138,79 @@ def test_stops_on_every_end_id_the_model_declares(engines):
             request = SpecRequest(PROMPTS[0], 30, num_draft_tokens=k, end_id=None, other_end_ids=[other], stream=stream)
             tokens, stats = run(request, target, drafter_for(draft))
             assert tokens == reference[:first] and stats.finish_reason == "end_id"
-    # not before min_tokens: the engine masks only its one end_id, so the loop holds the others back too
-    later = [i for i, t in enumerate(reference) if t == other and i > first]
-    tokens, stats = run(
-        SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, end_id=None, other_end_ids=[other], min_tokens=first + 1),
-        target,
+
+
+def _held_reference(target, prompt, other, min_tokens, max_tokens):
+    """Target-only greedy output under min_tokens as vLLM and Hugging Face define it for several end tokens: none of
+    them before min_tokens, the first of them after it ends the output. Two engine calls: `other` banned for the
+    first min_tokens tokens, then stopped on."""
+    from trtspec.contract import GenerationRequest
+
+    held = target.generate(GenerationRequest(prompt, min_tokens, end_id=-1, bad_words=[[other]])).new_tokens
+    rest = target.generate(GenerationRequest(prompt + held, max_tokens - min_tokens, end_id=-1)).new_tokens
+    return held + (rest[: rest.index(other)] if other in rest else rest)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+@pytest.mark.parametrize("stream", [False, True])
+def test_min_tokens_holds_back_every_end_id_not_only_the_engines(engines, k, stream):
+    """The engine's min-length rule masks its one end_id (TensorRT-LLM's penalty kernel: endIds only), so the
+    loop bans the other end ids while fewer than min_tokens are out, in calls that end at min_tokens: an other end id
+    where the model would put one is replaced by the model's next choice, and after min_tokens it ends the output."""
+    target, draft = engines
+    reference, other, first = _reference_and_an_end(target)
+    expected = _held_reference(target, PROMPTS[0], other, first + 1, 30)
+    assert other not in expected[: first + 1] and expected[:first] == reference[:first]
+    request = SpecRequest(
+        PROMPTS[0], 30, num_draft_tokens=k, end_id=None, other_end_ids=[other], min_tokens=first + 1, stream=stream
+    )
+    tokens, stats = run(request, target, drafter_for(draft))
+    assert tokens == expected
+    assert stats.finish_reason == ("end_id" if len(expected) < 30 else "length")
+
+
+def test_ignore_eos_with_min_tokens_sends_no_min_tokens_to_either_engine(engines):
+    """end_id -1 (ignore_eos) with min_tokens: neither the target's calls nor the draft model's carry min_tokens
+    (the engines refuse it with no end id), so the draft model drafts, and the output is the target's own."""
+    target, draft = engines
+    reference, _, _ = _reference_and_an_end(target)
+    for end_id in (-1, None):
+        tokens, stats = run(
+            SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, end_id=end_id, min_tokens=20),
+            target,
+            drafter_for(draft, end_id=end_id),
+        )
+        assert tokens == reference and not stats.fallbacks.get("draft_error") and stats.num_drafts
+
+
+def test_a_call_never_crosses_min_tokens_while_end_ids_are_held_back(engines):
+    """A call bans the other end ids for all its tokens: each call before min_tokens ends at it, and none sends
+    min_tokens with no end id (the engine refuses that: see test_runtime)."""
+    target, draft = engines
+    reference, other, first = _reference_and_an_end(target)
+    calls = []
+
+    class Recording:
+        streams = False
+
+        def generate(self, request):
+            calls.append((len(request.input_ids) - len(PROMPTS[0]), request))  # the loop's sequence grows in place
+            return target.generate(request)
+
+    min_tokens = first + 1
+    run(
+        SpecRequest(PROMPTS[0], 30, num_draft_tokens=3, end_id=-1, other_end_ids=[other], min_tokens=min_tokens),
+        Recording(),
         drafter_for(draft),
     )
-    assert tokens == reference[: later[0]] if later else tokens == reference
-    assert stats.finish_reason == ("end_id" if later else "length")
+    for before, call in calls:
+        if before < min_tokens:
+            assert [other] in call.bad_words and [other] not in call.stop_words
+            assert before + call.request_output_len <= min_tokens
+        else:
+            assert [other] in call.stop_words and [other] not in call.bad_words
+        assert call.min_tokens == 0  # end_id -1: nothing for min_tokens to hold back at the engine
+    assert any(before >= min_tokens for before, _ in calls)
 
 
 def test_cancellation_stops_at_the_next_iteration(engines):

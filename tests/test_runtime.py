@@ -167,6 +167,15 @@ def test_exclude_input_and_end_id(engines, reference):
     assert engines["fp8"].generate(req(prompt, n=4, end_id=-1)).new_tokens == expected[:4]
 
 
+@pytest.mark.parametrize("end_id", [-1, None])
+def test_min_tokens_with_no_end_id_is_refused_naming_the_fix(engines, end_id):
+    """TensorRT-LLM's min-length rule writes to logits[end_id], -1 with no end id (an absent one too), in kernels
+    without the guard of 3c44cb97: the engine refuses what such a backend would get wrong, and serves on."""
+    with pytest.raises(RequestError, match="min_tokens: 2 with no end_id .*send min_tokens 0 when end_id is -1"):
+        engines["fp8"].generate(req(PROMPTS[1], n=4, end_id=end_id, min_tokens=2))
+    assert len(engines["fp8"].generate(req(PROMPTS[1], n=4, end_id=end_id, min_tokens=0)).new_tokens) >= 1
+
+
 # ---- verification of drafts -----------------------------------------------------------------------------------
 
 

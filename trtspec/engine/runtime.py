@@ -282,6 +282,16 @@ class Engine:
             raise RequestError("draft_logits", "given without draft_input_ids")
         if r.min_tokens < 0:
             raise RequestError("min_tokens", f"must be >= 0, got {r.min_tokens}")
+        if r.min_tokens > 0 and (r.end_id is None or r.end_id < 0):
+            # TensorRT-LLM's min-length rule masks the logit of the request's end id (penaltyKernels.cu
+            # batchApplyPenalty), whose absence is -1 at its decoder (createNewDecoderRequests.cpp, 1.2.0rc2 b35ac1b6:
+            # mEndId.value_or(-1)); kernels without the `endIds[batchSlot] > -1` guard (3c44cb97) then write logits[-1],
+            # and whether 1.2.1 has that guard is not known here. Refused, so nothing that passes here sends it.
+            raise RequestError(
+                "min_tokens",
+                f"{r.min_tokens} with no end_id ({'none given' if r.end_id is None else r.end_id}): min_tokens holds "
+                "back the end token, and there is none; send min_tokens 0 when end_id is -1 (ignore_eos)",
+            )
         # As TensorRT-LLM's executor refuses them when it fetches the request (executorImpl.cpp: "Return context
         # logit need to build engine with gather_context_logits"; "To return generation logits,
         # gather_generation_logits must be enabled", which TrtGptModelInflightBatching::getGatherGenerationLogits

@@ -101,8 +101,9 @@ class SpecRequest:
     end_id: int | None = None
     pad_id: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
-    # end tokens besides end_id (the engine takes one end id per request): sent to the engine as stop words and
-    # ended on here like end_id, once min_tokens are out
+    # end tokens besides end_id (the engine takes one end id per request): until min_tokens are out, banned at the
+    # engine (bad words: its min-length rule masks end_id alone) in calls that end at min_tokens; then sent as stop
+    # words and ended on here like end_id
     other_end_ids: list[int] = field(default_factory=list)
     stream: bool = False
     # what the target applies at every position (the drafts are only proposals: the target's rules decide)
@@ -228,6 +229,7 @@ class _Speculation:
         """One iteration, steps 1 to 5 (the caller records it and yields its tokens): a generator that yields a
         streamed stretch's tokens as they arrive and returns the `Iteration`."""
         request, remaining = self.request, self.request.max_tokens - self.generated
+        span = _span(request, self.generated, remaining)  # what this iteration may generate
         cap = self.cap() if self.speculative and self.cap is not None else None
         if cap is not None and cap <= 0:  # the deployment decodes plainly at the load this request now runs at
             self.speculative, self.lost = False, "governor"
@@ -239,38 +241,38 @@ class _Speculation:
         if first:
             decision = Decision(0, plain_tokens=1)
         else:
-            offers = _offers(self.drafter, self.sequence, remaining) if self.speculative else None
-            decision = self.policy.decide(remaining, offers)
+            offers = _offers(self.drafter, self.sequence, span) if self.speculative else None
+            decision = self.policy.decide(span, offers)
         if cap is not None and decision.k > cap:
             decision = replace(decision, k=cap)
         if not self.speculative:
-            decision = Decision(0, plain_tokens=remaining if self.lost else decision.plain_tokens, reason=self.lost)
+            decision = Decision(0, plain_tokens=span if self.lost else decision.plain_tokens, reason=self.lost)
         # 2. draft
-        draft, decision = self._draft(decision, remaining)
+        draft, decision = self._draft(decision, span)
         drafted_at = time.perf_counter()
         num_draft_tokens = len(draft.tokens) if draft else 0
         # 3. verify (or decode plainly)
         # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
         asked = decision.plain_tokens if decision.k == 0 else 1
-        plain = 1 if request.stream and not self.can_stream else max(1, min(asked, remaining))
+        plain = 1 if request.stream and not self.can_stream else max(1, min(asked, span))
         # a stretch: the policy chose plain (not an empty draft: a drafter of one source says it has nothing only by
         # proposing nothing, which is one token and a look)
         stretch = self.speculative and not first and decision.k == 0
         # streamed to the client: a stretch the policy chose plain goes on in one streaming call while it keeps
         # choosing plain
         extend = (
-            _Extension(self.policy, self.drafter, self.sequence, remaining, plain, drafted_at)
+            _Extension(self.policy, self.drafter, self.sequence, span, plain, drafted_at)
             if stretch and self.can_stream and request.stream
             else None
         )
         # not streamed: one call for the stretch, which the engine ends where prompt lookup would find a match (with
         # nothing to draft now, the stretch runs until it does)
         unary_stretch = stretch and not request.stream
-        lookup = self._lookup_words(remaining) if unary_stretch else []
+        lookup = self._lookup_words(span) if unary_stretch else []
         if unary_stretch and (lookup or decision.reason is None):
-            plain = min(remaining if decision.reason is None else plain, LOOKUP_STRETCH)
+            plain = min(span if decision.reason is None else plain, LOOKUP_STRETCH)
         streamed = self.can_stream and not num_draft_tokens and request.stream
-        call = _verify_request(request, self.sequence, draft, remaining if extend else plain, self.generated, lookup)
+        call = _verify_request(request, self.sequence, draft, span if extend else plain, self.generated, lookup)
         try:
             if streamed:  # the stretch's tokens are yielded as they arrive, 4. the stop rules applied to each part
                 new, reason = yield from _relay(
@@ -357,6 +359,14 @@ class _Speculation:
                 self.speculative, self.lost = False, "draft_error"
                 return None, Decision(0, plain_tokens=remaining, reason=self.lost)
             return self.drafter.propose(self.sequence, decision.k), decision
+
+
+def _span(request: SpecRequest, generated: int, remaining: int) -> int:
+    """The most tokens one iteration may generate: `remaining`, or while the other end ids are held back, what is
+    left of min_tokens, so that no call generates on both sides of it (a call bans them for all its tokens)."""
+    if request.other_end_ids and generated < request.min_tokens:
+        return min(remaining, request.min_tokens - generated)
+    return remaining
 
 
 def _offers(drafter, sequence: list[int], remaining: int) -> dict[str, int] | None:
@@ -495,6 +505,7 @@ def _verify_request(
     request: SpecRequest, sequence: list[int], draft, plain_tokens: int, generated: int, lookup: list[list[int]] = ()
 ) -> GenerationRequest:
     has_draft = draft is not None and bool(draft.tokens)
+    holding = generated < request.min_tokens  # the other end ids are banned, not stop words (see `_span`)
     return GenerationRequest(
         input_ids=sequence,
         request_output_len=len(draft.tokens) + 1 if has_draft else plain_tokens,
@@ -503,17 +514,22 @@ def _verify_request(
         sampling=request.sampling,
         draft_input_ids=draft.tokens if has_draft else None,
         draft_logits=draft.logits if has_draft else None,
-        min_tokens=max(0, request.min_tokens - generated),
+        # TensorRT-LLM's min-length rule masks the request's end id only (penaltyKernels.cu: outLogits[endIds[slot]]),
+        # and with no end id (-1, or none given: createNewDecoderRequests takes mEndId.value_or(-1)) kernels without
+        # the `endIds[slot] > -1` guard (3c44cb97) would mask logits[-1]: min_tokens goes only with an end id
+        min_tokens=max(0, request.min_tokens - generated) if _has_end_id(request.end_id) else 0,
         penalties=request.penalties,
-        bad_words=request.bad_words,
-        stop_words=request.stop_words
-        + ([[e] for e in request.other_end_ids] if generated >= request.min_tokens else [])
-        + list(lookup),
+        bad_words=request.bad_words + ([[e] for e in request.other_end_ids] if holding else []),
+        stop_words=request.stop_words + ([] if holding else [[e] for e in request.other_end_ids]) + list(lookup),
         return_log_probs=request.return_log_probs,
         return_generation_logits=request.return_generation_logits,
         return_context_logits=request.return_context_logits and generated == 0,
         return_perf_metrics=request.return_perf_metrics,
     )
+
+
+def _has_end_id(end_id: int | None) -> bool:
+    return end_id is not None and end_id >= 0
 
 
 def _record(trace: Trace, result: GenerationResult, kept: int, kv: bool = True) -> None:

@@ -22,14 +22,16 @@ class DraftModelDrafter:
         self.sampling = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed)
 
     def propose(self, context: list[int], k: int) -> Draft:
-        # min_tokens = k forces k tokens even past an end token, so the target always gets a full draft.
+        # min_tokens = k forces k tokens even past an end token, so the target always gets a full draft. With no end
+        # id (-1) there is none to force past, and min_tokens must not go with it (trtspec.orchestrator.loop
+        # _verify_request says why).
         try:
             result = self.client.generate(
                 GenerationRequest(
                     input_ids=context,
                     request_output_len=k,
-                    min_tokens=k,
-                    end_id=self.end_id,
+                    min_tokens=k if self.end_id is not None and self.end_id >= 0 else 0,
+                    end_id=-1 if self.end_id is None else self.end_id,
                     pad_id=self.pad_id,
                     sampling=self.sampling,
                     return_generation_logits=self.use_logits,
