@@ -115,3 +115,14 @@ def test_a_target_that_fails_every_call_stops_the_pod_being_live_and_an_answer_b
     assert _get(f"{front.url}/health/live")[0] == 200
     scrape = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     assert f'{FAILURES}{{engine="tensorrt_llm",model="tensorrt_llm_bls"}} 0' in scrape
+
+
+@pytest.mark.server
+def test_the_liveness_probe_needs_no_key_where_every_other_route_does(server):
+    from trtspec.keys import Key
+    from trtspec.openai_api import Deployment, Front
+    from trtspec.server import free_port
+
+    with Front(Deployment(server.http_url).connect(), port=free_port(), api_key=Key("k" * 32, "test")) as keyed:
+        assert _get(f"{keyed.url}/health/live")[0] == 200  # kubelet's probe carries no key
+        assert _get(f"{keyed.url}/v1/models")[0] == 401
