@@ -578,6 +578,7 @@ def run_with_triton(
             ("metrics", server.metrics_url),
             ("OpenAI", f"{front.url}/v1  (model '{front.deployment.served_model}')"),
             ("log", server.log_path),
+            ("admin key", server.admin_key.source),
         ):
             console.print(f"  {label:<8} {escape(str(value))}", highlight=False)
         console.print("Press Ctrl-C to stop.")
