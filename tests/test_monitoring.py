@@ -86,6 +86,15 @@ def gpu_memory(fraction: float, planned: float = 0.93, requests_per_minute: floa
     ]
 
 
+def engine_failing(failures: float, requests_per_minute: float = 60) -> list[dict]:
+    """The target engine model failing every call from minute 2 (`failures` in a row, the first at 120 s)."""
+    engine = f'{MODEL},engine="tensorrt_llm"'
+    return traffic(requests_per_minute, requests_per_minute) + [
+        gauge(f"trtspec_engine_consecutive_failures{{{engine}}}", failures),
+        gauge(f"trtspec_engine_failing_since_timestamp_seconds{{{engine}}}", 120),
+    ]
+
+
 def expected(name: str) -> list[dict]:
     alert = next(a for a in ALERTS if a.name == name)
     where = (
@@ -95,6 +104,8 @@ def expected(name: str) -> list[dict]:
         if name.startswith("TrtspecGpuMemory")
         else {"model": "tensorrt_llm_bls"}
     )
+    if name == "TrtspecEngineNotAnswering":
+        where |= {"engine": "tensorrt_llm"}
     labels = {"severity": alert.severity} | where | ({"trtspec_mode": alert.forces} if alert.forces else {})
     return [
         {
@@ -124,6 +135,7 @@ CASES = {
     "TrtspecErrorRatioCritical": (traffic(60, 6), traffic(60, 3), traffic(1, 1)),
     "TrtspecAcceptanceBelowBreakEven": (drafting(600, 60), drafting(600, 300), drafting(30, 3)),
     "TrtspecDraftModelFailing": (draft_errors(60, 6), draft_errors(60, 2), draft_errors(1, 1)),
+    "TrtspecEngineNotAnswering": (engine_failing(5), engine_failing(2), engine_failing(5, requests_per_minute=1)),
     "TrtspecKvCacheHigh": (kv_cache(0.95), kv_cache(0.90), kv_cache(0.95, requests_per_minute=1)),
     "TrtspecKvCacheCritical": (kv_cache(0.99), kv_cache(0.96), kv_cache(0.99, requests_per_minute=1)),
     # below: past 92 % but within the plan (TensorRT-LLM's KV reservation), where it sits from the start

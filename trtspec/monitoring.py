@@ -169,6 +169,20 @@ ALERTS = [
         'trtspec_speculation_changes_total{reason="draft_down"} shows the governor\'s step down.',
     ),
     Alert(
+        "TrtspecEngineNotAnswering",
+        "critical",
+        "(trtspec_engine_consecutive_failures >= {threshold}) and on (model, engine) "
+        "(time() - trtspec_engine_failing_since_timestamp_seconds > 60)",
+        3,
+        "1m",
+        "restart the server (the liveness probe on the front's /health/live does it for the target); if it comes "
+        "back, replace the GPU or node the server log's error names",
+        "An engine model has failed every call for more than a minute",
+        "TensorRT-LLM's executor fails every request after a sticky CUDA error (an Xid) while its model stays READY: "
+        "only a new process mends it. The server log names the engine's error; a draft model failing so costs speed, "
+        "not answers (the draft alerts and the governor cover it).",
+    ),
+    Alert(
         "TrtspecKvCacheHigh",
         "warning",
         "trtspec:kv_cache_used:ratio > {threshold}",
