@@ -319,13 +319,13 @@ def plan_kv_caches(engines: list[EngineMemory], gpus: list[Gpu]) -> None:
     """Set each engine's kv_cap_tokens (max_tokens_in_paged_kv_cache) from the memory its GPUs have left.
 
     On each GPU, the KV caches together get TOTAL_KV_FRACTION of what the engines' fixed memory leaves, as TensorRT-LLM
-    sizes one engine's cache alone (kvCacheManager.cpp calculateFreeMemBytes: the free memory after loading x
-    kv_cache_free_gpu_mem_fraction). The engines on a GPU share it in proportion to their bare need, i.e. each holds
-    the same multiple of max_batch_size full-length sequences: target and draft see the same sequences, so the
-    draft's cache should keep as many of them as the target's. An engine over several GPUs takes its smallest
-    multiple (TensorRT-LLM takes the minimum block count over the ranks, calculateMaxNumBlocks), and never less than
-    its bare need. Caps are whole 32-token blocks, and the caps on one GPU sum below its free memory, so the order in
-    which the engines load does not matter. Without GPUs to plan on, each keeps its bare need."""
+    sizes one engine's cache alone (kvCacheManager.cpp calculateFreeMemBytes at b35ac1b6, 1.2.0rc2: the free memory
+    after loading x kv_cache_free_gpu_mem_fraction). The engines on a GPU share it in proportion to their bare need,
+    i.e. each holds the same multiple of max_batch_size full-length sequences: target and draft see the same
+    sequences, so the draft's cache should keep as many of them as the target's. An engine over several GPUs takes
+    its smallest multiple (TensorRT-LLM takes the minimum block count over the ranks, calculateMaxNumBlocks), and
+    never less than its bare need. Caps are whole 32-token blocks, and the caps on one GPU sum below its free memory,
+    so the order in which the engines load does not matter. Without GPUs to plan on, each keeps its bare need."""
     multiple = {}
     by_index = {g.index: g for g in gpus}
     for device in sorted({d for e in engines for d in e.devices}):
