@@ -197,8 +197,9 @@ def test_inflight_client_streaming_needs_decoupled_mode(unary_models, default_mo
     tokens = [t for p in parts for t in p["output_ids"][0, 0, : p["sequence_length"][0][0]].tolist()]
     assert tokens == expected and len(parts) >= len(expected)  # one response per token (+ the final one)
     assert all("kv_cache_alloc_total_blocks" in p for p in parts)  # perf metrics on every response
-    log_probs = [v for p in parts for v in p["output_log_probs"].reshape(-1).tolist()]
-    assert len(log_probs) == len(expected)
+    # the log probs of every token so far with each response, as TensorRT-LLM streams them (createResult)
+    so_far = np.cumsum([int(p["sequence_length"][0][0]) for p in parts]).tolist()
+    assert [p["output_log_probs"].shape[-1] for p in parts] == so_far and so_far[-1] == len(expected)
     # and non-streaming requests to the default_models model still get one answer
     single = streamed(default_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id))
     assert [p["output_ids"].tolist() for p in single] == [whole["output_ids"].tolist()]

@@ -153,3 +153,19 @@ def test_unary_engine_models_refuse_streaming_and_the_bls_still_streams(root):
         assert streamed.token_ids == whole.token_ids and len([c for c in streamed.chunks if c.token_ids]) == 12
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("draft", [0, 3])
+def test_a_streamed_request_gets_each_tokens_own_log_prob(server, draft):
+    """The stand-in streams the log probs of every token so far with each response, as TensorRT-LLM does
+    (llmRequest.cpp createResult, 89fd9b74: logProbs unsliced); the BLS takes each token's own, so a streamed
+    request's log probs are the unstreamed ones."""
+    fields = {"text_input": PROMPT, "max_tokens": 12, "num_draft_tokens": draft, "return_log_probs": True}
+    whole = grpc_generate(server.grpc_url, fields)
+    streamed = grpc_generate(server.grpc_url, fields | {"stream": True})
+
+    def log_probs(responses):
+        return [float(v) for r in responses for v in np.asarray(r.get("output_log_probs", [])).reshape(-1)]
+
+    assert ids_of(streamed) == ids_of(whole) and len(log_probs(whole)) == len(ids_of(whole)) > 1
+    np.testing.assert_allclose(log_probs(streamed), log_probs(whole), atol=1e-5)

@@ -320,8 +320,12 @@ def result_to_tensors(
     return t
 
 
-def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: bool = False) -> GenerationResult:
-    """Engine outputs -> GenerationResult; `prompt` is what was sent (to split off the new tokens)."""
+def tensors_to_result(
+    t: dict[str, np.ndarray], prompt: list[int], excluded: bool = False, log_probs_from: int = 0
+) -> GenerationResult:
+    """Engine outputs -> GenerationResult; `prompt` is what was sent (to split off the new tokens).
+    `log_probs_from`: where this response's tokens start in its `output_log_probs`, which a streaming call fills
+    with the log probs of every token it has generated so far (see StreamedResults)."""
     out = np.asarray(t["output_ids"])
     length = int(np.asarray(t["sequence_length"]).reshape(-1)[0])
     # [batch, beam, len]; a streamed response may hold no token at all (a stopped call's last)
@@ -341,11 +345,10 @@ def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: boo
         if "kv_cache_reused_blocks" in t
         else 0
     )
-    log_probs = (
-        np.asarray(t["output_log_probs"], dtype=np.float32).reshape(-1)[: len(new)].tolist()
-        if "output_log_probs" in t
-        else None
-    )
+    log_probs = None
+    if "output_log_probs" in t:
+        values = np.asarray(t["output_log_probs"], dtype=np.float32).reshape(-1)
+        log_probs = values[log_probs_from : log_probs_from + len(new)].tolist()
     context = t.get("context_logits")
     if context is not None:
         context = np.asarray(context, dtype=np.float32).reshape(-1, np.asarray(context).shape[-1])
@@ -366,6 +369,24 @@ def tensors_to_result(t: dict[str, np.ndarray], prompt: list[int], excluded: boo
         context_logits=context,
         kv_blocks=kv,
     )
+
+
+class StreamedResults:
+    """One streaming call's responses, each as a GenerationResult of the tokens it brings and their log probs.
+    TensorRT-LLM streams only the tokens since the previous response (LlmRequest::createResult slices
+    outputTokenIds from getMaxSentTokenLen()) but the log probs of every token the call has generated so far
+    (`result.logProbs = sliceBeams(getLogProbs())`, unsliced: cpp/tensorrt_llm/batch_manager/llmRequest.cpp,
+    NVIDIA/TensorRT-LLM 89fd9b74; fillTritonResponse writes that list as output_log_probs [1, beams, n]), so each
+    response's own log probs start after the tokens the call sent before it. A stopped call's last response
+    may list one more log prob than the tokens it sent: the step the stop discarded (clearGeneratedTokens)."""
+
+    def __init__(self):
+        self.tokens = 0  # the call's tokens in the responses read so far
+
+    def __call__(self, t: dict[str, np.ndarray]) -> GenerationResult:
+        result = tensors_to_result(t, [], excluded=True, log_probs_from=self.tokens)
+        self.tokens += len(result.new_tokens)
+        return result
 
 
 def _row(t: dict, name: str) -> list[int]:

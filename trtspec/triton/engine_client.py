@@ -17,6 +17,7 @@ from trtspec.contract import (
     ENGINE_OUTPUT_NAMES,
     GenerationRequest,
     GenerationResult,
+    StreamedResults,
     request_to_tensors,
     tensors_to_result,
 )
@@ -267,6 +268,7 @@ class _Stream:
         self.client, self.call, self.cid = client, call, cid
         self.finished = self.stopping = self.expired = False
         self.ending = False  # stopped by stop_soon: read on to the last response
+        self.results = StreamedResults()  # the log probs of every token so far come with each response
 
     def __iter__(self):
         client = self.client
@@ -317,9 +319,7 @@ class _Stream:
                         raise client.failure(item.error())
                     client.reloader.answered(client.model_name)
                     if not self.stopping:
-                        yield tensors_to_result(
-                            {t.name(): t.as_numpy().copy() for t in item.output_tensors()}, [], excluded=True
-                        )
+                        yield self.results({t.name(): t.as_numpy().copy() for t in item.output_tensors()})
                 if not self.stopping and now - checked >= WATCH_SECONDS:
                     checked = now
                     try:

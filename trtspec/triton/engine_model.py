@@ -177,15 +177,16 @@ class TritonPythonModel:
         call, streamed = calls[0], [0]
 
         def part(result, final: bool):
-            """The tokens since the last response, their log probs and logits, and the request's other outputs
+            """The tokens since the last response and their logits, the log probs of all so far, the other outputs
             (perf metrics on every response, as TensorRT-LLM writes them)."""
             out = self.engine.result_tensors(call, result)
             start, streamed[0] = streamed[0], len(result.new_tokens)
             rest = result.new_tokens[start:]
             out["output_ids"] = np.asarray([[rest]], dtype=np.int32)
             out["sequence_length"] = np.asarray([[len(rest)]], dtype=np.int32)
-            if "output_log_probs" in out:
-                out["output_log_probs"] = out["output_log_probs"][..., start:]
+            # output_log_probs stays whole: TensorRT-LLM sends the log probs of every token so far with each
+            # response (llmRequest.cpp createResult, 89fd9b74: logProbs unsliced, unlike outputTokenIds), and
+            # cum_log_probs their sum
             if "generation_logits" in out:
                 out["generation_logits"] = out["generation_logits"][:, :, start:]
             if not final:
