@@ -79,6 +79,11 @@ class TritonPythonModel(EmbeddedEngineModel):
             ),
         )
         super().initialize(args)
+        # A stopped call loses the tokens of the step in flight when the stop came: forwardSync ends a cancelled
+        # request with clearGeneratedTokens() after that step (cpp/tensorrt_llm/batch_manager/
+        # trtGptModelInflightBatching.cpp at b35ac1b6), so a stopped streaming call's last response holds no token
+        # and a stopped unary call returns its prompt alone (LlmRequest::createResult, llmRequest.cpp 89fd9b74).
+        self.engine.scheduler.clear_cancelled = True
         self.engine_logits = self.engine.info.raw.get("pretrained_config", {}).get("logits_dtype", "float32")
 
     def _submit(self, request, sender) -> None:

@@ -11,8 +11,14 @@ Admission is first come, first served, up to `max_batch_size` running calls and 
 (trtspec.engine.kv): a call that fits the budget but not beside the running ones waits for one to end.
 
 A call can be stopped (`cancel`, TensorRT-LLM's cancelRequest): a waiting one leaves the queue at once, a running
-one before the next step, so its batch slot and KV lease are free within one forward pass. It ends as TensorRT-LLM
-ends a cancelled request: a normal result holding the tokens chosen so far. A request id names the calls of the
+one before the next step, so its batch slot and KV lease are free within one forward pass. It ends with a normal
+result holding the tokens chosen so far, the token of the step in progress when the stop came included (streamed
+with the last response). TensorRT-LLM is less kind, and so is the scheduler with `clear_cancelled` (the stand-in
+of its backend sets it): forwardSync ends a cancelled request after the step in flight with
+`clearGeneratedTokens()`, which cuts its tokens back to the prompt (trtGptModelInflightBatching.cpp, b35ac1b6; the
+executor's loop runs terminateCancelledRequests, forwardSync, then populateNewResponses), so that step's token is
+never sent: a stopped streaming call's last response holds no token, a stopped unary call returns the prompt alone,
+and the log probs stay (clearGeneratedTokens leaves them). A request id names the calls of the
 LATEST request that carried it, as TensorRT-LLM's Triton backend maps ids (model_instance_state.cc `enqueue`:
 `mTritonRequestIdToRequestIds[tritonRequestId] = *requestIdsSet`, replacing what an earlier request with that id
 left there; `handleStopRequest` cancels what it finds there), so a stop never reaches an earlier call with the id.
@@ -66,7 +72,7 @@ class Job:
         request_id: str = "",
     ):
         self.request, self.done, self.request_id = request, done, request_id
-        self.stopped = False  # cancelled: ends before the next step
+        self.stopped = False  # cancelled: ends before the next step (its step in progress streams nothing)
         self.end_id, self.generator = end_id, generator
         self.seq = list(request.input_ids)
         # Never emit more than request_output_len tokens: a verification emits up to len(draft) + 1.
@@ -136,7 +142,7 @@ class Job:
             self.stop_words and self.stop_words.completed_by(self.seq + self.new)
         ):
             return True
-        if self.on_token is not None:
+        if self.on_token is not None and not self.stopped:
             self.on_token(self.result())
         self.pending, self.start, self.n_logits = [token], len(self.seq) + len(self.new) - 1, 1
         return False
@@ -199,11 +205,14 @@ class Job:
             return self.tokens[: self.lease.cached] if self.lease else []
         return (self.seq + self.new)[:-1]
 
-    def result(self) -> GenerationResult:
+    def result(self, cleared: bool = False) -> GenerationResult:
+        """`cleared`: as TensorRT-LLM's clearGeneratedTokens leaves a cancelled request, its tokens (and their
+        logits) gone, its log probs kept."""
+        new = [] if cleared else list(self.new)
         return GenerationResult(
-            output_ids=self.seq + self.new,
-            new_tokens=list(self.new),
-            generation_logits=torch.stack(self.kept_logits).numpy() if self.kept_logits else None,
+            output_ids=self.seq + new,
+            new_tokens=new,
+            generation_logits=torch.stack(self.kept_logits).numpy() if self.kept_logits and not cleared else None,
             log_probs=list(self.log_probs) if self.request.return_log_probs else None,
             context_logits=self.context_logits.float().numpy() if self.context_logits is not None else None,
             num_draft_tokens=len(self.draft),
@@ -219,6 +228,7 @@ class Scheduler:
     def __init__(self, model, pool: KVPool, max_batch_size: int, max_queue_size: int = 0):
         self.model, self.pool, self.max_batch_size = model, pool, max_batch_size
         self.max_queue_size = max_queue_size  # calls that may wait for a batch slot; 0: no bound
+        self.clear_cancelled = False  # a stopped running call loses its tokens, as in TensorRT-LLM (module doc)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self._latest: dict[str, list[Job]] = {}  # request id -> the unfinished calls of the latest request with it
@@ -252,7 +262,8 @@ class Scheduler:
 
     def cancel(self, request_id: str) -> int:
         """Stop the calls of the latest request with `request_id`: a waiting one ends now, a running one before the
-        next step (the step in progress, if any, completes first). Returns how many calls it stopped; an id with
+        next step (the step in progress, if any, completes first; with clear_cancelled its tokens are then dropped,
+        as TensorRT-LLM drops them). Returns how many calls it stopped; an id with
         none is no error (its calls may have ended already), as for TensorRT-LLM's handleStopRequest."""
         with self._wake:
             latest = [job for job in self._latest.get(request_id, ()) if not job.stopped]
@@ -296,7 +307,7 @@ class Scheduler:
         """Admit what fits, run one forward pass over every running call; False when there was nothing to do."""
         with self._step_lock:
             for job in [job for job in self.running if job.stopped]:
-                self._finish(job, job.result())
+                self._finish(job, job.result(cleared=self.clear_cancelled))
             self._admit()
             if not self.running:
                 return False

@@ -42,9 +42,13 @@ time, not the request: the loop holds every token so far and sends the whole seq
 A speculative request's plain stretches (the policy's fallbacks, or nothing to draft from), streamed to the client,
 are read from one streaming call for the whole remaining budget: where the stretch ends (and at any token where
 prompt lookup finds a match) the policy decides again while the call goes on, and the call is stopped only when
-drafting comes back; it is then read on to its end, so the step in progress is kept. A new engine call joins the
-batch at the next forward pass at the earliest, so under load each one costs its request about a step; a request
-whose drafting never pays is one call after its first token, as it would be without speculation.
+drafting comes back; it is then read on to its end. That stop costs a step: TensorRT-LLM ends a cancelled request
+after the step in flight and clears its tokens (forwardSync: clearGeneratedTokens, trtGptModelInflightBatching.cpp
+b35ac1b6), so the call's last response holds no token, and the loop counts on none (a token that does come is
+relayed). The step is counted (RequestStats.wasted_steps) and its time goes to the cost the policy observes for the
+draft the stop made way for. A new engine call joins the batch at the next forward pass at the earliest, so under
+load each one costs its request about a step; a request whose drafting never pays is one call after its first
+token, as it would be without speculation.
 Not streamed to the client, each stretch is one unary call: a response per token would cost every token a trip
 through two Python stubs and the server that nobody reads (on a 2-core CPU, 6% of a request's time). So that
 prompt lookup is not missed, the call carries as stop words the n-grams after which lookup would find a
@@ -82,8 +86,8 @@ class EngineStream(Protocol):
         """Stop the call at the engine (a no-op once its last response arrived)."""
 
     def stop_soon(self) -> None:
-        """Stop the call at the engine, and read on: the responses until its last are still iterated (the step in
-        progress when the stop arrives is the target's own decoding, and its token is kept)."""
+        """Stop the call at the engine, and read on: the responses until its last are still iterated. The step in
+        progress when the stop arrives is lost with TensorRT-LLM (its token is cleared, never sent)."""
 
 
 class StreamingEngineClient(EngineClient, Protocol):
@@ -165,6 +169,7 @@ def speculate(
             verify_seconds=it.verify_seconds,
             fallback=it.fallback,
             source=it.source,
+            wasted_steps=it.wasted_steps,
         )
         run.sequence += it.tokens
         run.generated += len(it.tokens)
@@ -197,6 +202,7 @@ class Iteration:
     streamed: bool = False  # its tokens were yielded as they arrived
     finish_reason: str | None = None  # generation ended with it (end_id, stop_words, length)
     unavailable: EngineUnavailable | None = None  # the target failed: `tokens` were relayed before it did
+    wasted_steps: int = 0  # target steps lost: the step a stopped streaming call was in (its token cleared)
 
 
 class _Speculation:
@@ -224,6 +230,7 @@ class _Speculation:
         self.sequence = list(request.prompt)  # the engine gets it whole each call
         self.generated = 0
         self.lost: str | None = None  # why speculation stopped for the rest of this request
+        self.switch_seconds = 0.0  # the step the last stopped stretch lost, not yet observed
 
     def iteration(self):
         """One iteration, steps 1 to 5 (the caller records it and yields its tokens): a generator that yields a
@@ -275,7 +282,7 @@ class _Speculation:
         call = _verify_request(request, self.sequence, draft, span if extend else plain, self.generated, lookup)
         try:
             if streamed:  # the stretch's tokens are yielded as they arrive, 4. the stop rules applied to each part
-                new, reason = yield from _relay(
+                new, reason, wasted = yield from _relay(
                     request,
                     self.target.stream(call),
                     call.request_output_len,
@@ -285,7 +292,7 @@ class _Speculation:
                     extend,
                 )
             else:
-                result = self.target.generate(call)
+                result, wasted = self.target.generate(call), None
         except (EngineUnavailable, _Interrupted) as exc:
             cause, relayed = (exc.cause, exc.tokens) if isinstance(exc, _Interrupted) else (exc, [])
             return Iteration(
@@ -296,6 +303,7 @@ class _Speculation:
                 unavailable=cause,
             )
         verified_at, num_accepted_tokens = time.perf_counter(), 0
+        stretch_end = verified_at - (wasted or 0.0)  # when its last token came, before a stop's lost step
         if not streamed:
             new = result.new_tokens[:remaining]
             num_accepted_tokens = accepted_prefix(draft.tokens, new) if num_draft_tokens else 0
@@ -315,14 +323,19 @@ class _Speculation:
             self.drafter.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
         if not first:  # a policy tells sources apart only where it was offered several (auto)
             tail, tail_from = (len(new) - extend.observed, extend.since) if extend else (len(new), drafted_at)
+            # the step a stopped stretch lost is the cost of the draft it made way for (a plain iteration's
+            # cost is its time per token, which a step with no token would skew)
+            switch, self.switch_seconds = (self.switch_seconds, 0.0) if num_draft_tokens else (0.0, 0.0)
             self.policy.observe(
                 num_draft_tokens=num_draft_tokens,
                 num_accepted_tokens=num_accepted_tokens,
                 draft_seconds=drafted_at - start,
-                verify_seconds=verified_at - tail_from,
+                verify_seconds=(stretch_end if wasted is not None else verified_at) - tail_from + switch,
                 tokens=tail,
                 source=source if offers is not None else None,
             )
+        if wasted is not None:
+            self.switch_seconds = wasted
         return Iteration(
             new,
             num_draft_tokens=num_draft_tokens,
@@ -333,6 +346,7 @@ class _Speculation:
             verify_seconds=verified_at - drafted_at,
             streamed=streamed,
             finish_reason=reason,
+            wasted_steps=int(wasted is not None),
         )
 
     def _lookup_words(self, remaining: int) -> list[list[int]]:
@@ -441,13 +455,17 @@ def _relay(
 ):
     """Yield a plain stretch's tokens as the streaming call returns them, cut by the stop rules; stop the call
     when a rule fires here first, or on any exit before its last response. When `extend` ends the stretch, the call
-    is stopped and read on to its end: the token of the step in progress then is kept, so the stop wastes no step.
-    Returns (the stretch's tokens, finish reason or None)."""
+    is stopped and read on to its end; the step in flight when the stop arrives is lost (TensorRT-LLM clears a
+    cancelled request's tokens), and any token that still comes is relayed.
+    Returns (the stretch's tokens, finish reason or None, the seconds from that stop to the call's end when no
+    token came after it: the wasted step, else None)."""
     got: list[int] = []
     reason, last, received, complete, ending = None, None, 0, False, False
+    stopped_at, after_stop = 0.0, 0  # when stop_soon went, and the tokens that came after it
     try:
         for part in stream:
             last, received = part, received + len(part.new_tokens)
+            after_stop += len(part.new_tokens) if ending else 0
             if reason or (ending and not part.new_tokens):
                 continue  # the call's own end, after its last token, or the end of a call stopped here
             budget = request.max_tokens - generated - len(got)
@@ -466,7 +484,7 @@ def _relay(
             if reason and received < asked:
                 break
             if extend is not None and not (reason or ending) and extend.due(got) and not extend(got):
-                ending = True
+                ending, stopped_at = True, time.perf_counter()
                 stream.stop_soon()
         else:
             complete = True
@@ -485,7 +503,8 @@ def _relay(
         # the engine ended the call early: on the end token, which it does not return (a call stopped here ended
         # early for that; had it also met the end token, the next call says so at once)
         reason = "end_id"
-    return got, reason
+    wasted = time.perf_counter() - stopped_at if ending and complete and not after_stop else None
+    return got, reason, wasted
 
 
 def accepted_prefix(draft: list[int], new: list[int]) -> int:

@@ -28,6 +28,7 @@ class RequestStats:
     sources: dict[str, int] = field(default_factory=dict)  # draft source -> iterations it drafted (auto)
     source_tokens: dict[str, int] = field(default_factory=dict)  # draft source -> draft tokens it proposed
     recoveries: int = 0  # times the request waited for its target to come back and went on
+    wasted_steps: int = 0  # target steps whose token the engine dropped: a streamed stretch stopped to draft
 
     def record(
         self,
@@ -39,8 +40,10 @@ class RequestStats:
         verify_seconds: float,
         fallback: str | None = None,
         source: str | None = None,
+        wasted_steps: int = 0,
     ) -> None:
         self.iterations += 1
+        self.wasted_steps += wasted_steps
         if source and num_draft_tokens:
             self.sources[source] = self.sources.get(source, 0) + 1
             self.source_tokens[source] = self.source_tokens.get(source, 0) + num_draft_tokens
