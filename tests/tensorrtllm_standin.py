@@ -57,6 +57,9 @@ class TritonPythonModel(EmbeddedEngineModel):
                 )
         if params["gpt_model_type"] not in BATCHING_TYPES:
             raise pb_utils.TritonModelException(f"Invalid gpt_model_type {params['gpt_model_type']}")
+        # the default of a request without the tensor: the constructor reads this with GetParameter<bool>, false
+        # when absent (model_instance_state.cc at 0c8de69a)
+        self.exclude_input = params.get("exclude_input_in_output", "").strip().lower() == "true"
         # the constructor: "Both encoder and decoder model paths are empty"
         if not params.get("gpt_model_path"):
             raise pb_utils.TritonModelException("Both encoder and decoder model paths are empty")
@@ -92,7 +95,14 @@ class TritonPythonModel(EmbeddedEngineModel):
             # fillTritonResponse: TLLM_THROW("%s tensor must be present in list of output tensors")
             if requested and name not in requested:  # the backend's own words reach the client (INTERNAL)
                 raise EngineError(f"{name} tensor must be present in list of output tensors")
-        self._queue(regularized(engine_inputs(request)), sender, request.request_id())
+        tensors = engine_inputs(request)
+        if "exclude_input_in_output" not in tensors and "input_ids" in tensors:
+            # createRequestsFromInputTensors (utils.cc at c8c6df08): the request's value, else the parameter's. With
+            # it, output_ids holds the new tokens alone and sequence_length counts them (llmRequest.cpp createResult
+            # at 89fd9b74: maxNbTokens - promptLen tokens; fillTritonResponse: sequence_length = their number)
+            rows = np.asarray(tensors["input_ids"]).shape[0]
+            tensors["exclude_input_in_output"] = np.full((rows, 1), self.exclude_input, np.bool_)
+        self._queue(regularized(tensors), sender, request.request_id())
 
     def _submit_all(self, calls, request_id):
         """The queue bound as the backend applies it: max_queue_size from dynamic_batching.default_queue_policy

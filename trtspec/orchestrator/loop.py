@@ -544,6 +544,8 @@ def _verify_request(
         return_generation_logits=request.return_generation_logits,
         return_context_logits=request.return_context_logits and generated == 0,
         return_perf_metrics=request.return_perf_metrics,
+        # the loop holds the sequence: the engine answers with the new tokens alone, not the sequence again
+        exclude_input_in_output=True,
     )
 
 

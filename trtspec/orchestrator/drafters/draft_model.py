@@ -35,6 +35,7 @@ class DraftModelDrafter:
                     pad_id=self.pad_id,
                     sampling=self.sampling,
                     return_generation_logits=self.use_logits,
+                    exclude_input_in_output=True,  # the new tokens alone, not the context again
                 )
             )
         except EngineError as exc:  # the draft model failed: speculation is lost, the answer is not
