@@ -7,8 +7,9 @@ import queue
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_for
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -27,8 +28,13 @@ from trtspec.triton.recovery import Reloader, unavailable
 # How often a call that is waiting on its engine looks at the client and the request's deadline: a call given up
 # on is stopped at the engine at most this long after the reason arose (about one decode step).
 WATCH_SECONDS = 0.02
-# How long a stop request may take before the BLS gives up on it (a model whose process died never answers).
+# How long a stop request may take before the BLS gives up on it (a model whose process died never answers), and how
+# long a request waits for a call it stopped to end.
 STOP_TIMEOUT_SECONDS = 2.0
+# A stopped call that has not ended this long after its stop gets the stop again: a stop and its call are on their way
+# at once, and a stop that reaches the engine first finds nothing to stop (TensorRT-LLM's handleStopRequest cancels
+# only ids it has enqueued, model_instance_state.cc at 0c8de69a), so the call would run its whole budget.
+RESTOP_SECONDS = 0.1
 # A call silent this long asks whether its model is still alive (see BlsEngineClient.lost).
 SILENT_SECONDS = 1.0
 # How much of the client's request id an engine call's id keeps (for the engine's logs; the rest is random).
@@ -37,6 +43,26 @@ CLIENT_ID_CHARS = 64
 # says "Maximum queue size of N has been reached, please try again later" (executorImpl.cpp enqueueRequests, sent
 # as INTERNAL by the backend's enqueue); Triton's own scheduler says "Exceeds maximum queue size" (UNAVAILABLE).
 _QUEUE_FULL_SIGNS = ("max_queue_size", "maximum queue size")
+
+
+class _Flight:
+    """Where one engine call is: the thread that sends it asks `depart()` first, and a stop asked for before that keeps
+    it from being sent at all; `stop()` says whether it has left (then only a stop request at the engine ends it)."""
+
+    def __init__(self, cid: str):
+        self.cid = cid
+        self._lock = threading.Lock()
+        self.left = self.stopped = False
+
+    def depart(self) -> bool:
+        with self._lock:
+            self.left = not self.stopped
+            return self.left
+
+    def stop(self) -> bool:
+        with self._lock:
+            self.stopped = True
+            return self.left
 
 
 def call_id(request_id: str) -> str:
@@ -59,8 +85,10 @@ class BlsEngineClient:
     deadline is not the draft model's failure, and the target call after it ends the request). A call given up on
     is stopped at the engine with a `stop` request carrying that call's id (NVIDIA's send_cancellation_request
     in triton_decoder.py; the backend's handleStopRequest), so its batch slot and KV blocks are freed within an
-    engine step; the request gets Cancelled, or an EngineError naming the bound. An engine whose queue is full
-    refuses a call (EngineBusy: the request ends with UNAVAILABLE, the server's failure, not the client's).
+    engine step, and the request waits for it to end (sending the stop again while it runs: RESTOP_SECONDS); a call
+    given up on before it was sent is not sent. The request gets Cancelled, or an EngineError naming the bound. An
+    engine whose queue is full refuses a call (EngineBusy: the request ends with UNAVAILABLE, the server's failure,
+    not the client's).
 
     A call is read on a thread of `calls` while the request waits on it, because a call to a model whose process
     died never ends: with Triton's Python backend (2.51 to 2.71) a decoupled model's open calls get no further
@@ -84,9 +112,8 @@ class BlsEngineClient:
         self.call_timeout_ms, self.deadline = call_timeout_ms, deadline
         self.decoupled = decoupled  # the model streams its responses (NVIDIA's decoupled_mode)
         self.watch = watch
-        # Every call and response of the request lives as long as the request: with Triton 2.51, freeing them
-        # while the request goes on corrupts the stub's memory ("malloc(): unaligned tcache chunk detected").
-        self.kept: list = []
+        # No call or response outlives its reading: each holds its tensors in this model's shared-memory region
+        # (the Python backend frees them when the last reference goes, shm_manager.h), which only grows.
 
     @property
     def streams(self) -> bool:
@@ -105,8 +132,8 @@ class BlsEngineClient:
         )
 
     def generate(self, request: GenerationRequest) -> GenerationResult:
-        call, cid = self._call(request, streaming=False)
-        tensors = self._bounded(lambda: self._exec(call), cid)
+        call, flight = self._call(request, streaming=False)
+        tensors = self._bounded(lambda: self._exec(call, flight), flight)
         return tensors_to_result(tensors, request.input_ids, request.exclude_input_in_output)
 
     def stream(self, request: GenerationRequest) -> _Stream:
@@ -144,7 +171,7 @@ class BlsEngineClient:
         return False
 
     def _call(self, request: GenerationRequest, *, streaming: bool):
-        """The call's InferenceRequest and its id."""
+        """The call's InferenceRequest and its _Flight."""
         tensors = request_to_tensors(request)
         if streaming:
             tensors["streaming"] = np.ones((1, 1), np.bool_)
@@ -156,11 +183,13 @@ class BlsEngineClient:
             inputs=[pb_utils.Tensor(n, v) for n, v in tensors.items()],
             request_id=cid,
         )
-        return call, cid
+        return call, _Flight(cid)
 
-    def _exec(self, call) -> dict[str, np.ndarray]:
+    def _exec(self, call, flight: _Flight) -> dict[str, np.ndarray]:
         """A unary call's output tensors. A decoupled model answers a request without `streaming` with one response
-        and a final flag, which may come on an empty response of its own."""
+        and a final flag, which may come on an empty response of its own. Not sent when stopped before it left."""
+        if not flight.depart():
+            raise Cancelled()  # nobody waits for this: the request has given the call up
         self.reloader.opened(self.model_name, 1)
         try:
             responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
@@ -168,7 +197,6 @@ class BlsEngineClient:
             raise self.failure(str(exc)) from None
         finally:
             self.reloader.opened(self.model_name, -1)
-        self.kept.append((call, responses))
         tensors: dict[str, np.ndarray] = {}
         for response in responses:
             if response.has_error():
@@ -180,8 +208,11 @@ class BlsEngineClient:
         self.reloader.answered(self.model_name)
         return tensors
 
-    def _bounded(self, run, cid: str):
+    def _bounded(self, run, flight: _Flight):
+        self.check(lambda: None)  # a request already over sends nothing
         bound = self._bound()
+        if bound is not None and bound[0] <= 0:
+            raise EngineError(f"{self.model_name}: no answer within {bound[1]}; not sent, no time was left")
         started = time.monotonic()
         expires = started + bound[0] if bound else None
         future = self.calls.submit(run)
@@ -191,21 +222,33 @@ class BlsEngineClient:
                 return future.result(timeout=max(wait, 0.0))
             except FutureTimeout:
                 pass
-            self.check(cid, future.done)
+            self.check(lambda: self._give_up(flight, future, started))
             if expires is not None and time.monotonic() >= expires and not future.done():
-                self.send_stop(cid)
+                self._give_up(flight, future, started)
                 raise EngineError(f"{self.model_name}: no answer within {bound[1]}; stopped it")
             if not future.done() and self.lost(started, started):
                 raise self._gone()
 
-    def check(self, cid: str, done=lambda: False) -> None:
-        """Raise Cancelled (or the watch's own error) when the request is over, after stopping its call `cid`."""
+    def _give_up(self, flight: _Flight, future: Future, started: float) -> None:
+        """Stop a unary call the request no longer waits for and wait (STOP_TIMEOUT_SECONDS at most) until it has
+        ended, which it does within an engine step of a stop that finds it; the stop goes again every RESTOP_SECONDS,
+        for the one that overtook its call. A call not sent yet is not sent."""
+        if not flight.stop():
+            return
+        until = time.monotonic() + STOP_TIMEOUT_SECONDS
+        while not future.done():
+            self.send_stop(flight.cid)
+            wait_for([future], timeout=RESTOP_SECONDS)
+            if time.monotonic() >= until or self.lost(started, started):
+                return
+
+    def check(self, stop) -> None:
+        """Raise Cancelled (or the watch's own error) when the request is over, after `stop()` (of its call)."""
         try:
             if self.watch is not None and self.watch():
                 raise Cancelled()
         except BaseException:
-            if not done():
-                self.send_stop(cid)
+            stop()
             raise
 
     def send_stop(self, cid: str) -> None:
@@ -231,7 +274,6 @@ class BlsEngineClient:
 
         def run():
             responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
-            self.kept.append((call, responses))
             for response in responses:
                 if response.has_error():
                     raise self.failure(response.error())
@@ -262,35 +304,44 @@ class _Stream:
     streaming engine sends only the tokens since its previous response). A thread of the client's `calls` reads
     the call's responses into a queue, which the request reads with WATCH_SECONDS waits: between responses it
     checks the client's watch, the request's bound (a timer stops the call there) and whether the model died. A
-    stopped call is still read to its final response, which the engine sends within a step."""
+    stopped call is still read to its final response, which the engine sends within a step; until it comes, the stop
+    goes again every RESTOP_SECONDS (see RESTOP_SECONDS). A call stopped before it left is not sent."""
 
-    def __init__(self, client: BlsEngineClient, call, cid: str):
-        self.client, self.call, self.cid = client, call, cid
+    def __init__(self, client: BlsEngineClient, call, flight: _Flight):
+        self.client, self.call, self.flight, self.cid = client, call, flight, flight.cid
         self.finished = self.stopping = self.expired = False
         self.ending = False  # stopped by stop_soon: read on to the last response
+        self.stopped_at: float | None = None  # when a stop last went to the engine
         self.results = StreamedResults()  # the log probs of every token so far come with each response
 
     def __iter__(self):
         client = self.client
+        client.check(lambda: None)  # a request already over sends nothing
         bound = client._bound()
-        timer = threading.Timer(max(bound[0], 0.0), self._expire) if bound else None
+        if bound is not None and bound[0] <= 0:
+            raise EngineError(f"{client.model_name}: no answer within {bound[1]}; not sent, no time was left")
+        timer = threading.Timer(bound[0], self._expire) if bound else None
         if timer is not None:
             timer.daemon = True
             timer.start()
-        kept: list = []  # see BlsEngineClient.kept
-        client.kept.append((self.call, kept))
         items: queue.SimpleQueue = queue.SimpleQueue()
 
         def pump():
+            if not self.flight.depart():
+                self.call = None
+                items.put(_END)
+                return
             client.reloader.opened(client.model_name, 1)
             try:
+                # each response is let go once read (the iterator holds the call's until its last)
                 for response in self.call.exec(decoupled=True):
-                    kept.append(response)
                     items.put(response)
+                    del response
             except Exception as exc:  # pb_utils.TritonModelException: e.g. a model that is not loaded
                 items.put(exc)
             finally:
                 client.reloader.opened(client.model_name, -1)
+                self.call = None  # its inputs: the whole sequence
             items.put(_END)
 
         started = heard = checked = time.monotonic()
@@ -319,11 +370,14 @@ class _Stream:
                         raise client.failure(item.error())
                     client.reloader.answered(client.model_name)
                     if not self.stopping:
-                        yield self.results({t.name(): t.as_numpy().copy() for t in item.output_tensors()})
+                        tensors = {t.name(): t.as_numpy().copy() for t in item.output_tensors()}
+                        item = None  # its shared memory goes with it
+                        yield self.results(tensors)
+                self._restop(now)
                 if not self.stopping and now - checked >= WATCH_SECONDS:
                     checked = now
                     try:
-                        client.check(self.cid)  # stops the call first when the request is over
+                        client.check(self._stop_call)  # stops the call first when the request is over
                     except BaseException:
                         self.stopping = True
                         raise
@@ -349,6 +403,7 @@ class _Stream:
                 self.finished = True
                 return
             heard = time.monotonic()
+            self._restop(heard)
 
     def _expire(self) -> None:
         self.expired = True
@@ -358,9 +413,20 @@ class _Stream:
         if not self.finished and not self.stopping:
             self.stopping = True
             if not self.ending:
-                self.client.send_stop(self.cid)
+                self._stop_call()
 
     def stop_soon(self) -> None:
         if not self.finished and not self.stopping and not self.ending:
             self.ending = True
+            self._stop_call()
+
+    def _stop_call(self) -> None:
+        if self.flight.stop():  # it has left: only the engine can end it
+            self.stopped_at = time.monotonic()
+            self.client.send_stop(self.cid)
+
+    def _restop(self, now: float) -> None:
+        """The stop again, for a call still going RESTOP_SECONDS after it."""
+        if self.stopped_at is not None and not self.finished and now - self.stopped_at >= RESTOP_SECONDS:
+            self.stopped_at = now
             self.client.send_stop(self.cid)
