@@ -4,6 +4,8 @@ engines, through the real tritonserver: what would have broken the first run on 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from test_serving import grpc_generate, ids_of
@@ -169,3 +171,44 @@ def test_a_streamed_request_gets_each_tokens_own_log_prob(server, draft):
 
     assert ids_of(streamed) == ids_of(whole) and len(log_probs(whole)) == len(ids_of(whole)) > 1
     np.testing.assert_allclose(log_probs(streamed), log_probs(whole), atol=1e-5)
+
+
+def test_a_stopped_call_sends_no_token_of_the_step_it_was_in(server):
+    """TensorRT-LLM ends a cancelled request after the step in flight and clears its tokens (forwardSync:
+    clearGeneratedTokens, trtGptModelInflightBatching.cpp b35ac1b6): a stopped streaming call's last response holds
+    no token, what it streamed before is the unstopped call's beginning, and a stopped unary call answers with no
+    generated token at all (llmRequest.cpp createResult, 89fd9b74)."""
+    from test_engine_isolation import engine_call, engine_tensors, stop
+
+    prompt = engine_tensors()["input_ids"].reshape(-1).tolist()
+    call = engine_call(server, engine_tensors(output_len=200, streaming=True), "stopped-stream")
+    try:
+        call.first()
+        for _ in range(3):
+            call.next()
+        stop(server, "stopped-stream")
+        parts = call.rest()
+    finally:
+        call.close()
+    counts = [int(p["sequence_length"].reshape(-1)[0]) for p in parts]
+    assert counts[-1] == 0 and all(n == 1 for n in counts[:-1]) and len(counts) > 4
+    tokens = [int(t) for p in parts for t in p["output_ids"].reshape(-1)]
+    whole = _infer(server, GenerationRequest(prompt, len(tokens), end_id=-1))["output_ids"].reshape(-1).tolist()
+    assert tokens == whole[len(whole) - len(tokens) :]
+
+    answers = []
+    for i, wait in enumerate((0.2, 0.1, 0.05, 0.02)):  # until a stop finds the call running
+        call = engine_call(server, engine_tensors(output_len=200), f"stopped-unary-{i}")
+        try:
+            time.sleep(wait)
+            stop(server, f"stopped-unary-{i}")
+            (answer,) = call.rest()
+        finally:
+            call.close()
+        ids = answer["output_ids"].reshape(-1)[: int(answer["sequence_length"].reshape(-1)[0])].tolist()
+        answers.append(len(ids) - len(prompt) if ids[: len(prompt)] == prompt else len(ids))
+        if answers[-1] < 200:
+            break
+    # a call the stop found running answers with no generated token (the prompt, or nothing where the input is
+    # excluded); one that ended first has all 200
+    assert answers[-1] == 0 and all(n in (0, 200) for n in answers), answers
