@@ -331,9 +331,9 @@ def cycling(tmp_path_factory):
 def test_prompt_lookup_ends_a_plain_stretch_where_it_finds_a_match(cycling, stream):
     """Prompt lookup as a deployment runs it (auto without a draft model, adaptive): while it finds nothing, the
     target decodes in one call. Streamed, that call is looked up at each token, and a match stops it, which is read
-    on to its end (the step in progress is kept); not streamed, the engine ends it at the first match, an n-gram
-    given as a stop word. Then the match is verified. Outputs equal target-only, and the calls
-    are one per stretch and one per verification, not one per token."""
+    on to its end (the embedded engine keeps the step in progress; TensorRT-LLM drops it: test_stopped_calls.py); not
+    streamed, the engine ends it at the first match, an n-gram given as a stop word. Then the match is verified.
+    Outputs equal target-only, and the calls are one per stretch and one per verification, not one per token."""
     from trtspec.orchestrator.drafters import make_drafter
 
     client = StreamingClient(cycling)
