@@ -211,7 +211,7 @@ def test_a_stop_frees_the_slot_within_one_step(engine):
         steps = scheduler.stats.steps
         scheduler.step()
         assert not scheduler.running and scheduler.stats.steps == steps  # gone before the next forward pass
-        assert len(ended[-1].new_tokens) == 5  # the tokens it had: a normal result, as TensorRT-LLM's cancel
+        assert len(ended[-1].new_tokens) == 5  # the tokens it had (TensorRT-LLM clears them: test_stopped_calls.py)
         assert engine.cache.running_bytes == 0
         # its KV stays for reuse: the same sequence again computes only the last token
         again = engine.generate(GenerationRequest(PROMPT + ended[-1].new_tokens, 1, end_id=-1))
