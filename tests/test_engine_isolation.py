@@ -161,16 +161,18 @@ def full_queue(server, streaming: bool = True):
     ids = ["running-0", "running-1", "waiting"]
     calls = []
     try:
-        for request_id in ids[:2]:
+        for running, request_id in enumerate(ids[:2], start=1):
             if streaming:
                 calls.append(engine_call(server, engine_tensors(streaming=True), request_id))
                 calls[-1].first()
             else:
+                # A unary call shows nothing until it ends: wait until it runs before the next is sent, since Triton's
+                # own queue in front of the model (the same max_queue_size) refuses a second call waiting beside it,
+                # which a busy machine's slower hand-off to the engine would otherwise make happen.
                 calls.append(engine_call(server, engine_tensors(), request_id, unary=True))
-        if not streaming:  # a unary call shows nothing until it ends: wait until both run
-            deadline = time.monotonic() + 30
-            while engine_metric(server, "trtspec_engine_running_calls") < 2:
-                assert time.monotonic() < deadline
+                deadline = time.monotonic() + 60
+                while engine_metric(server, "trtspec_engine_running_calls") < running:
+                    assert time.monotonic() < deadline
         calls.append(engine_call(server, engine_tensors(), ids[2], unary=not streaming))
         with pytest.raises(queue.Empty):  # waiting, not refused
             calls[-1].responses.get(timeout=0.5)
