@@ -144,6 +144,24 @@ def test_a_stop_that_reaches_the_engine_before_its_call_still_stops_it(server, s
     # the deadline passes while the long call is on its way, not yet in the engine: the BLS's stop arrives first
     with pytest.raises(InferenceServerException, match="timeout_ms"):
         grpc_generate(server.grpc_url, {**fields, "timeout_ms": 500})
+    _assert_stopped(server, before)
+
+
+def test_a_cancelled_request_whose_stop_reaches_the_engine_before_its_call_still_stops_it(server):
+    from test_engine_isolation import bls_call
+
+    before = len(_calls(server))
+    fields = {"text_input": PROMPT, "max_tokens": 480, "min_tokens": 480, "speculation": "none", "stream": True}
+    call = bls_call(server, fields, "cancelled")
+    try:
+        call.first()  # the first token's call is short; the stretch after it is on its way when the client leaves
+    finally:
+        call.close(cancel=True)
+    _assert_stopped(server, before)
+
+
+def _assert_stopped(server, before: int) -> None:
+    """The long call among the target's calls after the first `before` ended well short of its budget."""
     until = time.monotonic() + 120
     while not any(budget > SHORT for budget, _ in _calls(server)[before:]) and time.monotonic() < until:
         time.sleep(0.1)

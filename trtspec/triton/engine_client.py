@@ -7,6 +7,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_for
@@ -37,12 +38,39 @@ STOP_TIMEOUT_SECONDS = 2.0
 RESTOP_SECONDS = 0.1
 # A call silent this long asks whether its model is still alive (see BlsEngineClient.lost).
 SILENT_SECONDS = 1.0
+# How long a response is held after its call ended. Triton's Python backend before 2.54 (python_backend b771f4f,
+# PbTensor::~PbTensor) lets go of a tensor's numpy array without taking the GIL, and the stub's own threads can hold
+# the last reference to a BLS response (a decoupled call's response iterator keeps every response until the stub's
+# cleanup thread erases it from its map): a response the BLS let go first then dies on that thread and corrupts the
+# stub's heap ("malloc(): unaligned tcache chunk detected", segfaults in libpython). Held this long, the BLS's is the
+# last reference, dropped here with the GIL. A call's inputs (the whole sequence) no stub thread holds: they go at once.
+RELEASE_SECONDS = 2.0
 # How much of the client's request id an engine call's id keeps (for the engine's logs; the rest is random).
 CLIENT_ID_CHARS = 64
 # What an engine says when its queue is full: the embedded engine names max_queue_size; TensorRT-LLM's executor
 # says "Maximum queue size of N has been reached, please try again later" (executorImpl.cpp enqueueRequests, sent
 # as INTERNAL by the backend's enqueue); Triton's own scheduler says "Exceeds maximum queue size" (UNAVAILABLE).
 _QUEUE_FULL_SIGNS = ("max_queue_size", "maximum queue size")
+
+
+class _Held:
+    """Responses let go RELEASE_SECONDS after they came, by the thread that brings the next ones (so with the GIL)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._due: deque = deque()
+
+    def hold(self, responses: list) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._due.append((now + RELEASE_SECONDS, responses))
+            gone = []
+            while self._due and self._due[0][0] <= now:
+                gone.append(self._due.popleft())
+        gone.clear()  # out of the lock
+
+
+_HELD = _Held()
 
 
 class _Flight:
@@ -112,8 +140,9 @@ class BlsEngineClient:
         self.call_timeout_ms, self.deadline = call_timeout_ms, deadline
         self.decoupled = decoupled  # the model streams its responses (NVIDIA's decoupled_mode)
         self.watch = watch
-        # No call or response outlives its reading: each holds its tensors in this model's shared-memory region
-        # (the Python backend frees them when the last reference goes, shm_manager.h), which only grows.
+        # A call and its responses hold their tensors in this model's shared-memory region (freed when the last
+        # reference goes, python_backend shm_manager.h; the region only grows): a call is let go once answered, its
+        # responses RELEASE_SECONDS later.
 
     @property
     def streams(self) -> bool:
@@ -197,6 +226,7 @@ class BlsEngineClient:
             raise self.failure(str(exc)) from None
         finally:
             self.reloader.opened(self.model_name, -1)
+        _HELD.hold(responses)
         tensors: dict[str, np.ndarray] = {}
         for response in responses:
             if response.has_error():
@@ -274,6 +304,7 @@ class BlsEngineClient:
 
         def run():
             responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
+            _HELD.hold(responses)
             for response in responses:
                 if response.has_error():
                     raise self.failure(response.error())
@@ -332,16 +363,17 @@ class _Stream:
                 items.put(_END)
                 return
             client.reloader.opened(client.model_name, 1)
+            responses: list = []
             try:
-                # each response is let go once read (the iterator holds the call's until its last)
                 for response in self.call.exec(decoupled=True):
+                    responses.append(response)
                     items.put(response)
-                    del response
             except Exception as exc:  # pb_utils.TritonModelException: e.g. a model that is not loaded
                 items.put(exc)
             finally:
                 client.reloader.opened(client.model_name, -1)
                 self.call = None  # its inputs: the whole sequence
+                _HELD.hold(responses)
             items.put(_END)
 
         started = heard = checked = time.monotonic()
@@ -370,9 +402,7 @@ class _Stream:
                         raise client.failure(item.error())
                     client.reloader.answered(client.model_name)
                     if not self.stopping:
-                        tensors = {t.name(): t.as_numpy().copy() for t in item.output_tensors()}
-                        item = None  # its shared memory goes with it
-                        yield self.results(tensors)
+                        yield self.results({t.name(): t.as_numpy().copy() for t in item.output_tensors()})
                 self._restop(now)
                 if not self.stopping and now - checked >= WATCH_SECONDS:
                     checked = now
@@ -398,6 +428,7 @@ class _Stream:
             except queue.Empty:
                 if self.client.lost(started, heard):
                     return
+                self._restop(time.monotonic())
                 continue
             if item is _END:
                 self.finished = True
