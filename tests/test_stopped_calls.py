@@ -33,7 +33,7 @@ def engine(built_none):
 
 class _Forward:
     """The scheduler's model, with a stop that arrives while a forward pass is in flight (on a GPU the executor
-    always has one), and that pass taking `seconds` longer."""
+    always has one), and every pass taking `seconds` longer (a step of that length)."""
 
     def __init__(self, model, stop, seconds=0.0):
         self.model, self.stop, self.seconds, self.armed = model, stop, seconds, False
@@ -42,7 +42,7 @@ class _Forward:
         if self.armed:
             self.armed = False
             self.stop()
-            time.sleep(self.seconds)
+        time.sleep(self.seconds)
         return self.model.forward(segments)
 
 
@@ -108,8 +108,8 @@ def test_each_streamed_response_gets_its_own_tokens_log_probs():
 
 
 class _StoppingClient:
-    """The embedded engine behind the streaming contract, where `stop_soon` reaches the engine during the next
-    forward pass, which takes `step_seconds` longer."""
+    """The embedded engine behind the streaming contract, whose streamed calls' steps take `step_seconds`, and where
+    `stop_soon` reaches the engine during the next forward pass."""
 
     def __init__(self, engine, step_seconds: float):
         self.engine, self.step_seconds, self.streams, self.stops = engine, step_seconds, True, 0
@@ -181,8 +181,9 @@ def _draft_model(client):
 
 def test_a_stretch_stopped_for_a_draft_loses_a_step_and_the_draft_pays_for_it(engine):
     """The stretch's call is stopped where drafting comes back; its step in flight brings nothing (the loop waits
-    for no token), the output is the target's own, and the lost step is counted and charged to the draft."""
-    step = 0.3
+    for no token), the output is the target's own, and the lost step, one step of the stretch's, is counted and
+    charged to the draft."""
+    step = 0.2
     whole = engine.generate(GenerationRequest(PROMPT, 40, end_id=-1)).new_tokens
     client = _StoppingClient(engine, step)
     policy, stats = _Scripted(plain=3), RequestStats()
@@ -193,10 +194,10 @@ def test_a_stretch_stopped_for_a_draft_loses_a_step_and_the_draft_pays_for_it(en
     assert tokens == whole and client.stops == 1
     assert stats.wasted_steps == 1 and stats.finish_reason == "length"
     drafts = [seconds for drafted, _, seconds in policy.observed if drafted]
-    assert drafts[0] >= step  # the first draft after the stop carries the lost step
+    assert drafts[0] >= 0.8 * step  # the first draft after the stop carries the lost step (verifying is quick)
     assert all(seconds < step for seconds in drafts[1:])
     plain = [(n, seconds) for drafted, n, seconds in policy.observed if not drafted]
-    assert all(seconds < step for n, seconds in plain if n)  # no plain token is charged with it
+    assert all(seconds < (n + 0.5) * step for n, seconds in plain if n)  # no plain token is charged with it
 
 
 class _StoppedDrafts:

@@ -45,10 +45,10 @@ prompt lookup finds a match) the policy decides again while the call goes on, an
 drafting comes back; it is then read on to its end. That stop costs a step: TensorRT-LLM ends a cancelled request
 after the step in flight and clears its tokens (forwardSync: clearGeneratedTokens, trtGptModelInflightBatching.cpp
 b35ac1b6), so the call's last response holds no token, and the loop counts on none (a token that does come is
-relayed). The step is counted (RequestStats.wasted_steps) and its time goes to the cost the policy observes for the
-draft the stop made way for. A new engine call joins the batch at the next forward pass at the earliest, so under
-load each one costs its request about a step; a request whose drafting never pays is one call after its first
-token, as it would be without speculation.
+relayed). The step is counted (RequestStats.wasted_steps) and its time, at most the stretch's time per token, goes
+to the cost the policy observes for the draft the stop made way for. A new engine call joins the batch at the next
+forward pass at the earliest, so under load each one costs its request about a step; a request whose drafting never
+pays is one call after its first token, as it would be without speculation.
 Not streamed to the client, each stretch is one unary call: a response per token would cost every token a trip
 through two Python stubs and the server that nobody reads (on a 2-core CPU, 6% of a request's time). So that
 prompt lookup is not missed, the call carries as stop words the n-grams after which lookup would find a
@@ -335,7 +335,10 @@ class _Speculation:
                 source=source if offers is not None else None,
             )
         if wasted is not None:
-            self.switch_seconds = wasted
+            # a lost step costs one step: the stretch's own time per token bounds what the stop's wait is charged
+            # (the wait also holds the stop's way to the engine, which a busy machine stretches)
+            per_token = (stretch_end - drafted_at) / len(new) if new else wasted
+            self.switch_seconds = min(wasted, per_token)
         return Iteration(
             new,
             num_draft_tokens=num_draft_tokens,
