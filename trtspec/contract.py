@@ -224,9 +224,48 @@ def check_neutral(t: dict[str, np.ndarray], specs=ENGINE_INPUTS) -> None:
                 raise RequestError(spec.name, problem)
 
 
+# The retention hints change only which KV blocks a cache keeps, so the engine ignores them, but it refuses what
+# TensorRT-LLM refuses: utils.cc getKvCacheRetentionConfigFromTensors (c8c6df08) and the KvCacheRetentionConfig
+# constructor (kvCacheRetentionConfig.cpp), whose priorities lie in [kMinRetentionPriority, kMaxRetentionPriority].
+_RETENTION = "retention_token_range_"
+_PRIORITIES = range(0, 101)
+
+
+def check_retention(t: dict[str, np.ndarray]) -> None:
+    """Refuse retention hints TensorRT-LLM's backend would refuse, naming the input."""
+    for priority in np.asarray(t.get("retention_decode_priority", [])).reshape(-1).tolist():
+        if int(priority) not in _PRIORITIES:
+            raise RequestError("retention_decode_priority", f"a priority must lie in [0, 100], got {priority}")
+    if _RETENTION + "starts" not in t:
+        return
+    starts = np.asarray(t[_RETENTION + "starts"]).reshape(-1).astype(int).tolist()
+    columns = {}
+    for name, required in (("ends", True), ("priorities", True), ("durations_ms", False)):
+        given = _RETENTION + name in t
+        values = np.asarray(t[_RETENTION + name]).reshape(-1).astype(int).tolist() if given else None
+        if (required and not given) or (given and len(values) != len(starts)):
+            must = "must be provided, and have" if required else "must have"
+            raise RequestError(_RETENTION + name, f"{must} the same length as {_RETENTION}starts")
+        columns[name] = values
+    for priority in columns["priorities"]:
+        if int(priority) not in _PRIORITIES:
+            raise RequestError(_RETENTION + "priorities", f"a priority must lie in [0, 100], got {priority}")
+    ranges = sorted(zip(starts, [None if end == -1 else end for end in columns["ends"]], strict=True))
+    for i, (start, end) in enumerate(ranges):
+        if end is None and i != len(ranges) - 1:
+            raise RequestError(_RETENTION + "ends", "only the last range may run to the end (-1)")
+        if start < 0:
+            raise RequestError(_RETENTION + "starts", "token indices must be non-negative")
+        if end is not None and start >= end:
+            raise RequestError(_RETENTION + "ends", "a range must have a positive, non-zero length")
+        if i != len(ranges) - 1 and end > ranges[i + 1][0]:
+            raise RequestError(_RETENTION + "starts", "token ranges must be non-overlapping")
+
+
 def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
     """Tensors of one request (batch dim 1) -> GenerationRequest; raises RequestError naming the tensor."""
     check_neutral(t)
+    check_retention(t)
     for spec in ENGINE_INPUTS:
         if not spec.optional and spec.name not in t:
             raise RequestError(spec.name, "is required")

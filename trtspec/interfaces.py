@@ -11,8 +11,8 @@ speculation statistics and controls) are marked `extension`.
 
 What an input means to trtspec is its `support`:
 - USED: it does what TensorRT-LLM does with it;
-- IGNORED: accepted with any value, because it changes nothing at beam width 1 (beam-search knobs) or only
-  which KV blocks a cache keeps (retention hints);
+- IGNORED: accepted, because it changes nothing at beam width 1 (beam-search knobs) or only which KV blocks a
+  cache keeps (retention hints, refused where TensorRT-LLM refuses them: contract.check_retention);
 - a neutral value (NEUTRAL_EMPTY: absent, no elements or empty strings; NEUTRAL_ZERO: also all zeros; or a
   number): accepted at that value, refused with an
   error naming the input otherwise (beam search, LoRA, prompt tables, guided decoding, embedding bias, encoder
