@@ -7,7 +7,6 @@ import queue
 import threading
 import time
 import uuid
-from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_for
@@ -38,39 +37,12 @@ STOP_TIMEOUT_SECONDS = 2.0
 RESTOP_SECONDS = 0.1
 # A call silent this long asks whether its model is still alive (see BlsEngineClient.lost).
 SILENT_SECONDS = 1.0
-# How long a response is held after its call ended. Triton's Python backend before 2.54 (python_backend b771f4f,
-# PbTensor::~PbTensor) lets go of a tensor's numpy array without taking the GIL, and the stub's own threads can hold
-# the last reference to a BLS response (a decoupled call's response iterator keeps every response until the stub's
-# cleanup thread erases it from its map): a response the BLS let go first then dies on that thread and corrupts the
-# stub's heap ("malloc(): unaligned tcache chunk detected", segfaults in libpython). Held this long, the BLS's is the
-# last reference, dropped here with the GIL. A call's inputs (the whole sequence) no stub thread holds: they go at once.
-RELEASE_SECONDS = 2.0
 # How much of the client's request id an engine call's id keeps (for the engine's logs; the rest is random).
 CLIENT_ID_CHARS = 64
 # What an engine says when its queue is full: the embedded engine names max_queue_size; TensorRT-LLM's executor
 # says "Maximum queue size of N has been reached, please try again later" (executorImpl.cpp enqueueRequests, sent
 # as INTERNAL by the backend's enqueue); Triton's own scheduler says "Exceeds maximum queue size" (UNAVAILABLE).
 _QUEUE_FULL_SIGNS = ("max_queue_size", "maximum queue size")
-
-
-class _Held:
-    """Responses let go RELEASE_SECONDS after they came, by the thread that brings the next ones (so with the GIL)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._due: deque = deque()
-
-    def hold(self, responses: list) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._due.append((now + RELEASE_SECONDS, responses))
-            gone = []
-            while self._due and self._due[0][0] <= now:
-                gone.append(self._due.popleft())
-        gone.clear()  # out of the lock
-
-
-_HELD = _Held()
 
 
 class _Flight:
@@ -141,8 +113,14 @@ class BlsEngineClient:
         self.decoupled = decoupled  # the model streams its responses (NVIDIA's decoupled_mode)
         self.watch = watch
         # A call and its responses hold their tensors in this model's shared-memory region (freed when the last
-        # reference goes, python_backend shm_manager.h; the region only grows): a call is let go once answered, its
-        # responses RELEASE_SECONDS later.
+        # reference goes, python_backend shm_manager.h; the region only grows). A call (its inputs: the whole
+        # sequence) is let go once answered. Its responses (new tokens only: exclude_input_in_output) live as long as
+        # the request: Triton's Python backend before 2.54 (python_backend b771f4f, PbTensor::~PbTensor) lets go of a
+        # tensor's numpy array without the GIL, and the stub's own cleanup thread can hold the last reference to a
+        # BLS response (a decoupled call's response iterator keeps every response until that thread erases it), so
+        # a response the BLS let go first dies on that thread and corrupts the stub's heap ("malloc(): unaligned
+        # tcache chunk detected"); held to the request's end, the BLS's is the last reference.
+        self.kept: list = []
 
     @property
     def streams(self) -> bool:
@@ -226,7 +204,7 @@ class BlsEngineClient:
             raise self.failure(str(exc)) from None
         finally:
             self.reloader.opened(self.model_name, -1)
-        _HELD.hold(responses)
+        self.kept += responses
         tensors: dict[str, np.ndarray] = {}
         for response in responses:
             if response.has_error():
@@ -304,7 +282,7 @@ class BlsEngineClient:
 
         def run():
             responses = list(call.exec(decoupled=True)) if self.decoupled else [call.exec()]
-            _HELD.hold(responses)
+            self.kept += responses
             for response in responses:
                 if response.has_error():
                     raise self.failure(response.error())
@@ -373,7 +351,7 @@ class _Stream:
             finally:
                 client.reloader.opened(client.model_name, -1)
                 self.call = None  # its inputs: the whole sequence
-                _HELD.hold(responses)
+                client.kept += responses
             items.put(_END)
 
         started = heard = checked = time.monotonic()
