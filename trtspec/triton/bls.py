@@ -87,6 +87,8 @@ class TritonPythonModel:
         self.end_ids = declared_end_ids(settings.tokenizer_dir, self.tokenizer.eos_token_id)
         self.metrics = Metrics(self.name, settings.build_info())
         self.reloader.health.on_change = self.metrics.engine_health  # the liveness signal (trtspec.engine_health)
+        for engine in filter(None, (settings.tensorrt_llm_model_name, draft_name)):  # at 0 from the start
+            self.metrics.engine_health(engine, None)
         self.metrics.break_even(*self.costs.break_even_at(1, self.settings.max_draft_len))
         self.metrics.gpu_memory_planned(settings.gpu_memory_planned_fraction)
         # the deployment's rollback, per load range: full draft length, reduced, plain (trtspec.orchestrator.governor)
