@@ -7,12 +7,12 @@ serve` one that exists. The schema check of every kind is in test_trtllm_deploy.
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -417,14 +417,25 @@ def test_mpirun_is_told_it_may_run_as_root_only_as_root(monkeypatch, euid, flag)
 
 
 def _listening(port: int) -> set[str]:
-    """The IPv4 addresses a socket listens on at `port`, read from /proc/net/tcp: where the pod's ports are bound,
-    without sending a packet anywhere but loopback."""
+    """Where a socket listens at `port`, read from /proc/net/tcp and tcp6 (gRPC listens on an IPv6 socket that
+    takes IPv4 too), as IPv4 terms: "127.0.0.1" for loopback, "0.0.0.0" for every interface. Nothing is sent."""
     found = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        local, state = line.split()[1], line.split()[3]
-        address, hex_port = local.split(":")
-        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    for table in ("tcp", "tcp6"):
+        path = Path("/proc/net") / table
+        for line in path.read_text().splitlines()[1:] if path.exists() else ():
+            fields = line.split()
+            address, hex_port = fields[1].split(":")
+            if fields[3] != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                continue
+            raw = bytes.fromhex(address)
+            # the kernel writes each 32-bit word of the address in host (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            ip = ipaddress.ip_address(raw)
+            if ip.version == 6:
+                ip = ip.ipv4_mapped or (
+                    ipaddress.ip_address("127.0.0.1") if ip.is_loopback else ipaddress.ip_address("0.0.0.0")
+                )
+            found.add(str(ip))
     return found
 
 
