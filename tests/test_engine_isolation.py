@@ -6,7 +6,6 @@ runs on the embedded engine models and on the strict stand-in of TensorRT-LLM's 
 from __future__ import annotations
 
 import contextlib
-import json
 import queue
 import threading
 import time
@@ -96,39 +95,6 @@ def test_a_full_engine_queue_refuses_at_once_and_the_server_keeps_serving(server
         call.close()
 
 
-@pytest.mark.server
-@pytest.mark.parametrize("backend", ["embedded", "tensorrtllm-standin"])
-def test_a_full_queue_s_refusal_over_http_is_503_from_the_embedded_engine(tmp_path, backend):
-    """Over HTTP, where Triton maps a response's code to a status (the /infer endpoint of a unary model: Triton's
-    /generate reads the code of an error it has already freed, and answers 400 for every error of a decoupled
-    model, http_server.cc GenerateRequestClass::InferResponseComplete), the embedded engine's refusal is 503; the
-    stand-in's, as TensorRT-LLM's backend answers it (TRITONSERVER_ERROR_INTERNAL), 500."""
-    server = _served(tmp_path, backend, decoupled=False)
-    server.start(timeout=300)
-    try:
-        with full_queue(server, streaming=False):
-            body = json.dumps(
-                {
-                    "inputs": [
-                        {"name": "input_ids", "shape": [1, 4], "datatype": "INT32", "data": [5, 9, 23, 7]},
-                        {"name": "input_lengths", "shape": [1, 1], "datatype": "INT32", "data": [4]},
-                        {"name": "request_output_len", "shape": [1, 1], "datatype": "INT32", "data": [4]},
-                    ]
-                }
-            ).encode()
-            req = urllib.request.Request(
-                f"{server.http_base_url}/v2/models/tensorrt_llm/infer",
-                data=body,
-                headers={"Content-Type": "application/json"},
-            )
-            with pytest.raises(urllib.error.HTTPError) as refused:
-                urllib.request.urlopen(req, timeout=60)
-            error = json.loads(refused.value.read().decode())["error"]
-            assert refused.value.code == (503 if backend == "embedded" else 500) and _refusal(server) in error
-    finally:
-        server.stop()
-
-
 # ---- helpers ---------------------------------------------------------------------------------------------------
 
 
@@ -156,30 +122,21 @@ def _refusal(server) -> str:
 
 
 @contextlib.contextmanager
-def full_queue(server, streaming: bool = True):
+def full_queue(server):
     """Every batch slot of the target taken and its queue full (direct calls, stopped by their ids after)."""
     ids = ["running-0", "running-1", "waiting"]
     calls = []
     try:
-        for running, request_id in enumerate(ids[:2], start=1):
-            if streaming:
-                calls.append(engine_call(server, engine_tensors(streaming=True), request_id))
-                calls[-1].first()
-            else:
-                # A unary call shows nothing until it ends: wait until it runs before the next is sent, since Triton's
-                # own queue in front of the model (the same max_queue_size) refuses a second call waiting beside it,
-                # which a busy machine's slower hand-off to the engine would otherwise make happen.
-                calls.append(engine_call(server, engine_tensors(), request_id, unary=True))
-                deadline = time.monotonic() + 60
-                while engine_metric(server, "trtspec_engine_running_calls") < running:
-                    assert time.monotonic() < deadline
-        calls.append(engine_call(server, engine_tensors(), ids[2], unary=not streaming))
+        for request_id in ids[:2]:
+            calls.append(engine_call(server, engine_tensors(streaming=True), request_id))
+            calls[-1].first()
+        calls.append(engine_call(server, engine_tensors(), ids[2]))
         with pytest.raises(queue.Empty):  # waiting, not refused
             calls[-1].responses.get(timeout=0.5)
         yield
     finally:
         for call, request_id in zip(calls, ids, strict=False):
-            stop(server, request_id, unary=not streaming)
+            stop(server, request_id)
             call.rest()
             call.close()
 
@@ -189,15 +146,6 @@ def bls_errors(server, kind: str) -> float:
     text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
     for line in text.splitlines():
         if line.startswith("trtspec_request_errors_total{") and f'kind="{kind}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def engine_metric(server, name: str) -> float:
-    time.sleep(0.3)  # engine_model.REPORT_SECONDS
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-    for line in text.splitlines():
-        if line.startswith(f'{name}{{model="tensorrt_llm"}}'):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
