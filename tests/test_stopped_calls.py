@@ -12,10 +12,10 @@ import uuid
 import numpy as np
 import pytest
 import torch
+from test_streaming import Scripted
 
 from trtspec.contract import GenerationRequest, GenerationResult, StreamedResults
 from trtspec.errors import EngineError
-from trtspec.orchestrator.adaptive import Decision
 from trtspec.orchestrator.loop import SpecRequest, speculate
 from trtspec.orchestrator.stats import RequestStats
 
@@ -155,19 +155,8 @@ class _Call:
         self.forward.armed = True
 
 
-class _Scripted:
-    """Plain stretches of 5 for its first `plain` decisions, then drafts of 2; records what it observes."""
-
-    def __init__(self, plain: int):
-        self.left, self.observed, self.fallbacks = plain, [], {}
-
-    def decide(self, remaining, offers=None):
-        if remaining <= 1:
-            return Decision(0, plain_tokens=remaining)
-        if self.left:
-            self.left -= 1
-            return Decision(0, plain_tokens=5, reason="low_acceptance")
-        return Decision(2)
+class _Scripted(Scripted):
+    """test_streaming's policy (plain stretches of 5, then drafts of 2), recording the time each iteration costs too."""
 
     def observe(self, *, num_draft_tokens, tokens, verify_seconds, **_):
         self.observed.append((num_draft_tokens, tokens, verify_seconds))
