@@ -1,0 +1,298 @@
+"""What a deployment's engines cost on the machine they run on, measured when it starts.
+
+A `Calibration` is a table of seconds, measured through Triton by `trtspec serve` (trtspec/calibrate_run.py):
+
+- plain_seconds {batch: s}: one plain target step while `batch` requests decode together (per token of a stretch;
+  the call's own overhead is in round_trip_seconds);
+- verify_seconds {batch: {k: s}}: one target pass where each of `batch` requests verifies k draft tokens (k + 1
+  rows each), the engine's part of the call;
+- draft_seconds {k: s}: one draft-model call producing k tokens, the engine's part;
+- round_trip_seconds: what an engine call costs outside the engine (Triton, the BLS's request and response).
+
+`cost_model(load)` turns the table into the adaptive policy's `CostModel` (trtspec/orchestrator/adaptive.py) in
+units of one plain step at that load: a speculative iteration of k costs a draft call and a verification call,
+
+    cost(k) = (draft(k) + rt + verify(B, k) + rt) / plain(B)  ~  1 + v0 + (c + b) * k
+
+with c fitted through the origin on the draft calls (so prompt lookup, c = 0, pays no draft call at all) and
+v0, b fitted as a line over k on the verification calls. The batch B of a load is interpolated between measured
+batches (linear), clamped to the ends.
+
+The server writes the calibration as JSON to a file whose path is in TRTSPEC_CALIBRATION_FILE (the Python-backend
+stubs inherit it); the BLS re-reads it with `CalibrationWatch` when the file changes (after `trtspec bench --apply`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.orchestrator.adaptive import CostModel
+
+CALIBRATION_ENV = "TRTSPEC_CALIBRATION_FILE"
+FILE_NAME = "calibration.json"
+FORMAT = 1  # bumped when the JSON's meaning changes; an older file is measured again
+
+
+class CalibrationError(ValueError):
+    """A calibration file or table that cannot be used; the message names the field."""
+
+
+def _interpolate(table: dict[int, float], x: float) -> float:
+    """Linear between the measured points around x, clamped to the first and last."""
+    points = sorted(table.items())
+    if not points:
+        raise CalibrationError("an empty table has no value to interpolate")
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return points[-1][1]
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y over x; one point: (y, 0)."""
+    n = len(points)
+    if n == 1:
+        return points[0][1], 0.0
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def machine_identity() -> str:
+    """Where the calibration was measured: host, processor, device count (a pod on other hardware measures again)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()} | {cpu} | {os.cpu_count()} cpus"
+
+
+def engine_identity(engine_dirs: list[str | os.PathLike[str]]) -> str:
+    """A hash of the engines' config.json files (and their sizes): a rebuilt engine is a different one."""
+    digest = hashlib.sha256()
+    for directory in engine_dirs:
+        directory = Path(directory)
+        for path in sorted(directory.glob("*")):
+            if path.is_file():
+                digest.update(path.name.encode())
+                digest.update(str(path.stat().st_size).encode())
+                if path.name == "config.json":
+                    digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class Calibration:
+    plain_seconds: dict[int, float]
+    verify_seconds: dict[int, dict[int, float]]
+    draft_seconds: dict[int, float] = field(default_factory=dict)  # empty: no draft model deployed
+    round_trip_seconds: float = 0.0
+    machine: str = ""
+    engines: str = ""  # engine_identity of the engines measured
+    measured_at: float = 0.0  # time.time()
+    took_seconds: float = 0.0  # how long the measurement took
+
+    def __post_init__(self) -> None:
+        if not self.plain_seconds:
+            raise CalibrationError("plain_seconds: no batch measured; measure at least batch 1")
+        if not self.verify_seconds or not all(self.verify_seconds.values()):
+            raise CalibrationError("verify_seconds: no verifying pass measured; measure k = 1 at batch 1 at least")
+        for name, value in self._values():
+            if not (value >= 0.0 and value < float("inf")):
+                raise CalibrationError(f"{name}: {value!r} is not a duration in seconds (finite, at least 0)")
+        if min(self.plain_seconds.values()) <= 0.0:
+            raise CalibrationError("plain_seconds: a plain step of 0 s cannot be a unit of cost")
+
+    def _values(self):
+        yield from ((f"plain_seconds[{b}]", s) for b, s in self.plain_seconds.items())
+        yield from ((f"verify_seconds[{b}][{k}]", s) for b, ks in self.verify_seconds.items() for k, s in ks.items())
+        yield from ((f"draft_seconds[{k}]", s) for k, s in self.draft_seconds.items())
+        yield "round_trip_seconds", self.round_trip_seconds
+
+    # --- the table at a load ---------------------------------------------------------------------------------
+    @property
+    def max_batch(self) -> int:
+        return max(self.plain_seconds)
+
+    def plain_at(self, batch: float) -> float:
+        """Seconds of one plain step with `batch` requests in the pass."""
+        return _interpolate(self.plain_seconds, batch)
+
+    def verify_at(self, batch: float, k: int) -> float:
+        """Seconds of a pass where each of `batch` requests verifies k draft tokens (engine's part of the call);
+        k beyond the measured ones follows the line through the largest two."""
+        by_batch = {b: self._verify_k(ks, k) for b, ks in self.verify_seconds.items()}
+        return _interpolate(by_batch, batch)
+
+    @staticmethod
+    def _verify_k(ks: dict[int, float], k: int) -> float:
+        if k in ks:
+            return ks[k]
+        intercept, slope = _line(sorted(ks.items()))
+        return max(intercept + slope * k, 0.0) if k > max(ks) or k < min(ks) else _interpolate(ks, k)
+
+    def draft_at(self, k: int) -> float:
+        """Seconds of a draft call of k tokens (engine's part); 0 where no draft model was measured."""
+        if not self.draft_seconds or k <= 0:
+            return 0.0
+        if k in self.draft_seconds:
+            return self.draft_seconds[k]
+        intercept, slope = _line(sorted(self.draft_seconds.items()))
+        return max(intercept + slope * k, 0.0)
+
+    def cost_model(self, load: int) -> CostModel:
+        """The adaptive policy's costs at `load` requests in flight, in plain steps at that load."""
+        batch = min(max(load, 1), self.max_batch)
+        plain = self.plain_at(batch)
+        ks = sorted(set().union(*self.verify_seconds.values()))
+        rt = self.round_trip_seconds
+        verify = [(k, (self.verify_at(batch, k) + rt) / plain) for k in ks]
+        intercept, slope = _line(verify)
+        draft = [(k, (self.draft_seconds[k] + rt) / plain) for k in sorted(self.draft_seconds)]
+        # through the origin: a draft call's whole cost is the draft model's (prompt lookup makes none)
+        c = sum(k * y for k, y in draft) / sum(k * k for k, _ in draft) if draft else 0.0
+        return CostModel(
+            draft_cost_ratio=max(c, 0.0), verify_cost_per_token=max(slope, 0.0), verify_cost_fixed=max(intercept - 1, 0)
+        )
+
+    # --- stored -------------------------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "plain_seconds": {str(b): s for b, s in sorted(self.plain_seconds.items())},
+                "verify_seconds": {
+                    str(b): {str(k): s for k, s in sorted(ks.items())} for b, ks in sorted(self.verify_seconds.items())
+                },
+                "draft_seconds": {str(k): s for k, s in sorted(self.draft_seconds.items())},
+                "round_trip_seconds": self.round_trip_seconds,
+                "machine": self.machine,
+                "engines": self.engines,
+                "measured_at": self.measured_at,
+                "took_seconds": self.took_seconds,
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Calibration:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise CalibrationError(f"not JSON ({exc}); measure again (trtspec bench --apply)") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise CalibrationError(
+                f"format: {data.get('format') if isinstance(data, dict) else None!r} is not {FORMAT}; "
+                "measure again (trtspec bench --apply)"
+            )
+        try:
+            return cls(
+                plain_seconds={int(b): float(s) for b, s in data["plain_seconds"].items()},
+                verify_seconds={
+                    int(b): {int(k): float(s) for k, s in ks.items()} for b, ks in data["verify_seconds"].items()
+                },
+                draft_seconds={int(k): float(s) for k, s in data.get("draft_seconds", {}).items()},
+                round_trip_seconds=float(data.get("round_trip_seconds", 0.0)),
+                machine=str(data.get("machine", "")),
+                engines=str(data.get("engines", "")),
+                measured_at=float(data.get("measured_at", 0.0)),
+                took_seconds=float(data.get("took_seconds", 0.0)),
+            )
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            if isinstance(exc, CalibrationError):
+                raise
+            raise CalibrationError(f"{exc.__class__.__name__}: {exc}; measure again (trtspec bench --apply)") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write atomically (a BLS reading it never sees half of it)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Calibration:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise CalibrationError(f"{path}: {exc.strerror or exc}") from None
+        try:
+            return cls.from_json(text)
+        except CalibrationError as exc:
+            raise CalibrationError(f"{path}: {exc}") from None
+
+    def matches(self, engines: str, machine: str | None = None) -> bool:
+        """Whether this calibration was measured on these engines on this machine (then it can be reused)."""
+        return self.engines == engines and self.machine == (machine_identity() if machine is None else machine)
+
+    def table(self) -> list[list[str]]:
+        """Rows for a printed table: batch, plain step ms, verify ms for each k, and the cost model's c, v0, b."""
+        ks = sorted(set().union(*self.verify_seconds.values()))
+        rows = [["batch", "plain ms", *(f"verify k={k} ms" for k in ks), "c", "v0", "b"]]
+        for batch in sorted(self.plain_seconds):
+            costs = self.cost_model(batch)
+            rows.append(
+                [
+                    str(batch),
+                    f"{self.plain_seconds[batch] * 1e3:.1f}",
+                    *(f"{self.verify_at(batch, k) * 1e3:.1f}" for k in ks),
+                    f"{costs.draft_cost_ratio:.2f}",
+                    f"{costs.verify_cost_fixed:.2f}",
+                    f"{costs.verify_cost_per_token:.2f}",
+                ]
+            )
+        return rows
+
+    def summary(self) -> str:
+        drafts = ", ".join(f"k={k}: {s * 1e3:.1f} ms" for k, s in sorted(self.draft_seconds.items())) or "none"
+        rt = self.round_trip_seconds * 1e3
+        return f"draft calls {drafts}; round trip {rt:.2f} ms; measured in {self.took_seconds:.1f} s"
+
+
+class CalibrationWatch:
+    """The BLS's side: the calibration file re-read when it changed, at most every `interval` seconds."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, interval: float = 1.0):
+        path = path if path is not None else os.environ.get(CALIBRATION_ENV)
+        self.path = Path(path) if path else None
+        self.interval = interval
+        self._checked = float("-inf")
+        self._stamp: tuple | None = None
+        self.error: str | None = None  # why the file last read could not be used
+
+    def poll(self) -> Calibration | None:
+        """A Calibration newly read from the file, or None (no file, unchanged, or unusable: see `error`)."""
+        if self.path is None or time.monotonic() - self._checked < self.interval:
+            return None
+        self._checked = time.monotonic()
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            return None
+        if stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        try:
+            calibration = Calibration.load(self.path)
+        except CalibrationError as exc:
+            self.error = str(exc)
+            return None
+        self.error = None
+        return calibration
