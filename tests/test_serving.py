@@ -516,7 +516,9 @@ def test_a_streamed_plain_request_is_one_engine_call(spec_server):
         calls = engine_metric(spec_server, "trtspec_engine_calls_total")
         parts = stream(fields | {"stream": True})
         assert ids_of(parts) == ids_of(whole) and len(ids_of(whole)) == 40
-        assert len([p for p in parts if ids_of([p])]) == 40  # relayed token by token
+        # relayed as they come: a token per response while the reader keeps up, several in one where it fell behind
+        # (one per token for a reader that keeps up: tests/test_stream_coalescing.py)
+        assert 0 < len([p for p in parts if ids_of([p])]) <= 40
         assert engine_metric(spec_server, "trtspec_engine_calls_total") - calls == 1  # not 40
 
 

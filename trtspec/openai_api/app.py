@@ -238,6 +238,16 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
+def text_events(chunks: Chunks):
+    """text -> the server-sent event of a text chunk, byte for byte `_sse(chunks.text(text))`: the event is rendered
+    once around a placeholder, so a streamed chunk costs the encoding of its text and no more (framing alone)."""
+    mark = json.dumps("\x00")
+    head, found, tail = _sse(chunks.text("\x00")).partition(mark)
+    if not found or mark in tail:  # the placeholder is not the text alone (cannot happen with ids and names as made)
+        return lambda text: _sse(chunks.text(text))
+    return lambda text: head + json.dumps(text) + tail
+
+
 def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
     """The Starlette app; `deployment` must be connected (Deployment.connect). With `api_key`, every route but
     /health answers only to `Authorization: Bearer <key>`."""
@@ -318,6 +328,7 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
                 raise bls_error(exc, req) from exc
             raise
         chunks, stop = Chunks(req, dep.served_model), StopText(req.stop)
+        text_event = text_events(chunks)
 
         async def events():
             item = first
@@ -331,7 +342,7 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
                             yield _sse(chunks.usage(prompt_tokens, item))
                         break
                     if piece := stop.push(item.text):
-                        yield _sse(chunks.text(piece))
+                        yield text_event(piece)
                     if dep.stopping.is_set():
                         raise APIError(503, "the server is stopping; retry the request", code="unavailable")
                     item = await anext(responses)

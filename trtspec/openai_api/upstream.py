@@ -71,8 +71,10 @@ class Upstream:
         return collector.finish(time.perf_counter())
 
     async def stream(self, fields: dict) -> AsyncIterator[Chunk | Completion]:
-        """One streamed generation: each response that carries text or tokens as a Chunk when it arrives, then the
-        Completion. Leaving the iteration early (aclose) closes the connection, which cancels the request."""
+        """One streamed generation: the responses that carry text or tokens as Chunks, then the Completion. Every
+        response that one read of the connection brings is one Chunk (their text and tokens together): the BLS's
+        responses that came while the front was busy writing go to the client as one event, not a queue of them.
+        Leaving the iteration early (aclose) closes the connection, which cancels the request."""
         sent_at = time.perf_counter()
         collector = Collector(sent_at, None)
         chunks = collector.completion.chunks
@@ -86,13 +88,12 @@ class Upstream:
                     break
                 buffer += data
                 *events, buffer = buffer.split(b"\n\n")
+                seen = len(chunks)
                 for event in events:
-                    if (payload := _data(event)) is None:
-                        continue
-                    seen = len(chunks)
-                    collector.add(time.perf_counter(), parse_event(payload, self.client))
-                    if len(chunks) > seen:
-                        yield chunks[-1]
+                    if (payload := _data(event)) is not None:
+                        collector.add(time.perf_counter(), parse_event(payload, self.client))
+                if len(chunks) > seen:
+                    yield merged(chunks[seen:])
             if (payload := _data(buffer)) is not None:  # a last event without its blank line
                 collector.add(time.perf_counter(), parse_event(payload, self.client))
         yield collector.finish(time.perf_counter())
@@ -151,3 +152,10 @@ def _data(event: bytes) -> str | None:
     """The `data:` payload of one server-sent event, or None if it has none."""
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines).decode("utf-8", "replace") if lines else None
+
+
+def merged(chunks: list[Chunk]) -> Chunk:
+    """Consecutive chunks as one: their text and tokens in order, arrived when the last did."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return Chunk(chunks[-1].seconds, "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids])

@@ -7,6 +7,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_for
@@ -23,6 +24,7 @@ from trtspec.contract import (
     tensors_to_result,
 )
 from trtspec.errors import Cancelled, EngineBusy, EngineError, EngineUnavailable
+from trtspec.stream_sender import merge_results
 from trtspec.triton.recovery import Reloader, unavailable
 
 # How often a call that is waiting on its engine looks at the client and the request's deadline: a call given up
@@ -309,8 +311,11 @@ _END = object()  # the pump's last item
 
 
 class _Stream:
-    """A streaming call as the loop reads it (trtspec.orchestrator.loop.EngineStream): each response's tokens (a
-    streaming engine sends only the tokens since its previous response). A thread of the client's `calls` reads
+    """A streaming call as the loop reads it (trtspec.orchestrator.loop.EngineStream): each item holds the tokens of
+    every response that has come since the previous item (a streaming engine sends only the tokens since its previous
+    response; TensorRT-LLM's sends one response per token): while the request was busy sending its own response,
+    the engine's responses gather and the next read takes them all as one, so the request's next response carries
+    them together. A thread of the client's `calls` reads
     the call's responses into a queue, which the request reads with WATCH_SECONDS waits: between responses it
     checks the client's watch, the request's bound (a timer stops the call there) and whether the model died. A
     stopped call is still read to its final response, which the engine sends within a step; until it comes, the stop
@@ -356,10 +361,11 @@ class _Stream:
 
         started = heard = checked = time.monotonic()
         client.calls.submit(pump)
+        ahead: deque = deque()  # what the last gathering read past: the call's end or a failure
         try:
             while True:
                 try:
-                    item = items.get(timeout=WATCH_SECONDS)
+                    item = ahead.popleft() if ahead else items.get(timeout=WATCH_SECONDS)
                 except queue.Empty:
                     item = None
                 now = time.monotonic()
@@ -379,8 +385,14 @@ class _Stream:
                         self.finished = True  # an error is the call's last response: nothing left to stop
                         raise client.failure(item.error())
                     client.reloader.answered(client.model_name)
+                    results = [self._result(item)]
+                    while (more := _ready(items)) is not None:  # every response already here, as one item
+                        if isinstance(more, Exception) or more is _END or more.has_error():
+                            ahead.append(more)
+                            break
+                        results.append(self._result(more))
                     if not self.stopping:
-                        yield self.results({t.name(): t.as_numpy().copy() for t in item.output_tensors()})
+                        yield merge_results(results)
                 self._restop(now)
                 if not self.stopping and now - checked >= WATCH_SECONDS:
                     checked = now
@@ -396,6 +408,9 @@ class _Stream:
                 self._drain(items, started)
         if self.expired:
             raise EngineError(f"{client.model_name}: no answer within {bound[1]}; stopped it")
+
+    def _result(self, response) -> GenerationResult:
+        return self.results({t.name(): t.as_numpy().copy() for t in response.output_tensors()})
 
     def _drain(self, items: queue.SimpleQueue, started: float) -> None:
         """Wait for a stopped call's last response (it comes within an engine step), unless its model died."""
@@ -439,3 +454,11 @@ class _Stream:
         if self.stopped_at is not None and not self.finished and now - self.stopped_at >= RESTOP_SECONDS:
             self.stopped_at = now
             self.client.send_stop(self.cid)
+
+
+def _ready(items: queue.SimpleQueue):
+    """The next item if one is waiting, else None."""
+    try:
+        return items.get_nowait()
+    except queue.Empty:
+        return None
