@@ -3,12 +3,14 @@
 Steps (each one's output is kept under `<output>/.distill/`, so a re-run with `--resume` skips what is done):
   1. check everything that can be checked before any work: the target's architecture, the output dir, every
      `--data` source (readable, tokenizes into the target's vocabulary);
-  2. the target answers the prompt sets (greedy, plus sampled answers for variety) and reads the given texts;
-     its top-k logits at every answer position are stored with the tokens (`data.py`);
+  2. the target answers the prompt sets (greedy, plus sampled answers for variety) and reads the given texts and
+     captured requests; its top-k logits at every answer position are stored with the tokens (`data.py`);
   3. the draft: a few decoder layers of the target's architecture on the target's embeddings and head, the head
-     restricted to the tokens the target emits most (`draft.py`);
+     restricted to the tokens the target emits most (`draft.py`); or, with `--init-from`, a draft this command
+     wrote before (the deployed one), trained further on new data instead of starting over;
   4. KL training with evaluation every `eval_every` tokens: greedy acceptance on the target's answers to held-out
-     prompts (`train.py`); each evaluation checkpoints the run and rewrites the draft in `<output>`.
+     prompts, or on held-out captured requests when the data has any (`train.py`); each evaluation checkpoints the
+     run and rewrites the draft in `<output>`.
 The result is a Hugging Face checkpoint holding only the draft's own weights; `trtspec build` assembles it with the
 target's (see `trtspec.checkpoint`).
 """
@@ -30,7 +32,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from trtspec import __version__
+from trtspec import __version__, capture
 from trtspec.checkpoint import (
     PACKAGE_SCHEME,
     SHARED_FILE,
@@ -68,6 +70,7 @@ DEFINING = (
     "eval_prompts",
     "eval_tokens",
     "answers_by",
+    "init_from",
 )
 # Who decodes the target's answers: the embedded engine's compact forward (what the deployment runs; one attention
 # call per row, fine on a CPU), or the transformers model on the same rounded weights in padded batches (a GPU's
@@ -101,6 +104,9 @@ class DistillOptions:
     device: str = "auto"
     threads: int | None = None
     answers_by: str = "auto"
+    init_from: str | None = None  # a draft written by `trtspec distill` (the deployed one) to start from
+    heldout_share: float = 0.1  # of captured requests, held out as the evaluation set
+    window: int = 1024  # tokens of a captured request learned from (the prompt's start is cut first)
 
     def defining(self) -> dict:
         values = asdict(self)
@@ -131,6 +137,8 @@ def check_options(o: DistillOptions) -> None:
             raise DistillError(f"--{name.replace('_', '-')} must be positive, got {getattr(o, name)}")
     if not o.data:
         raise DistillError("no --data: give at least one prompt set or text file")
+    if not 0.0 < o.heldout_share < 1.0:
+        raise DistillError(f"--heldout-share must lie strictly between 0 and 1, got {o.heldout_share}")
     if HELDOUT in o.data:
         raise DistillError(f"--data {HELDOUT} is the held-out evaluation set; train on other data")
 
@@ -196,15 +204,28 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     sources = [D.read_source(spec, limit=o.prompts, seed=o.seed) for spec in o.data]
     tokenizer = load_tokenizer(info)
     tokenized = [D.tokenize_source(src, tokenizer, info.vocab_size) for src in sources]
-    heldout, _ = D.tokenize_source(D.read_source(HELDOUT, limit=o.eval_prompts), tokenizer, info.vocab_size)
+    # captured requests: a seeded share of each capture source is the evaluation set (the traffic itself)
+    captured, captured_heldout = [], []
+    for src in sources:
+        train, held = capture.split_heldout(src.captured, o.heldout_share, at_most=o.eval_prompts, seed=o.seed)
+        src.captured = train
+        captured.append(D.captured_pairs(src, info.vocab_size, o.window))
+        captured_heldout += D.captured_pairs(replace(src, captured=held), info.vocab_size, o.window)
+    heldout = []
+    if not captured_heldout:
+        heldout, _ = D.tokenize_source(D.read_source(HELDOUT, limit=o.eval_prompts), tokenizer, info.vocab_size)
     eos = tokenizer.eos_token_id
+    start = _initial_draft(o.init_from, info, fingerprint=_fingerprint(info)) if o.init_from else None
+    if start is not None:
+        layers = start.layers
 
     work = output / WORK_DIR
     work.mkdir(parents=True, exist_ok=True)
     _check_state(work, o)
     console.print(
         f"target {escape(str(info.path))} ({info.architecture}, {info.config['num_hidden_layers']} layers); "
-        f"draft: {len(layers)} layers from target layers {layers} ({o.init}); device {device}, "
+        f"draft: {len(layers)} layers from target layers {layers} "
+        f"({escape('from ' + o.init_from) if o.init_from else o.init}); device {device}, "
         f"{torch.get_num_threads()} threads",
         highlight=False,
     )
@@ -219,7 +240,7 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
         answerer = compact_forward(target, info.architecture, device) if o.answers_by == "engine" else target
         progress.update(step, description="target loaded", total=1, completed=1)
         train_seqs, stats = [], {}
-        for src, (prompt_ids, text_ids) in zip(sources, tokenized):
+        for src, (prompt_ids, text_ids), pairs in zip(sources, tokenized, captured):
             seqs = []
             for sample in range(o.samples if prompt_ids else 0):
                 temperature = 0.0 if sample == 0 else o.temperature
@@ -250,31 +271,44 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
                     top_k=o.top_k,
                     progress=lambda i, n, t=task: progress.update(t, completed=i, total=n),
                 )
+            if pairs:
+                seqs += _teach_pairs(target, pairs, work, fingerprint, o, progress, f"{src.spec}: captured requests")
             stats[src.spec] = {"sequences": len(seqs), "tokens": sum(s.supervised for s in seqs)}
             train_seqs += seqs
-        heldout_seqs = _answers(
-            answerer, heldout, work, fingerprint, o, 0.0, 0, o.eval_tokens, eos, progress, f"{HELDOUT}: answers"
-        )
+        if captured_heldout:  # the captured answers as they were served: what the deployment's acceptance is
+            heldout_seqs = _teach_pairs(
+                target, captured_heldout, work, fingerprint, o, progress, "held-out captured requests"
+            )
+        else:
+            heldout_seqs = _answers(
+                answerer, heldout, work, fingerprint, o, 0.0, 0, o.eval_tokens, eos, progress, f"{HELDOUT}: answers"
+            )
         del answerer
     if not train_seqs or not sum(s.supervised for s in train_seqs):
         raise DistillError("the data gave no tokens to learn from")
     console.print(
         "data: "
         + ", ".join(f"{escape(k)} {v['sequences']} sequences / {v['tokens']:,} tokens" for k, v in stats.items())
-        + f"; held out: {len(heldout_seqs)} answers / {sum(s.supervised for s in heldout_seqs):,} tokens",
+        + f"; held out{' (captured)' if captured_heldout else ''}: {len(heldout_seqs)} answers / "
+        + f"{sum(s.supervised for s in heldout_seqs):,} tokens",
         highlight=False,
     )
 
     # 3. the draft
     head_file = work / "head.pt"
-    if head_file.is_file():
+    if start is not None:
+        head_ids = start.head_ids
+    elif head_file.is_file():
         head_ids = torch.load(head_file, weights_only=True)["head_ids"]
     else:
         head_ids = M.choose_head(
             D.token_counts(train_seqs, info.vocab_size), o.head_tokens, [t for t in (eos,) if t is not None]
         )
         torch.save({"head_ids": head_ids}, head_file)
-    draft = M.make_draft(target, layers, init=o.init, head_ids=head_ids, seed=o.seed).to(device)
+    draft = M.make_draft(target, layers, init=o.init, head_ids=head_ids, seed=o.seed)
+    if start is not None:
+        M.load_own_state(draft, start.state, o.init_from)
+    draft = draft.to(device)
     del target
     if isinstance(draft.lm_head, M.subset_head.SubsetHead):
         draft.lm_head.full_vocab = False
@@ -287,6 +321,7 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
         "command": reproduce_command(o),
         "target": o.target,
         "layers_from_target": layers,
+        "init_from": o.init_from,
         "head_tokens": int(head_ids.numel()) if head_ids is not None else info.vocab_size,
         "options": {
             k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items() if k not in ("output", "resume")
@@ -312,6 +347,55 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
         highlight=False,
     )
     return output
+
+
+@dataclass
+class _Start:
+    layers: list[int]
+    head_ids: torch.Tensor | None
+    state: dict
+
+
+def _initial_draft(spec: str, target_info, fingerprint: str) -> _Start:
+    """The draft `--init-from` names: one `trtspec distill` wrote (its own weights and trtspec_shared.json), for
+    this very target; DistillError naming the mismatch otherwise."""
+    from safetensors.torch import load_file
+
+    path = resolve_checkpoint_path(spec, Path.cwd())
+    info = inspect_checkpoint(path)
+    if info.shared is None:
+        raise DistillError(
+            f"--init-from {spec}: not a draft written by `trtspec distill` (no {SHARED_FILE}); only such a draft "
+            "can be trained further here. Leave --init-from out to distill a new one"
+        )
+    if _fingerprint(info.shared.target) != fingerprint:
+        raise DistillError(
+            f"--init-from {spec} was distilled for the target {info.shared.spec!r}, not this --target; "
+            "give the target it was made for"
+        )
+    recorded = {}
+    if (path / "distill.json").is_file():
+        recorded = json.loads((path / "distill.json").read_text())
+    count = int(info.config["num_hidden_layers"])
+    layers = recorded.get("layers_from_target") or M.default_layers(int(target_info.config["num_hidden_layers"]), count)
+    state = {}
+    for file in sorted(path.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    head_ids = state.get("lm_head.token_ids")
+    return _Start(list(layers), head_ids.long() if head_ids is not None else None, state)
+
+
+def _teach_pairs(target, pairs, work, fingerprint, o, progress, label):
+    key = D.cache_key(kind="captured", target=fingerprint, ids=pairs, top_k=o.top_k, quant=o.target_quantization)
+    task = progress.add_task(label, total=None)
+    return D.teacher_pairs(
+        target,
+        pairs,
+        D.ShardStore(work / "data" / key),
+        batch_size=o.generate_batch,
+        top_k=o.top_k,
+        progress=lambda i, n: progress.update(task, completed=i, total=n),
+    )
 
 
 def compact_forward(target, architecture: str, device):
@@ -494,6 +578,7 @@ def reproduce_command(o: DistillOptions) -> str:
         "generate_batch",
         "answers_by",
         "threads",
+        "init_from",
     ):
         value = getattr(o, key)
         if value != getattr(defaults, key) or key == "seed":

@@ -4,7 +4,10 @@ Two kinds of source, named by `--data`:
 - prompts (`builtin:NAME`, or JSONL lines with {"prompt": ...}): the target answers each one in its chat template,
   greedily and by sampling; the raw logits of every generated position come out of the same generation;
 - texts (a .txt file, or JSONL lines with {"text": ...} or {"messages": [...]}): used as written; one forward pass
-  of the target gives the logits of every position.
+  of the target gives the logits of every position;
+- captured requests (a `trtspec serve --capture` directory, or JSONL lines with "input_ids" and "output_ids"): the
+  prompt as the engine saw it and the target's answer; one forward pass gives the target's logits over the answer,
+  the only positions learned (trtspec.capture). A share of them is held out as the evaluation set.
 
 A `Sequence` keeps the token ids and, for the positions the draft learns, the target's top-k logits. Sequences are
 stored on disk in shards as they are made, so a re-run or `--resume` reuses them instead of generating again.
@@ -17,13 +20,14 @@ import json
 import os
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from itertools import product
 from pathlib import Path
 
 import torch
 
+from trtspec import capture
 from trtspec.errors import TrtspecError
 
 BUILTIN = "builtin:"
@@ -43,6 +47,7 @@ class Source:
     prompts: list[str]
     texts: list[str]
     chats: list[list[dict]]
+    captured: list[dict] = field(default_factory=list)  # trtspec.capture records
 
 
 @dataclass
@@ -83,8 +88,15 @@ def read_source(spec: str, *, limit: int | None = None, seed: int = 0) -> Source
     if spec.startswith(BUILTIN):
         return Source(spec, builtin_prompts(spec[len(BUILTIN) :], limit=limit, seed=seed), [], [])
     path = Path(spec).expanduser()
+    if path.is_dir():
+        try:
+            return Source(spec, [], [], [], capture.read_records(path))
+        except capture.CaptureError as exc:
+            raise DistillError(f"--data {exc}") from None
     if not path.is_file():
-        raise DistillError(f"--data {spec}: no such file (give a .txt or .jsonl file, or builtin:NAME)")
+        raise DistillError(
+            f"--data {spec}: no such file (give a .txt or .jsonl file, a capture directory, or builtin:NAME)"
+        )
     try:
         content = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -111,10 +123,12 @@ def read_source(spec: str, *, limit: int | None = None, seed: int = 0) -> Source
             source.texts.append(item["text"])
         elif isinstance(item, dict) and _is_chat(item.get("messages")):
             source.chats.append(item["messages"])
+        elif capture.is_captured(item):
+            source.captured.append(item)
         else:
             raise DistillError(
                 f'--data {spec}, line {number}: expected an object with a non-empty "prompt" or "text" '
-                'string, or "messages": [{"role": ..., "content": ...}, ...]'
+                'string, "messages": [{"role": ..., "content": ...}, ...], or captured "input_ids" and "output_ids"'
             )
     if limit:
         source.prompts = source.prompts[:limit]
@@ -457,6 +471,51 @@ def _teacher_batch(model, batch: list[list[int]], top_k: int) -> list[Sequence]:
         top_ids, top_values = _topk(logits[row, : len(ids) - 1], top_k)
         sequences.append(Sequence(torch.tensor(ids, dtype=torch.int32), 1, top_ids, top_values))
     return sequences
+
+
+def captured_pairs(source: Source, vocab_size: int, window: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) of a source's captured requests, cut to `window` tokens (the prompt's start goes
+    first); raises DistillError when an id is not in the target's vocabulary (captured from another model)."""
+    pairs = []
+    for n, record in enumerate(source.captured, 1):
+        prompt, answer = [int(t) for t in record["input_ids"]], [int(t) for t in record["output_ids"]]
+        bad = next((t for t in prompt + answer if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise DistillError(
+                f"--data {source.spec}: captured request {n} holds token id {bad}, outside the target's vocabulary "
+                f"[0, {vocab_size}): it was captured from another model"
+            )
+        answer = answer[: window - 1]
+        pairs.append((prompt[-(window - len(answer)) :], answer))
+    return pairs
+
+
+def teacher_pairs(
+    model,
+    pairs: list[tuple[list[int], list[int]]],
+    store: ShardStore,
+    *,
+    batch_size: int,
+    top_k: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Sequence]:
+    """Captured (prompt, answer) pairs with the target's logits over the answer: the draft learns the answer only."""
+    batches = [pairs[i : i + batch_size] for i in range(0, len(pairs), batch_size)]
+    out: list[Sequence] = []
+    for index, batch in enumerate(batches):
+        if not store.has(index):
+            whole = _teacher_batch(model, [p + a for p, a in batch], top_k)
+            store.save(
+                index,
+                [
+                    Sequence(s.ids, len(p), s.topk_ids[len(p) - 1 :], s.topk_logits[len(p) - 1 :])
+                    for s, (p, _) in zip(whole, batch)
+                ],
+            )
+        out += store.load(index)
+        if progress:
+            progress(index + 1, len(batches))
+    return out
 
 
 def token_counts(sequences: Iterable[Sequence], vocab_size: int) -> torch.Tensor:

@@ -104,6 +104,26 @@ def make_draft(target, layers: list[int], *, init: str, head_ids: torch.Tensor |
     return draft
 
 
+def load_own_state(draft, state: dict[str, torch.Tensor], source: str) -> None:
+    """Put a written draft's own tensors (`own_state`, as `write_asset` stored them) into a fresh one of the same
+    shape: training goes on from there."""
+    own = own_state(draft)
+    if set(state) != set(own):
+        raise DistillError(
+            f"--init-from {source}: its tensors do not make up this draft (differs in "
+            f"{sorted(set(state) ^ set(own))[:3]}); give a draft distilled for this target"
+        )
+    with torch.no_grad():
+        for name, tensor in draft.state_dict().items():
+            if name in state:
+                if tuple(state[name].shape) != tuple(tensor.shape):
+                    raise DistillError(
+                        f"--init-from {source}: {name} has shape {tuple(state[name].shape)}, "
+                        f"this target's draft needs {tuple(tensor.shape)}"
+                    )
+                tensor.copy_(state[name].to(tensor.dtype))
+
+
 def _tied(model) -> bool:
     return bool(getattr(model.config, "tie_word_embeddings", False))
 
