@@ -81,16 +81,17 @@ def machine_identity() -> str:
     return f"{platform.node()} | {cpu} | {os.cpu_count()} cpus"
 
 
-def engine_identity(engine_dirs: list[str | os.PathLike[str]]) -> str:
-    """A hash of the engines' config.json files (and their sizes): a rebuilt engine is a different one."""
+def engine_identity(paths: list[str | os.PathLike[str]]) -> str:
+    """A hash of the engines: each file's name, size and modification time (a rebuilt engine is another), and the
+    text of config.json / config.pbtxt. `paths`: engine dirs, or files (an engine model's config.pbtxt)."""
     digest = hashlib.sha256()
-    for directory in engine_dirs:
-        directory = Path(directory)
-        for path in sorted(directory.glob("*")):
+    for given in paths:
+        given = Path(given)
+        for path in sorted(given.glob("*")) if given.is_dir() else [given]:
             if path.is_file():
-                digest.update(path.name.encode())
-                digest.update(str(path.stat().st_size).encode())
-                if path.name == "config.json":
+                st = path.stat()
+                digest.update(f"{path.name} {st.st_size} {st.st_mtime_ns}".encode())
+                if path.name in ("config.json", "config.pbtxt"):
                     digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
