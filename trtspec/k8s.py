@@ -16,6 +16,11 @@
   `monitoring`; nothing else.
 - hpa.yaml: an example HorizontalPodAutoscaler on Triton's queue gauge `nv_inference_pending_request_count` of the
   BLS model; it needs a metrics adapter (e.g. Prometheus Adapter) that serves that metric as a pods metric.
+- With --inference-pool, for a router in front of several replicas (the Gateway API Inference Extension):
+  inferencepool.yaml (an InferencePool of the deployment's pods, traffic to the front's port, its endpoint picker
+  named `<name>-epp`) and endpoint-picker.yaml (the picker's EndpointPickerConfig naming the queue and KV-cache
+  metrics trtspec exports under vLLM's names, trtspec.field_metrics); the NetworkPolicy then admits the picker's
+  pods to the metrics port, which the picker reads by queue depth and KV-cache use.
 - For the prometheus-operator: servicemonitor.yaml (scrape the metrics port every 15 s), prometheusrule.yaml (the
   rules of trtspec.monitoring), grafana-dashboard.yaml (the dashboard as a ConfigMap labelled grafana_dashboard: "1",
   as Grafana's dashboard sidecar finds them) and prometheus-adapter.yaml (the adapter rule that serves the HPA's
@@ -32,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from trtspec import keys
+from trtspec import field_metrics, keys
 from trtspec.errors import TrtspecError
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -43,6 +48,16 @@ HEALTH_PATH = "/health"  # the front's: 200 when the BLS and its target are read
 # unready for longer than loading them takes: trtspec.openai_api.liveness)
 LIVE_PATH = "/health/live"
 QUEUE_METRIC = "nv_inference_pending_request_count"
+# The Gateway API Inference Extension (kubernetes-sigs/gateway-api-inference-extension v1.6.0, the InferencePool CRD
+# config/crd/bases/inference.networking.k8s.io_inferencepools.yaml; the picker's config types v1.5.0
+# apix/config/v1alpha1/endpointpickerconfig_types.go). 9002: the picker's ext-proc port (the CRD's default for a
+# Service reference, and the chart's extProcPort).
+POOL_API = "inference.networking.k8s.io/v1"
+PICKER_CONFIG_API = "inference.networking.x-k8s.io/v1alpha1"
+PICKER_PORT = 9002
+PICKER_CONFIG_FILE = "endpoint-picker-config.yaml"
+# the label GAIE's chart gives the picker's pods (epplib/templates/_helpers.tpl, selectorLabels, pool mode)
+PICKER_POD_LABEL = "inferencepool"
 
 # NVIDIA's Triton images create the user `triton-server` with uid and gid 1000 (triton-inference-server/server
 # build.py at v2.71.0, lines 1308-1320: `useradd`, then checks `id -u` and `id -g` are 1000), and Triton's deploy
@@ -178,7 +193,87 @@ def _env(name: str, config, mpi: bool) -> list[dict]:
     return env
 
 
-def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
+def picker_name(name: str) -> str:
+    return f"{name}-epp"
+
+
+def picker_args(name: str) -> list[str]:
+    """What the endpoint picker runs with for this pool: its config (endpoint-picker.yaml, mounted at /config) and
+    the port the deployment's metrics are on, which is not the pool's target port."""
+    return [
+        f"--pool-name={name}",
+        f"--config-file=/config/{PICKER_CONFIG_FILE}",
+        f"--{field_metrics.PICKER_METRICS_PORT_FLAG}={METRICS_PORT}",
+    ]
+
+
+def picker_config() -> dict:
+    """The endpoint picker's EndpointPickerConfig: score by queue depth and KV-cache use, read from trtspec's
+    metrics under vLLM's names (an engine entry of their own, the pods' default, so nothing else is asked for)."""
+    engine = {
+        "name": field_metrics.PICKER_ENGINE,
+        "queuedRequestsSpec": field_metrics.REQUESTS_WAITING,
+        "runningRequestsSpec": field_metrics.REQUESTS_RUNNING,
+        "kvUsageSpec": field_metrics.KV_CACHE_USAGE,
+        "loraSpec": "",  # trtspec serves no LoRA adapters
+        "cacheInfoSpec": "",
+    }
+    return {
+        "apiVersion": PICKER_CONFIG_API,
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "max-score-picker"},
+            {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
+            {
+                "type": "core-metrics-extractor",
+                "parameters": {"defaultEngine": field_metrics.PICKER_ENGINE, "engineConfigs": [engine]},
+            },
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "queue-scorer"},
+                    {"pluginRef": "kv-cache-utilization-scorer"},
+                    {"pluginRef": "max-score-picker"},
+                ],
+            }
+        ],
+        "dataLayer": {
+            "sources": [{"pluginRef": "metrics-data-source", "extractors": [{"pluginRef": "core-metrics-extractor"}]}]
+        },
+    }
+
+
+def inference_pool(name: str, labels: dict[str, str]) -> dict[str, dict]:
+    """The InferencePool of the deployment's pods and its endpoint picker's settings."""
+    pool = {
+        "apiVersion": POOL_API,
+        "kind": "InferencePool",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "targetPorts": [{"number": FRONT_PORT}],
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": picker_name(name),
+                "port": {"number": PICKER_PORT},
+                "failureMode": "FailClose",
+            },
+        },
+    }
+    settings = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": picker_name(name), "labels": labels},
+        "data": {PICKER_CONFIG_FILE: yaml.dump(picker_config(), Dumper=_Dumper, sort_keys=False)},
+    }
+    return {"inferencepool.yaml": pool, "endpoint-picker.yaml": settings}
+
+
+def manifests(loaded, repo: Path, *, image: str, pvc: str, inference_pool_too: bool = False) -> dict[str, dict]:
     from trtspec.launch import Launch
     from trtspec.marker import MARKER_FILE
     from trtspec.monitoring import dashboard, rules
@@ -306,6 +401,13 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
             ],
         },
     }
+    if inference_pool_too:  # the endpoint picker reads the queue and KV-cache gauges from the metrics port
+        network_policy["spec"]["ingress"].append(
+            {
+                "from": [{"podSelector": {"matchLabels": {PICKER_POD_LABEL: picker_name(name)}}}],
+                "ports": [{"port": METRICS_PORT, "protocol": "TCP"}],
+            }
+        )
     hpa = {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -368,7 +470,7 @@ def manifests(loaded, repo: Path, *, image: str, pvc: str) -> dict[str, dict]:
         "prometheusrule.yaml": prometheus_rule,
         "grafana-dashboard.yaml": dashboard_map,
         "prometheus-adapter.yaml": adapter,
-    }
+    } | (inference_pool(name, labels) if inference_pool_too else {})
 
 
 _HEADERS = {
@@ -385,7 +487,26 @@ _HEADERS = {
 
 def _headers(name: str) -> dict[str, str]:
     secret = secret_name(name)
+    picker = picker_name(name)
+    args = " ".join(picker_args(name))
     return _HEADERS | {
+        "inferencepool.yaml": f"""\
+# Gateway API Inference Extension: the deployment's pods as one InferencePool. A Gateway's HTTPRoute sends requests
+# to it (backendRef kind InferencePool, group inference.networking.k8s.io); its endpoint picker, the Service {picker}
+# (port {PICKER_PORT}), picks the replica for each request by queue depth and KV-cache use. Needs the CRD
+# (GAIE's config/crd/bases/inference.networking.k8s.io_inferencepools.yaml, v1.0 or later) and a picker, deployed
+# as GAIE's chart or your platform deploys it, running with endpoint-picker.yaml:
+#   {args}
+""",
+        "endpoint-picker.yaml": f"""\
+# The endpoint picker's settings for the InferencePool: mount this ConfigMap at /config in the picker's pod and run
+# it with
+#   {args}
+# trtspec exports the queue and KV-cache gauges under vLLM's names (docs/metrics.md), the picker's defaults, on the
+# metrics port {METRICS_PORT}: the pool's target port is the OpenAI front ({FRONT_PORT}), hence the metrics-port flag.
+# Label the picker's pods {PICKER_POD_LABEL}: {picker} (as GAIE's chart does for a release named {name}) for the
+# NetworkPolicy to admit them to that port.
+""",
         "deployment.yaml": f"""\
 # trtspec serve on the model repository; the engine volume must hold the repository and the engines at the paths
 # `trtspec deploy` wrote (it is mounted, read-only, at their common folder; its files readable by uid {RUN_AS}).
@@ -420,12 +541,14 @@ def _headers(name: str) -> dict[str, str]:
     }
 
 
-def write_manifests(loaded, repo: Path, out_dir: str | Path, *, image: str, pvc: str) -> list[Path]:
+def write_manifests(
+    loaded, repo: Path, out_dir: str | Path, *, image: str, pvc: str, inference_pool_too: bool = False
+) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     headers = _headers(_name(loaded.config.name))
     written = []
-    for filename, doc in manifests(loaded, repo, image=image, pvc=pvc).items():
+    for filename, doc in manifests(loaded, repo, image=image, pvc=pvc, inference_pool_too=inference_pool_too).items():
         path = out / filename
         path.write_text(
             f"# Written by `trtspec deploy --k8s` for {loaded.config.name}.\n{headers[filename]}"

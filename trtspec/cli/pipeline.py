@@ -142,6 +142,14 @@ def doctor(as_json: bool) -> None:
     help="A file holding the token every control request must send as `Authorization: Bearer <token>` "
     f"[default: ${keys.CONTROL_ENV_TOKEN}, else one generated into a 0600 file whose path is printed].",
 )
+@click.option(
+    "--calibrate/--no-calibrate",
+    default=True,
+    show_default=True,
+    help="Measure the engines' costs (plain steps, verifications, draft calls by batch) once Triton is ready, "
+    "before the OpenAI front starts; the BLS's cost model starts from them. --no-calibrate reuses the "
+    "calibration stored for these engines on this machine, if any.",
+)
 def serve(
     repo,
     host,
@@ -162,6 +170,7 @@ def serve(
     control_port,
     control_host,
     control_token_file,
+    calibrate,
 ) -> None:
     """Run tritonserver on a model repository in the foreground (Ctrl-C stops it).
 
@@ -171,6 +180,9 @@ def serve(
 
     Triton's admin APIs (loading and unloading models, configs, shared memory, statistics, trace, logging) answer only
     to the admin key; health, metadata and inference stay open on loopback. docs/production.md has the whole picture.
+
+    Once Triton is ready, the engines' costs on this machine are measured (seconds on the demo pair) and printed as a
+    table; docs/calibration.md says what each figure is.
 
     \b
     Examples:
@@ -182,6 +194,7 @@ def serve(
     import shutil
     import tempfile
 
+    from trtspec.bench.calibrate import calibrate_deployment, calibration_path, stored_for
     from trtspec.launch import repository_launch
     from trtspec.server import TritonServer, run_foreground
 
@@ -237,12 +250,21 @@ def serve(
         log_file=log_file,
         launch=repository_launch(repo),
         control_file=control.path if control else None,
+        calibration_file=calibration_path(repo),
     )
     if print_command:
         from trtspec.launch import server_command_line
 
         click.echo(server_command_line(server))
         return
+    if calibrate:
+        calibration_path(repo).unlink(missing_ok=True)  # the BLS never reads one older than this start
+    else:
+        stored_for(repo)  # kept only where it was measured on these engines, on this machine
+
+    def after_start() -> None:
+        calibrate_deployment(repo, server.grpc_url, server.inference_headers, out, measure_now=calibrate)
+
     if control is not None:
         control.start()
         out.print(
@@ -265,9 +287,10 @@ def serve(
                 served_model_name=served_model_name,
                 triton_headers=server.inference_headers,
                 admin_headers=server.admin_headers,
+                after_start=after_start,
             )
         else:
-            code = run_foreground(server, out, start_timeout)
+            code = run_foreground(server, out, start_timeout, after_start=after_start)
     finally:
         if control is not None:
             control.stop()
@@ -424,6 +447,12 @@ def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
     help="Also write Kubernetes manifests here (Deployment, Service, NetworkPolicy, HPA; keys from a Secret).",
 )
 @click.option(
+    "--inference-pool",
+    is_flag=True,
+    help="With --k8s: also an InferencePool of the pods and its endpoint picker's settings (Gateway API Inference "
+    "Extension), for a router that picks replicas by queue depth and KV-cache use.",
+)
+@click.option(
     "--monitoring",
     "monitoring_dir",
     type=click.Path(file_okay=False),
@@ -453,6 +482,7 @@ def deploy(
     portable: bool,
     decoupled_mode: bool,
     k8s_dir: str | None,
+    inference_pool: bool,
     monitoring_dir: str | None,
     image: str,
     pvc: str,
@@ -464,13 +494,15 @@ def deploy(
       trtspec deploy -c build_configs/demo.yaml --repo model_repository
       trtspec deploy -c build_configs/demo.yaml --engines engines/demo --repo repo --speculation prompt_lookup
       trtspec deploy -c build_configs/demo.yaml --repo model_repository --default-num-draft-tokens 0
-      trtspec deploy -c build_configs/demo.yaml --repo model_repository --k8s k8s --monitoring monitoring
+      trtspec deploy -c build_configs/demo.yaml --repo model_repository --k8s k8s --inference-pool --monitoring mon
     """
     from trtspec.compile import default_output
     from trtspec.config import load_config
     from trtspec.engine.validate import validate_for_config
     from trtspec.repository import validate_repository, write_repository
 
+    if inference_pool and not k8s_dir:
+        raise click.UsageError("--inference-pool: give --k8s DIR too (the pool is written beside the Deployment)")
     loaded = load_config(config_path)
     engines_dir = Path(engines) if engines else default_output(loaded)
     report_problems(f"engines {engines_dir}", validate_for_config(loaded, engines_dir))
@@ -491,7 +523,7 @@ def deploy(
     if k8s_dir:
         from trtspec.k8s import write_manifests
 
-        for path in write_manifests(loaded, out, k8s_dir, image=image, pvc=pvc):
+        for path in write_manifests(loaded, out, k8s_dir, image=image, pvc=pvc, inference_pool_too=inference_pool):
             console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
     if monitoring_dir:
         from trtspec.monitoring import write_monitoring

@@ -1,8 +1,9 @@
 """The BLS's metrics on Triton's metrics port (names and meanings in docs/metrics.md): what speculation did, how
 long requests took by decoding mode, what failed, and where drafting stops paying.
 
-Names follow Prometheus's conventions: counters end in `_total`, times are seconds, ratios are 0..1. Every metric
-carries the label `model` (the BLS model's name)."""
+Names follow Prometheus's conventions: counters end in `_total`, times are seconds, ratios are 0..1. Every trtspec_*
+metric carries the label `model` (the BLS model's name). The field's vLLM-named series (trtspec.field_metrics) carry
+vLLM's labels instead, `model_name` (the same name) and `engine`, and move with trtspec's own in the same update."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
+from trtspec import field_metrics as field
 from trtspec.engine_health import FAILURES, SINCE, Run
 from trtspec.orchestrator.governor import STATES
 from trtspec.orchestrator.stats import RequestStats
@@ -152,16 +154,44 @@ class Metrics:
             "Unix time of the first of those failures, by engine (0: answering)",
             gauge,
         )
+        # the field's schema (trtspec.field_metrics): vLLM's acceptance counters and the endpoint picker's gauges
+        self.field_labels = {"model_name": model, "engine": field.ENGINE}
+        self._field_spec = {
+            key: family(name, description).Metric(labels=self.field_labels)
+            for key, name, description in (
+                ("drafts", field.SPEC_DRAFTS, "Verification steps that carried a draft (vLLM's num_drafts)"),
+                ("drafted", field.SPEC_DRAFT_TOKENS, "Draft tokens proposed (= trtspec_draft_tokens_total)"),
+                ("accepted", field.SPEC_ACCEPTED, "Draft tokens accepted (= trtspec_accepted_tokens_total)"),
+            )
+        }
+        self._field_per_pos = family(field.SPEC_ACCEPTED_PER_POS, "Accepted tokens per draft position (0 = first)")
+        self._field_gauges = {
+            key: family(name, description, gauge)
+            for key, name, description in (
+                ("waiting", field.REQUESTS_WAITING, "Requests admitted and waiting for the BLS to start them"),
+                ("running", field.REQUESTS_RUNNING, "Requests the BLS is serving"),
+                ("kv", field.KV_CACHE_USAGE, "The target's KV-cache blocks in use, as a fraction (1 = full)"),
+            )
+        }
         self._children: dict[tuple, object] = {}  # metrics of families whose label values come as requests do
         self._shown: dict = {}  # the gauges' last values sent
         for reason in FALLBACK_REASONS:  # at 0 from the start, so rates over them (the alerts') have data
             self._child(self._fallbacks, reason=reason)
+        # vLLM makes a series per position up to its draft length, at 0 from the start; so does this
+        max_draft_len = build.get("max_draft_len", "")
+        for i in range(int(max_draft_len) if max_draft_len.isdigit() else 0):
+            self._field_child(self._field_per_pos, position=str(i))
+        self.requests_in_flight(0, 0)
 
-    def _child(self, family, **labels):
+    def _field_child(self, family, **labels):
+        """`family`'s metric for these labels beside vLLM's labels."""
+        return self._child(family, base=self.field_labels, **labels)
+
+    def _child(self, family, base: dict | None = None, **labels):
         """`family`'s metric for these labels, made on first use (the caller holds the lock)."""
         key = (id(family), tuple(sorted(labels.items())))  # families live as long as self (_families)
         if key not in self._children:
-            self._children[key] = family.Metric(labels=self.labels | labels)
+            self._children[key] = family.Metric(labels=(self.labels if base is None else base) | labels)
         return self._children[key]
 
     def record(self, stats: RequestStats, times_ns: list[int]) -> None:
@@ -178,6 +208,9 @@ class Metrics:
                 (self._iterations, stats.iterations),
                 (self._draft_seconds, stats.draft_seconds),
                 (self._verify_seconds, stats.verify_seconds),
+                (self._field_spec["drafts"], stats.num_drafts),
+                (self._field_spec["drafted"], stats.num_draft_tokens),
+                (self._field_spec["accepted"], stats.num_accepted_tokens),
             ):
                 if amount:
                     metric.increment(amount)
@@ -185,8 +218,10 @@ class Metrics:
                 self._child(self._drafted_by_position, position=str(i)).increment(drafted)
                 # made at 0 too: a position never accepted reads 0, not no data
                 by_position = self._child(self._by_position, position=str(i))
+                field_position = self._field_child(self._field_per_pos, position=str(i))
                 if accepted:
                     by_position.increment(accepted)
+                    field_position.increment(accepted)
             self._requests[mode].increment(1)
             for reason, count in stats.fallbacks.items():
                 if count:
@@ -225,6 +260,25 @@ class Metrics:
         with self._lock:
             self._child(self._failures, engine=engine).set(run.failures if run else 0)
             self._child(self._failing_since, engine=engine).set(run.since if run else 0)
+
+    def requests_in_flight(self, running: int, waiting: int) -> None:
+        """The BLS's requests being served and those admitted but not started (vLLM's running and waiting, which the
+        endpoint picker routes by); sent when they changed."""
+        with self._lock:
+            for key, value in (("running", running), ("waiting", waiting)):
+                if self._shown.get(key) != value:
+                    self._shown[key] = value
+                    self._field_child(self._field_gauges[key]).set(value)
+
+    def kv_cache_usage(self, fraction: float | None) -> None:
+        """The target's KV-cache blocks in use over its blocks (trtspec.triton.kv_watch); None (not known yet, or
+        the server's metrics did not answer) leaves the last value."""
+        if fraction is None:
+            return
+        with self._lock:
+            if self._shown.get("kv") != fraction:
+                self._shown["kv"] = fraction
+                self._field_child(self._field_gauges["kv"]).set(fraction)
 
     def error(self, kind: str) -> None:
         with self._lock:
