@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import re
-import time
 import urllib.request
 
 import jsonschema
