@@ -13,12 +13,13 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.client import HTTPException
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtspec import keys
+from trtspec.calibration import CALIBRATION_ENV
 from trtspec.control import CONTROL_ENV, is_loopback
 from trtspec.errors import ServerError
 from trtspec.server_binary import ServerBinary, find_tritonserver
@@ -166,6 +167,7 @@ class TritonServer:
         exit_timeout: int = 10,
         launch=None,
         control_file: str | os.PathLike[str] | None = None,
+        calibration_file: str | os.PathLike[str] | None = None,
         metrics_host: str | None = None,
         admin_key: keys.Key | None = None,
         api_key: keys.Key | None = None,
@@ -185,6 +187,8 @@ class TritonServer:
         self.allow_dev_server_exposure = allow_dev_server_exposure
         # the file through which `trtspec serve --control-port` forces the BLS's governor (trtspec.control)
         self.control_file = control_file
+        # the file the BLS reads the engines' measured costs from (trtspec.calibration), kept up to date by serve
+        self.calibration_file = calibration_file
         # trtspec.launch.Launch: run under mpirun in TensorRT-LLM's orchestrator mode (trtllm deployments).
         self.launch = launch
         self.host = host
@@ -395,6 +399,8 @@ class TritonServer:
         """Environment variables the launch sets on top of the binary's (TRTLLM_ORCHESTRATOR, ...)."""
         control = {CONTROL_ENV: str(self.control_file)} if self.control_file is not None else {}
         control[METRICS_ENV] = self.metrics_url  # the BLS reads the target's KV-cache blocks there
+        if self.calibration_file is not None:
+            control[CALIBRATION_ENV] = str(self.calibration_file)
         if self.launch is not None:  # TensorRT-LLM under mpirun: no embedded engines
             return dict(self.launch.env) | control
         return {k: os.environ.get(k, v) for k, v in CPU_ENGINE_ENV.items()} | control  # the user's own setting wins
@@ -560,9 +566,15 @@ def _rss_bytes(pid: int) -> int:
 # --------------------------------------------------------------------------- foreground serving
 
 
-def run_foreground(server: TritonServer, console: Console | None = None, start_timeout: float | None = None) -> int:
-    """Start `server`, print its endpoints, block until Ctrl-C or SIGTERM. Returns an exit code; a server that
-    cannot start raises ServerError, which the CLI prints as it prints every TrtspecError."""
+def run_foreground(
+    server: TritonServer,
+    console: Console | None = None,
+    start_timeout: float | None = None,
+    after_start: Callable[[], object] | None = None,
+) -> int:
+    """Start `server`, run `after_start` (the calibration), print its endpoints, block until Ctrl-C or SIGTERM.
+    Returns an exit code; a server that cannot start raises ServerError, which the CLI prints as it prints every
+    TrtspecError."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -576,6 +588,8 @@ def run_foreground(server: TritonServer, console: Console | None = None, start_t
         timeout = start_timeout_for(server.repo) if start_timeout is None else start_timeout
         with console.status(f"starting tritonserver (waiting up to {timeout:.0f} s for its models)…"):
             server.start(timeout)
+        if after_start is not None:
+            after_start()
         console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
         for label, value in (
             ("HTTP", server.http_base_url),

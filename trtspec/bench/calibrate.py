@@ -296,3 +296,102 @@ def _first_pass(times: list[dict[str, int]]) -> float:
 
 def _whole_call(times: list[dict[str, int]]) -> float:
     return (max(t["last_token_time_ns"] for t in times) - min(t["first_scheduled_time_ns"] for t in times)) / 1e9
+
+
+# ---- at start-up (`trtspec serve`) and after `trtspec bench --apply` -------------------------------------------
+
+
+def calibration_path(repo: str | Path) -> Path:
+    """Where a deployment's calibration is kept: beside its generated keys (trtspec.keys.state_dir)."""
+    from trtspec.calibration import FILE_NAME
+    from trtspec.keys import state_dir
+
+    return state_dir(repo) / FILE_NAME
+
+
+def stored_for(repo: str | Path) -> Calibration | None:
+    """The stored calibration when it was measured on this repository's engines on this machine; a stale one is
+    removed (a BLS must never start from another engine's costs)."""
+    from trtspec.calibration import CalibrationError
+
+    path = calibration_path(repo)
+    if not path.exists():
+        return None
+    try:
+        stored = Calibration.load(path)
+        if stored.matches(from_repository(repo).engines):
+            return stored
+    except (CalibrationError, BenchError):
+        pass
+    path.unlink(missing_ok=True)
+    return None
+
+
+def calibrate_deployment(
+    repo: str | Path,
+    grpc_url: str,
+    headers: dict[str, str],
+    console,
+    *,
+    measure_now: bool = True,
+    budget_s: float = DEFAULT_BUDGET_S,
+) -> Calibration | None:
+    """Measure (or, with `measure_now` False, reuse what is stored for these engines), store it where the BLS reads
+    it, and print its table. A calibration that cannot be made is said, not fatal: the BLS then starts from its
+    configured costs, as before calibration existed."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    path = calibration_path(repo)
+    if not measure_now:
+        stored = stored_for(repo)
+        if stored is None:
+            console.print(
+                "calibration: none stored for these engines on this machine (--no-calibrate): the deployment starts "
+                "from its configured costs",
+                highlight=False,
+            )
+            return None
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(stored.measured_at))
+        console.print(f"calibration: reused, measured {when} (--no-calibrate)", highlight=False)
+        print_table(stored, console)
+        return stored
+    try:
+        target = from_repository(repo)
+        with Progress(
+            TextColumn("calibrating {task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("", total=1.0)
+            calibration, skipped = measure(
+                grpc_url,
+                headers,
+                target,
+                budget_s=budget_s,
+                progress=lambda what, fraction: progress.update(task, description=what, completed=fraction),
+            )
+        calibration.save(path)
+    except (BenchError, OSError) as exc:
+        console.print(
+            f"[yellow]calibration failed:[/yellow] {exc}; the deployment starts from its configured costs",
+            highlight=False,
+        )
+        return None
+    console.print(f"calibration: measured in {calibration.took_seconds:.1f} s, stored in {path}", highlight=False)
+    for line in skipped:
+        console.print(f"  left out: {line}", highlight=False)
+    print_table(calibration, console)
+    return calibration
+
+
+def print_table(calibration: Calibration, console) -> None:
+    from rich.table import Table
+
+    rows = calibration.table()
+    table = Table(*rows[0], title="engine costs on this machine (c, v0, b: the cost model in plain steps)")
+    for row in rows[1:]:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"  {calibration.summary()}", highlight=False)

@@ -553,6 +553,7 @@ def run_with_triton(
     port: int,
     host: str = "127.0.0.1",
     api_key: Key | None = None,
+    after_start=None,
     **deployment_options,
 ) -> int:
     """`trtspec serve --openai-port`: tritonserver, then the front beside it on its own `host` (Triton may stay on
@@ -578,6 +579,8 @@ def run_with_triton(
         timeout = start_timeout_for(server.repo) if start_timeout is None else start_timeout
         with console.status(f"starting tritonserver (waiting up to {timeout:.0f} s for its models)…"):
             server.start(timeout)
+        if after_start is not None:  # the calibration, before the front takes a request
+            after_start()
         # the front restarts nothing by itself: under `serve`, /health/live tells the pod's supervisor when to
         liveness = Liveness(server.metrics_url, unready_grace=timeout)
         deployment = Deployment(server.http_url, liveness=liveness, **deployment_options).connect()
