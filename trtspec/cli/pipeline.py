@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from trtspec import keys
+from trtspec import capture, keys
 from trtspec.cli.app import URL_ENV, cli, console, report_problems, speculation_option
 
 
@@ -125,6 +126,27 @@ def doctor(as_json: bool) -> None:
     help="Model id of the OpenAI API [default: the build config's name, from the repository's marker].",
 )
 @click.option(
+    "--capture",
+    "capture_dir",
+    type=click.Path(file_okay=False),
+    help="Record a sample of finished requests (prompt and output: user data) as JSONL in this directory, for "
+    "`trtspec distill --data` and `trtspec shadow`; a request sent with store false never is [default: off].",
+)
+@click.option(
+    "--capture-rate",
+    default=capture.DEFAULT_RATE,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="The share of finished requests --capture records.",
+)
+@click.option(
+    "--capture-max-mb",
+    default=capture.DEFAULT_MAX_MB,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="The most --capture keeps on disk; its files rotate and the oldest go first.",
+)
+@click.option(
     "--control-port",
     type=click.IntRange(0, 65535),
     help="Also run the speculation control receiver on this port: POST /control forces plain, reduced or full "
@@ -167,6 +189,9 @@ def serve(
     openai_port,
     openai_host,
     served_model_name,
+    capture_dir,
+    capture_rate,
+    capture_max_mb,
     control_port,
     control_host,
     control_token_file,
@@ -189,6 +214,7 @@ def serve(
       trtspec serve --repo model_repository
       trtspec serve --repo model_repository --openai-port 9000 --openai-host 0.0.0.0 --api-key-file api.key
       trtspec serve --repo model_repository --control-port 8004
+      trtspec serve --repo model_repository --capture captures --capture-rate 0.1
       trtspec serve --repo model_repository --print-command
     """
     import shutil
@@ -199,6 +225,12 @@ def serve(
     from trtspec.server import TritonServer, run_foreground
 
     out = Console()
+    if capture_dir is not None:  # the BLS's stub processes inherit the environment (trtspec.capture)
+        settings = capture.CaptureSettings(str(capture.prepare_dir(capture_dir)), capture_rate, capture_max_mb << 20)
+        os.environ[capture.CAPTURE_ENV] = settings.to_env()
+        out.print(
+            f"capture: {capture_rate:.0%} of requests to {settings.dir} (at most {capture_max_mb} MB)", highlight=False
+        )
     control = None
     if control_port is not None:
         from trtspec.control import ControlError, ControlServer
