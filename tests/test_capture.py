@@ -148,3 +148,20 @@ def test_heldout_split_prefers_greedy_records():
     assert len(held) == 9 and len(train) == 81
     assert all(r["greedy"] for r in held)
     assert split_heldout(records, 0.1, seed=1)[1] == held
+
+
+def test_the_writer_decodes_the_text_a_record_lacks(tmp_path):
+    capture = Capture(CaptureSettings(str(tmp_path), rate=1.0), seed=0, decode=lambda ids: " ".join(map(str, ids)))
+    record = make_record(
+        model="m",
+        route=None,
+        input_ids=[1, 2],
+        output_ids=[3],
+        temperature=0.0,
+        num_draft_tokens=0,
+        num_accepted_tokens=0,
+    )
+    capture.offer(record)
+    capture.close()
+    (kept,) = read_records(tmp_path)
+    assert (kept["text_input"], kept["text_output"], kept["greedy"]) == ("1 2", "3", True)

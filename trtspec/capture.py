@@ -95,8 +95,10 @@ def capture_files(folder: Path) -> list[Path]:
 class Capture:
     """The sampler and its background writer. `offer` is the only call on the request path."""
 
-    def __init__(self, settings: CaptureSettings, *, seed: int | None = None, on_error=None):
+    def __init__(self, settings: CaptureSettings, *, seed: int | None = None, on_error=None, decode=None):
+        """`decode(ids) -> str`: the tokenizer's, run by the writer for the text fields a record lacks."""
         self.settings = settings
+        self._decode = decode
         self.folder = prepare_dir(settings.dir)
         self._random = random.Random(seed)
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_RECORDS)
@@ -159,6 +161,10 @@ class Capture:
         self._close_file()
 
     def _write(self, finished: float, record: dict) -> None:
+        if self._decode is not None:
+            for ids, text in (("input_ids", "text_input"), ("output_ids", "text_output")):
+                if record.get(text) is None:
+                    record[text] = self._decode(record[ids])
         line = json.dumps(
             {"v": FORMAT_VERSION, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(finished))} | record,
             ensure_ascii=False,
@@ -220,14 +226,15 @@ def make_record(
     route: str | None,
     input_ids: list[int],
     output_ids: list[int],
-    text_input: str,
-    text_output: str,
     temperature: float,
     num_draft_tokens: int,
     num_accepted_tokens: int,
     draft_version: str | None = None,
+    text_input: str | None = None,
+    text_output: str | None = None,
 ) -> dict:
-    """One request's record (see the module doc); built on the request path from values it already has."""
+    """One request's record (see the module doc), from values the request already has; text left None is decoded
+    by the writer, off the request path."""
     return {
         "model": model,
         "route": route,
