@@ -466,3 +466,76 @@ def test_vllm_series_after_known_traffic(field_server):
 def _scrape_build(values: dict[str, float]) -> dict[str, str]:
     (key,) = [k for k in values if k.startswith("trtspec_build_info{")]
     return dict(re.findall(r'(\w+)="([^"]*)"', key))
+
+
+# ---- vLLM's per-request summary through the OpenAI front -----------------------------------------------------
+
+
+def _post(url: str, body: dict) -> bytes:
+    import json
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as answer:
+        return answer.read()
+
+
+@pytest.mark.server
+def test_the_front_sends_vllms_summary_and_it_adds_up_to_the_counters(field_server):
+    """`--per-request-spec-decode-metrics summary`: every response carries vLLM's record (streamed: on the usage
+    chunk alone, as vLLM's), equal to the request's own speculation figures, and summed over the requests it equals
+    what the vLLM counters moved by; at `none` responses carry no `metrics`."""
+    import json
+
+    from trtspec.openai_api import Deployment, Front
+    from trtspec.server import free_port
+
+    labels = {"model_name": "tensorrt_llm_bls", "engine": "0"}
+    summaries, own = [], []
+    deployment = Deployment(field_server.http_url, served_model_name="m", spec_decode_metrics="summary").connect()
+    before = _scrape(field_server.metrics_url)
+    with Front(deployment, port=free_port()) as front:
+        for path, body in (
+            ("completions", {"prompt": "The quick brown fox", "max_tokens": 24}),
+            ("completions", {"prompt": "def add(a, b):", "max_tokens": 24}),
+        ):
+            out = json.loads(_post(f"{front.url}/v1/{path}", {"model": "m", "temperature": 0, **body}))
+            summaries.append(out["metrics"]["speculative_decoding"])
+            own.append(out["speculation"])
+            stream = {"model": "m", "stream": True, "stream_options": {"include_usage": True}, **body}
+            events = [
+                json.loads(line[len("data: ") :])
+                for line in _post(f"{front.url}/v1/{path}", stream).decode().splitlines()
+                if line.startswith("data: ") and line != "data: [DONE]"
+            ]
+            with_metrics = [e for e in events if e.get("metrics") is not None]
+            assert len(with_metrics) == 1 and with_metrics[0] is events[-1] and events[-1]["usage"]
+            summaries.append(events[-1]["metrics"]["speculative_decoding"])
+            own.append(next(e["speculation"] for e in events if "speculation" in e))
+    after = _scrape(field_server.metrics_url)
+    for summary, figures in zip(summaries, own):
+        assert set(summary) - {"acceptance_histogram_by_draft_length"} == {
+            "mean_acceptance_length",
+            "draft_acceptance_rate",
+            "acceptance_histogram",
+            "num_spec_steps",
+            "num_accepted_draft_tokens",
+            "num_draft_tokens",
+            "num_spec_tokens",
+        }
+        _vllm_invariants(summary)
+        assert summary["num_spec_tokens"] == int(_scrape_build(after)["max_draft_len"])
+        assert (summary["num_draft_tokens"], summary["num_accepted_draft_tokens"]) == (
+            figures["draft_tokens"],
+            figures["accepted_draft_tokens"],
+        )
+
+    def moved(name):
+        return (_sample(after, name, **labels) or 0.0) - (_sample(before, name, **labels) or 0.0)
+
+    assert sum(s["num_spec_steps"] for s in summaries) == moved(field_metrics.SPEC_DRAFTS) > 0
+    assert sum(s["num_draft_tokens"] for s in summaries) == moved(field_metrics.SPEC_DRAFT_TOKENS)
+    assert sum(s["num_accepted_draft_tokens"] for s in summaries) == moved(field_metrics.SPEC_ACCEPTED)
+    plain = Deployment(field_server.http_url, served_model_name="m").connect()
+    with Front(plain, port=free_port()) as front:
+        out = json.loads(_post(f"{front.url}/v1/completions", {"model": "m", "prompt": "The", "max_tokens": 4}))
+    assert "metrics" not in out

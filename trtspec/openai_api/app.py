@@ -26,6 +26,7 @@ from starlette.routing import Route
 from trtspec.client import ClientError, Completion, SpecClient, request_fields
 from trtspec.control import is_loopback
 from trtspec.errors import TrtspecError
+from trtspec.field_metrics import SPEC_DECODE_METRICS_LEVELS, spec_decode_summary
 from trtspec.keys import API_ENV, Key
 from trtspec.openai_api.guard import AnswerFailures, RequireKey, http_protocol, read_body
 from trtspec.openai_api.liveness import Liveness
@@ -93,8 +94,15 @@ class Deployment:
         admin_headers: dict[str, str] | None = None,
         limits: Limits | None = None,
         liveness: Liveness | None = None,
+        spec_decode_metrics: str = "none",
     ):
         self.triton_url, self.model, self.timeout = triton_url, model, timeout
+        if spec_decode_metrics not in SPEC_DECODE_METRICS_LEVELS:
+            raise FrontError(
+                f"per-request spec-decode metrics: {spec_decode_metrics!r} is not one of "
+                f"{', '.join(SPEC_DECODE_METRICS_LEVELS)}"
+            )
+        self.spec_decode_metrics = spec_decode_metrics  # vLLM's per-request summary
         self.liveness = liveness or Liveness(None)
         self._served, self._tokenizer_dir = served_model_name, tokenizer_dir
         given = triton_headers is not None or admin_headers is not None
@@ -147,12 +155,22 @@ class Deployment:
             "draft": _parameter(config, "tensorrt_llm_draft_model_name"),
         }
         self.max_seq_len = _number(config, "max_seq_len")
+        self.max_draft_len = _number(config, "max_draft_len") or 0
         admitted = [_number(config, key) for key in ("max_concurrent_requests", "max_queued_requests")]
         self.limits = self._limits.resolve(
             _number(config, "max_input_len"), sum(admitted) if None not in admitted else None
         )
         self.created = int(time.time())
         return self
+
+    def response_metrics(self, completion: Completion) -> dict:
+        """vLLM's `metrics.speculative_decoding` when asked for (trtspec.field_metrics), else nothing."""
+        if self.spec_decode_metrics == "none":
+            return {}
+        summary = spec_decode_summary(
+            completion.drafted_per_position, completion.accepted_per_position, self.max_draft_len
+        )
+        return {"metrics": {"speculative_decoding": summary}}
 
     async def health(self) -> dict[str, bool]:
         """Whether each model a request goes through is ready on Triton: the BLS, its target and its draft model
@@ -313,9 +331,8 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
             raise bls_error(exc, req) from exc
         stop = StopText(req.stop)
         out = stop.push(completion.text) + stop.flush()
-        return JSONResponse(
-            response(req, dep.served_model, out, finish_reason(completion, stop), prompt_tokens, completion)
-        )
+        body = response(req, dep.served_model, out, finish_reason(completion, stop), prompt_tokens, completion)
+        return JSONResponse(body | dep.response_metrics(completion))
 
     async def _stream(req: Request, text: str, prompt_tokens: int):
         responses = dep.stream(req, text)
@@ -339,7 +356,7 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
                     if isinstance(item, Completion):
                         yield _sse(chunks.finish(stop.flush(), finish_reason(item, stop), item))
                         if req.include_usage:
-                            yield _sse(chunks.usage(prompt_tokens, item))
+                            yield _sse(chunks.usage(prompt_tokens, item) | dep.response_metrics(item))
                         break
                     if piece := stop.push(item.text):
                         yield text_event(piece)
