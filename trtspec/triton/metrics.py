@@ -44,7 +44,7 @@ def seconds_per_output_token(times_ns: list[int], tokens: int) -> float | None:
 class Metrics:
     """The BLS's metric families, created once per model instance; `record` and `error` are thread-safe."""
 
-    def __init__(self, model: str, build: dict[str, str]):
+    def __init__(self, model: str, build: dict[str, str], draft_version: str = "1"):
         self._families = []  # a family must outlive its metrics, so every family is kept here
         self._lock = threading.Lock()
         self.labels = {"model": model}
@@ -65,8 +65,9 @@ class Metrics:
             fam = family(name, description, histogram)
             return {m: fam.Metric(labels=self.labels | {"mode": m}, buckets=buckets) for m in MODES}
 
-        self._draft = one("trtspec_draft_tokens_total", "Draft tokens proposed to the target")
-        self._accepted = one("trtspec_accepted_tokens_total", "Draft tokens the target accepted")
+        # by the draft model's version (`trtspec promote`), so that a new draft's acceptance is told from the old's
+        self._draft = family("trtspec_draft_tokens_total", "Draft tokens proposed to the target, by draft_version")
+        self._accepted = family("trtspec_accepted_tokens_total", "Draft tokens the target accepted, by draft_version")
         generated = family("trtspec_generated_tokens_total", "Tokens returned to clients, by decoding mode")
         self._generated = {m: generated.Metric(labels=self.labels | {"mode": m}) for m in MODES}
         self._iterations = one(
@@ -177,6 +178,7 @@ class Metrics:
         self._shown: dict = {}  # the gauges' last values sent
         for reason in FALLBACK_REASONS:  # at 0 from the start, so rates over them (the alerts') have data
             self._child(self._fallbacks, reason=reason)
+        self.draft_versions(draft_version)
         # vLLM makes a series per position up to its draft length, at 0 from the start; so does this
         max_draft_len = build.get("max_draft_len", "")
         for i in range(int(max_draft_len) if max_draft_len.isdigit() else 0):
@@ -194,16 +196,17 @@ class Metrics:
             self._children[key] = family.Metric(labels=(self.labels if base is None else base) | labels)
         return self._children[key]
 
-    def record(self, stats: RequestStats, times_ns: list[int]) -> None:
+    def record(self, stats: RequestStats, times_ns: list[int], draft_version: str = "1") -> None:
         """A finished request: its statistics and its times (arrival, first target call, first and last token,
-        nanoseconds of one clock)."""
+        nanoseconds of one clock), and the version of the draft model it ran with."""
         mode = "speculative" if stats.num_drafts else "plain"
         arrival, _, first, last = times_ns
         with self._lock:
+            drafted, accepted = self.draft_versions(draft_version)
             # each update is a message to the server: counters that did not move are left alone
             for metric, amount in (
-                (self._draft, stats.num_draft_tokens),
-                (self._accepted, stats.num_accepted_tokens),
+                (drafted, stats.num_draft_tokens),
+                (accepted, stats.num_accepted_tokens),
                 (self._generated[mode], stats.generated_tokens),
                 (self._iterations, stats.iterations),
                 (self._draft_seconds, stats.draft_seconds),
@@ -235,6 +238,11 @@ class Metrics:
                 self._tpot[mode].observe(tpot)
             if stats.num_draft_tokens:
                 self._acceptance.observe(stats.num_accepted_tokens / stats.num_draft_tokens)
+
+    def draft_versions(self, version: str):
+        """The drafted and accepted counters of a draft version, made (at 0) on first use; the caller holds the lock
+        or is the constructor."""
+        return self._child(self._draft, draft_version=version), self._child(self._accepted, draft_version=version)
 
     def gpu_memory_planned(self, fraction: float) -> None:
         if fraction > 0:
