@@ -132,6 +132,27 @@ def draft_version(repo: str | os.PathLike) -> str:
         return "1"
 
 
+class DraftVersionWatch:
+    """The active draft version of a repository, for the BLS's metric label: `promotions.json` read again when it
+    changes, looked at no more than once a second."""
+
+    def __init__(self, repo: str | os.PathLike, interval: float = 1.0):
+        self.path, self.interval = Path(repo) / DRAFT_MODEL / PROMOTIONS, interval
+        self._checked, self._mtime, self.version = 0.0, None, draft_version(repo)
+
+    def current(self) -> str:
+        now = time.monotonic()
+        if now - self._checked >= self.interval:
+            self._checked = now
+            try:
+                mtime = self.path.stat().st_mtime_ns
+            except OSError:
+                mtime = None
+            if mtime != self._mtime:
+                self._mtime, self.version = mtime, draft_version(self.path.parent.parent)
+        return self.version
+
+
 def refuse_mpi(repo: str | os.PathLike) -> None:
     from trtspec.marker import read_marker
 
