@@ -175,6 +175,9 @@ class Scripted:
     def observe(self, *, num_draft_tokens, tokens, **_):
         self.observed.append((num_draft_tokens, tokens))
 
+    def shortest_lookup_draft(self, remaining):
+        return 0  # it drafts from the model alone
+
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_drafting_coming_back_stops_the_stretch_s_call(engine, stream):

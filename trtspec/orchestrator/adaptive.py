@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -82,11 +83,36 @@ class Decision:
 LOOKUP = "prompt_lookup"  # the draft source that costs no model call
 
 
+class DraftLengthPolicy(Protocol):
+    """What the loop asks before each iteration and tells after it (FixedDraftLength, AdaptiveDraftLength)."""
+
+    fallbacks: dict[str, int]  # reason -> times it chose plain decoding for that reason
+
+    def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
+        """The next iteration's draft length (and source, where `offers` names several), or a plain stretch."""
+
+    def shortest_lookup_draft(self, remaining: int) -> int:
+        """The shortest prompt-lookup continuation it would draft now (0: none), without changing its state."""
+
+    def observe(
+        self,
+        *,
+        num_draft_tokens: int,
+        num_accepted_tokens: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        tokens: int,
+        source: str | None = None,
+    ) -> None:
+        """What an iteration (or a part of a plain stretch: num_draft_tokens 0) did and cost."""
+
+
 class FixedDraftLength:
     """Always K (the stock BLS's behaviour), within the budget."""
 
     def __init__(self, k: int):
         self.k_max = k
+        self.fallbacks: dict[str, int] = {}  # a fixed length never falls back
 
     def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
         return Decision(min(self.k_max, remaining - 1), plain_tokens=remaining)

@@ -67,8 +67,8 @@ import numpy as np
 
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams, StopWords
 from trtspec.errors import Cancelled, EngineUnavailable
-from trtspec.orchestrator.adaptive import LOOKUP, Decision, FixedDraftLength
-from trtspec.orchestrator.drafters import Draft, Drafter, DraftFailed
+from trtspec.orchestrator.adaptive import LOOKUP, Decision, DraftLengthPolicy, FixedDraftLength
+from trtspec.orchestrator.drafters import Draft, Drafter, DraftFailed, DraftSources, as_sources
 from trtspec.orchestrator.stats import RequestStats
 
 
@@ -134,9 +134,9 @@ class Trace:
 def speculate(
     request: SpecRequest,
     target: EngineClient,
-    drafter: Drafter | None,
+    drafter: Drafter | DraftSources | None,
     *,
-    policy=None,
+    policy: DraftLengthPolicy | None = None,
     stats: RequestStats | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     on_draft_failed: Callable[[DraftFailed], None] = lambda exc: None,
@@ -183,7 +183,7 @@ def speculate(
             yield it.tokens
         if it.finish_reason:
             stats.finish_reason = it.finish_reason
-            stats.fallbacks.update(getattr(run.policy, "fallbacks", {}))
+            stats.fallbacks.update(run.policy.fallbacks)
             return
 
 
@@ -205,28 +205,45 @@ class Iteration:
     wasted_steps: int = 0  # target steps lost: the step a stopped streaming call was in (its token cleared)
 
 
+@dataclass
+class _Call:
+    """What an iteration's engine call gave: its tokens cut by the stop rules, and what the loop observes of it."""
+
+    new: list[int]
+    reason: str | None  # finish reason, when a stop rule fired
+    num_accepted_tokens: int = 0
+    streamed: bool = False  # its tokens were yielded as they arrived
+    wasted: float | None = None  # a stopped stretch's lost step, in seconds
+    extend: _Extension | None = None  # where a streamed stretch was extended: the part the policy saw
+
+
 class _Speculation:
     """A request's state between iterations: its sequence so far, and its drafter and whether it still
-    speculates (a drafter that fails is dropped, or narrowed to its other source)."""
+    speculates (a drafter that fails is dropped, or narrowed to its other source).
+
+    Each iteration chooses (`_choose`), drafts (`_draft`), then makes ONE kind of engine call: a verification of the
+    draft (`_verify`), a plain stretch read from a streaming call (`_stream_plain`), or a plain unary call
+    (`_plain`); then the drafter and the policy observe it (`_observe`)."""
 
     def __init__(
         self,
         request: SpecRequest,
         target: EngineClient,
-        drafter: Drafter | None,
-        policy,
+        drafter: Drafter | DraftSources | None,
+        policy: DraftLengthPolicy | None,
         stats: RequestStats,
         trace: Trace | None,
         on_draft_failed: Callable[[DraftFailed], None],
         cap: Callable[[], int | None] | None = None,
     ):
-        self.request, self.target, self.drafter, self.stats, self.trace = request, target, drafter, stats, trace
+        self.request, self.target, self.stats, self.trace = request, target, stats, trace
+        self.drafter: DraftSources | None = as_sources(drafter)
         self.on_draft_failed, self.cap = on_draft_failed, cap
         self.speculative = drafter is not None and request.num_draft_tokens > 0
-        self.policy = (
+        self.policy: DraftLengthPolicy = (
             policy if policy is not None else FixedDraftLength(request.num_draft_tokens if self.speculative else 0)
         )
-        self.can_stream = getattr(target, "streams", False)
+        self.can_stream = getattr(target, "streams", False)  # EngineClient or StreamingEngineClient
         self.sequence = list(request.prompt)  # the engine gets it whole each call
         self.generated = 0
         self.lost: str | None = None  # why speculation stopped for the rest of this request
@@ -237,62 +254,19 @@ class _Speculation:
         streamed stretch's tokens as they arrive and returns the `Iteration`."""
         request, remaining = self.request, self.request.max_tokens - self.generated
         span = _span(request, self.generated, remaining)  # what this iteration may generate
-        cap = self.cap() if self.speculative and self.cap is not None else None
-        if cap is not None and cap <= 0:  # the deployment decodes plainly at the load this request now runs at
-            self.speculative, self.lost = False, "governor"
-            self.stats.fallbacks["governor"] = 1  # a request's fallback, as the BLS counts one at admission
-        first = self.generated == 0 and self.speculative  # the target's first token, alone
         start = time.perf_counter()
-        # 1. choose k
-        offers = None
-        if first:
-            decision = Decision(0, plain_tokens=1)
-        else:
-            offers = _offers(self.drafter, self.sequence, span) if self.speculative else None
-            decision = self.policy.decide(span, offers)
-        if cap is not None and decision.k > cap:
-            decision = replace(decision, k=cap)
-        if not self.speculative:
-            decision = Decision(0, plain_tokens=span if self.lost else decision.plain_tokens, reason=self.lost)
-        # 2. draft
-        draft, decision = self._draft(decision, span)
+        decision, offers, first = self._choose(span)  # 1. choose k
+        draft, decision = self._draft(decision, span)  # 2. draft
         drafted_at = time.perf_counter()
-        num_draft_tokens = len(draft.tokens) if draft else 0
-        # 3. verify (or decode plainly)
-        # a drafter that found nothing to propose (prompt lookup without a match) gets one plain token, then looks again
-        asked = decision.plain_tokens if decision.k == 0 else 1
-        plain = 1 if request.stream and not self.can_stream else max(1, min(asked, span))
-        # a stretch: the policy chose plain (not an empty draft: a drafter of one source says it has nothing only by
-        # proposing nothing, which is one token and a look)
-        stretch = self.speculative and not first and decision.k == 0
-        # streamed to the client: a stretch the policy chose plain goes on in one streaming call while it keeps
-        # choosing plain
-        extend = (
-            _Extension(self.policy, self.drafter, self.sequence, span, plain, drafted_at)
-            if stretch and self.can_stream and request.stream
-            else None
-        )
-        # not streamed: one call for the stretch, which the engine ends where prompt lookup would find a match (with
-        # nothing to draft now, the stretch runs until it does)
-        unary_stretch = stretch and not request.stream
-        lookup = self._lookup_words(span) if unary_stretch else []
-        if unary_stretch and (lookup or decision.reason is None):
-            plain = min(span if decision.reason is None else plain, LOOKUP_STRETCH)
-        streamed = self.can_stream and not num_draft_tokens and request.stream
-        call = _verify_request(request, self.sequence, draft, span if extend else plain, self.generated, lookup)
+        # 3. verify (or decode plainly): one engine call, of one kind
         try:
-            if streamed:  # the stretch's tokens are yielded as they arrive, 4. the stop rules applied to each part
-                new, reason, wasted = yield from _relay(
-                    request,
-                    self.target.stream(call),
-                    call.request_output_len,
-                    self.sequence,
-                    self.generated,
-                    self.trace,
-                    extend,
-                )
+            if draft is not None and draft.tokens:
+                call = self._verify(draft, remaining)
+            elif self.can_stream and request.stream:
+                # 4. the stop rules applied to each part; the stretch's tokens are yielded as they arrive
+                call = yield from self._stream_plain(decision, span, first, drafted_at)
             else:
-                result, wasted = self.target.generate(call), None
+                call = self._plain(decision, span, first, remaining)
         except (EngineUnavailable, _Interrupted) as exc:
             cause, relayed = (exc.cause, exc.tokens) if isinstance(exc, _Interrupted) else (exc, [])
             return Iteration(
@@ -302,63 +276,152 @@ class _Speculation:
                 streamed=True,
                 unavailable=cause,
             )
-        verified_at, num_accepted_tokens = time.perf_counter(), 0
-        stretch_end = verified_at - (wasted or 0.0)  # when its last token came, before a stop's lost step
-        if not streamed:
-            new = result.new_tokens[:remaining]
-            num_accepted_tokens = accepted_prefix(draft.tokens, new) if num_draft_tokens else 0
-            # 4. stop rules. The engine returns no end token (as TensorRT-LLM): a call that ended on it returns fewer
-            # tokens than it could have, a plain one fewer than asked, a verification no bonus token
-            ended = len(new) < (num_accepted_tokens + 1 if num_draft_tokens else plain)
-            if ended and lookup and StopWords(lookup).completed_by(self.sequence + new):
-                ended = False  # the call ended where prompt lookup finds a match, not on the end token
-            new, reason = _apply_stop_rules(
-                request, self.sequence, new, self.generated + len(new) >= request.max_tokens, ended
-            )
-            if self.trace is not None:
-                _record(self.trace, result, len(new))
-        # 5. observe
+        verified_at = time.perf_counter()
+        num_draft_tokens = len(draft.tokens) if draft else 0
         source = draft.source if num_draft_tokens else None
-        if num_draft_tokens:
-            self.drafter.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
-        if not first:  # a policy tells sources apart only where it was offered several (auto)
-            tail, tail_from = (len(new) - extend.observed, extend.since) if extend else (len(new), drafted_at)
-            # the step a stopped stretch lost is the cost of the draft it made way for (a plain iteration's
-            # cost is its time per token, which a step with no token would skew)
-            switch, self.switch_seconds = (self.switch_seconds, 0.0) if num_draft_tokens else (0.0, 0.0)
-            self.policy.observe(
-                num_draft_tokens=num_draft_tokens,
-                num_accepted_tokens=num_accepted_tokens,
-                draft_seconds=drafted_at - start,
-                verify_seconds=(stretch_end if wasted is not None else verified_at) - tail_from + switch,
-                tokens=tail,
-                source=source if offers is not None else None,
-            )
-        if wasted is not None:
-            # a lost step costs one step: the stretch's own time per token bounds what the stop's wait is charged
-            # (the wait also holds the stop's way to the engine, which a busy machine stretches)
-            per_token = (stretch_end - drafted_at) / len(new) if new else wasted
-            self.switch_seconds = min(wasted, per_token)
+        if not first:  # 5. observe (a policy tells sources apart only where it was offered several: auto)
+            named = source if offers is not None else None
+            self._observe(call, num_draft_tokens, named, start, drafted_at, verified_at)
         return Iteration(
-            new,
+            call.new,
             num_draft_tokens=num_draft_tokens,
-            num_accepted_tokens=min(num_accepted_tokens, len(new)),
+            num_accepted_tokens=min(call.num_accepted_tokens, len(call.new)),
             source=source,
             fallback=decision.reason if not num_draft_tokens else None,
             draft_seconds=drafted_at - start,
             verify_seconds=verified_at - drafted_at,
-            streamed=streamed,
-            finish_reason=reason,
-            wasted_steps=int(wasted is not None),
+            streamed=call.streamed,
+            finish_reason=call.reason,
+            wasted_steps=int(call.wasted is not None),
         )
+
+    def _choose(self, span: int) -> tuple[Decision, dict[str, int] | None, bool]:
+        """Step 1: (the decision, what the sources offered for it, whether it is the target's first token, alone)."""
+        cap = self.cap() if self.speculative and self.cap is not None else None
+        if cap is not None and cap <= 0:  # the deployment decodes plainly at the load this request now runs at
+            self.speculative, self.lost = False, "governor"
+            self.stats.fallbacks["governor"] = 1  # a request's fallback, as the session counts one at admission
+        first = self.generated == 0 and self.speculative  # the target's first token, alone
+        offers = None
+        if first:
+            decision = Decision(0, plain_tokens=1)
+        else:
+            offers = self.drafter.offers(self.sequence, span - 1) if self.speculative else None
+            decision = self.policy.decide(span, offers)
+        if cap is not None and decision.k > cap:
+            decision = replace(decision, k=cap)
+        if not self.speculative:
+            decision = Decision(0, plain_tokens=span if self.lost else decision.plain_tokens, reason=self.lost)
+        return decision, offers, first
+
+    def _asked(self, decision: Decision, span: int) -> int:
+        """The tokens a plain call asks for: the decision's stretch; one where a drafter found nothing to propose
+        (prompt lookup without a match: one plain token, then it looks again); one per call where the client reads
+        a stream that the engine cannot give."""
+        asked = decision.plain_tokens if decision.k == 0 else 1
+        return 1 if self.request.stream and not self.can_stream else max(1, min(asked, span))
+
+    def _stretch(self, decision: Decision, first: bool) -> bool:
+        """Whether a plain call is a stretch the policy chose (not an empty draft: a drafter of one source says it
+        has nothing only by proposing nothing, which is one token and a look)."""
+        return self.speculative and not first and decision.k == 0
+
+    def _verify(self, draft: Draft, remaining: int) -> _Call:
+        """Step 3, a verification: ONE target call with the draft, asking for len(draft) + 1 tokens."""
+        request = self.request
+        result = self.target.generate(_verify_request(request, self.sequence, draft, 0, self.generated))
+        new = result.new_tokens[:remaining]
+        num_accepted_tokens = accepted_prefix(draft.tokens, new)
+        # 4. stop rules. The engine returns no end token (as TensorRT-LLM): a verification that ended on it returns no
+        # bonus token
+        ended = len(new) < num_accepted_tokens + 1
+        new, reason = self._stop_rules(new, ended)
+        if self.trace is not None:
+            _record(self.trace, result, len(new))
+        return _Call(new, reason, num_accepted_tokens)
+
+    def _plain(self, decision: Decision, span: int, first: bool, remaining: int) -> _Call:
+        """Step 3, a plain unary call. A stretch not streamed to the client is one call, which the engine ends where
+        prompt lookup would find a match (with nothing to draft now, the stretch runs until it does)."""
+        request, plain = self.request, self._asked(decision, span)
+        unary_stretch = self._stretch(decision, first) and not request.stream
+        lookup = self._lookup_words(span) if unary_stretch else []
+        if unary_stretch and (lookup or decision.reason is None):
+            plain = min(span if decision.reason is None else plain, LOOKUP_STRETCH)
+        result = self.target.generate(_verify_request(request, self.sequence, None, plain, self.generated, lookup))
+        new = result.new_tokens[:remaining]
+        # 4. stop rules: a plain call that ended on the end token returns fewer tokens than asked
+        ended = len(new) < plain
+        if ended and lookup and StopWords(lookup).completed_by(self.sequence + new):
+            ended = False  # the call ended where prompt lookup finds a match, not on the end token
+        new, reason = self._stop_rules(new, ended)
+        if self.trace is not None:
+            _record(self.trace, result, len(new))
+        return _Call(new, reason)
+
+    def _stream_plain(self, decision: Decision, span: int, first: bool, drafted_at: float):
+        """Step 3, a plain stretch read from one streaming call, its tokens yielded as they arrive. A stretch the policy
+        chose goes on in the same call while it keeps choosing plain (`_Extension`)."""
+        plain = self._asked(decision, span)
+        extend = (
+            _Extension(self.policy, self.drafter, self.sequence, span, plain, drafted_at)
+            if self._stretch(decision, first)
+            else None
+        )
+        call = _verify_request(self.request, self.sequence, None, span if extend else plain, self.generated)
+        new, reason, wasted = yield from _relay(
+            self.request,
+            self.target.stream(call),
+            call.request_output_len,
+            self.sequence,
+            self.generated,
+            self.trace,
+            extend,
+        )
+        return _Call(new, reason, streamed=True, wasted=wasted, extend=extend)
+
+    def _stop_rules(self, new: list[int], ended: bool) -> tuple[list[int], str | None]:
+        at_budget = self.generated + len(new) >= self.request.max_tokens
+        return _apply_stop_rules(self.request, self.sequence, new, at_budget, ended)
+
+    def _observe(
+        self,
+        call: _Call,
+        num_draft_tokens: int,
+        source: str | None,
+        start: float,
+        drafted_at: float,
+        verified_at: float,
+    ) -> None:
+        """Step 5: the drafter and the policy learn what the target accepted and what it cost."""
+        if num_draft_tokens:
+            self.drafter.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=call.num_accepted_tokens)
+        stretch_end = verified_at - (call.wasted or 0.0)  # when its last token came, before a stop's lost step
+        extend, new = call.extend, call.new
+        tail, tail_from = (len(new) - extend.observed, extend.since) if extend else (len(new), drafted_at)
+        # the step a stopped stretch lost is the cost of the draft it made way for (a plain iteration's cost is its
+        # time per token, which a step with no token would skew)
+        switch, self.switch_seconds = (self.switch_seconds, 0.0) if num_draft_tokens else (0.0, 0.0)
+        self.policy.observe(
+            num_draft_tokens=num_draft_tokens,
+            num_accepted_tokens=call.num_accepted_tokens,
+            draft_seconds=drafted_at - start,
+            verify_seconds=(stretch_end if call.wasted is not None else verified_at) - tail_from + switch,
+            tokens=tail,
+            source=source,
+        )
+        if call.wasted is not None:
+            # a lost step costs one step: the stretch's own time per token bounds what the stop's wait is charged
+            # (the wait also holds the stop's way to the engine, which a busy machine stretches)
+            per_token = (stretch_end - drafted_at) / len(new) if new else call.wasted
+            self.switch_seconds = min(call.wasted, per_token)
 
     def _lookup_words(self, remaining: int) -> list[list[int]]:
         """The n-grams whose completion ends a plain call of a request that is not streamed, so that the policy
         decides again there: where prompt lookup will find a continuation long enough for the policy to draft it
         (none when the drafter has no lookup, or the policy would draft nothing it finds)."""
-        words = getattr(self.drafter, "lookup_words", None)
-        shortest = getattr(self.policy, "shortest_lookup_draft", lambda remaining: 0)(remaining)
-        return words(self.sequence, shortest) if words is not None and shortest else []
+        shortest = self.policy.shortest_lookup_draft(remaining)
+        return self.drafter.lookup_words(self.sequence, shortest) if shortest else []
 
     def _draft(self, decision: Decision, remaining: int) -> tuple[Draft | None, Decision]:
         """Step 2: the draft `decision` asks for (None when it decodes plainly), and the decision it goes on with.
@@ -367,11 +430,11 @@ class _Speculation:
         if decision.k <= 0:
             return None, decision
         try:
-            return _propose(self.drafter, self.sequence, decision), decision
+            return self.drafter.propose(self.sequence, decision.k, source=decision.source), decision
         except DraftFailed as exc:
             self.stats.fallbacks["draft_error"] = self.stats.fallbacks.get("draft_error", 0) + 1
             self.on_draft_failed(exc)
-            self.drafter = self.drafter.without_model() if hasattr(self.drafter, "without_model") else None
+            self.drafter = self.drafter.without_model()
             if self.drafter is None:
                 self.speculative, self.lost = False, "draft_error"
                 return None, Decision(0, plain_tokens=remaining, reason=self.lost)
@@ -384,11 +447,6 @@ def _span(request: SpecRequest, generated: int, remaining: int) -> int:
     if request.other_end_ids and generated < request.min_tokens:
         return min(remaining, request.min_tokens - generated)
     return remaining
-
-
-def _offers(drafter, sequence: list[int], remaining: int) -> dict[str, int] | None:
-    """What each draft source can give now, from a drafter with several (auto); None from one with a single source."""
-    return drafter.offers(sequence, remaining - 1) if hasattr(drafter, "offers") else None
 
 
 # A plain call that prompt lookup may end goes at most this far: the n-grams it is given are the sequence's at its
@@ -409,7 +467,15 @@ class _Extension:
     observed as a plain iteration): plain again extends the stretch in the same call, drafting ends it. It also
     decides again at any token where prompt lookup, which costs no draft call, found a continuation."""
 
-    def __init__(self, policy, drafter, sequence: list[int], remaining: int, stretch: int, since: float):
+    def __init__(
+        self,
+        policy: DraftLengthPolicy,
+        drafter: DraftSources,
+        sequence: list[int],
+        remaining: int,
+        stretch: int,
+        since: float,
+    ):
         self.policy, self.drafter, self.sequence, self.remaining = policy, drafter, sequence, remaining
         self.end = stretch  # the stretch ends after this many of the call's tokens
         self.observed, self.since = 0, since  # tokens the policy has seen, and when the unseen ones began
@@ -419,7 +485,7 @@ class _Extension:
         found something to draft."""
         if len(got) >= self.end:
             return True
-        offers = _offers(self.drafter, self.sequence + got, self.remaining - len(got))
+        offers = self.drafter.offers(self.sequence + got, self.remaining - len(got) - 1)
         return bool(offers and offers.get(LOOKUP))
 
     def __call__(self, got: list[int]) -> bool:
@@ -434,17 +500,11 @@ class _Extension:
         )
         self.observed, self.since = len(got), now
         left = self.remaining - len(got)
-        decision = self.policy.decide(left, _offers(self.drafter, self.sequence + got, left))
+        decision = self.policy.decide(left, self.drafter.offers(self.sequence + got, left - 1))
         if decision.k > 0:
             return False  # decided again, the same way, at the next iteration (a drafting decision changes nothing)
         self.end = len(got) + decision.plain_tokens
         return True
-
-
-def _propose(drafter: Drafter, sequence: list[int], decision: Decision):
-    if decision.source is None:
-        return drafter.propose(sequence, decision.k)
-    return drafter.propose(sequence, decision.k, source=decision.source)
 
 
 def _relay(

@@ -1,7 +1,9 @@
 """The `tensorrt_llm_bls` model: the speculative loop served by Triton's Python backend (decoupled).
 
-It accepts the stock BLS request fields and runs `trtspec.orchestrator.loop.speculate` with two engine
-clients that call the `tensorrt_llm` and `tensorrt_llm_draft` models through BLS. Requests run on a
+It accepts the stock BLS request fields, checks them into a request, and runs it as a session of the deployment
+(`trtspec.orchestrator.session`: what a request may do at the load, the loop, what its outcome teaches) with two
+engine clients that call the `tensorrt_llm` and `tensorrt_llm_draft` models through BLS; it sends what the session
+yields as responses. Requests run on a
 thread pool, so many are served at once: a request waits for the engines, never for another request's
 whole generation. Each failure becomes exactly one error response, and the model keeps serving.
 """
@@ -22,15 +24,11 @@ import triton_python_backend_utils as pb_utils
 
 from trtspec.checkpoint import declared_end_ids
 from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutral
-from trtspec.control import CONTROL_ENV, Watcher
+from trtspec.control import CONTROL_ENV
 from trtspec.errors import Cancelled, DeadlineExceeded, EngineUnavailable, RequestError
-from trtspec.interfaces import SPECULATION_METHODS
-from trtspec.orchestrator.adaptive import LOOKUP, AdaptiveDraftLength, CostModel, DeploymentCosts, FixedDraftLength
-from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.detok import IncrementalDetokenizer
-from trtspec.orchestrator.drafters import make_drafter
-from trtspec.orchestrator.governor import LoadGovernors, Outcome
-from trtspec.orchestrator.loop import SpecRequest, Trace, speculate
+from trtspec.orchestrator.loop import SpecRequest, Trace
+from trtspec.orchestrator.session import Deployment, Request, Session, draft_length
 from trtspec.orchestrator.stats import RequestStats
 from trtspec.request_limits import (
     check_prompt_chars,
@@ -45,7 +43,7 @@ from trtspec.serving_settings import ServingSettings
 from trtspec.triton.common import error_response, input_arrays, load_tokenizer, model_parameters
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
 from trtspec.triton.kv_watch import METRICS_ENV, KvWatch
-from trtspec.triton.metrics import Metrics, seconds_per_output_token
+from trtspec.triton.metrics import Metrics
 from trtspec.triton.recovery import Reloader
 
 
@@ -75,11 +73,6 @@ class TritonPythonModel:
             if draft_name
             else None
         )
-        self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
-        self.costs = DeploymentCosts(
-            CostModel(settings.draft_cost_ratio, settings.verify_cost_per_token, settings.verify_cost_fixed),
-            lookup_share=0.0 if draft_name else 1.0,
-        )
         self._peaks: dict[int, int] = {}  # requests in flight: the most requests in flight during each one's life
         self._active_lock = threading.Lock()
         self.tokenizer = load_tokenizer(settings.tokenizer_dir)
@@ -89,24 +82,16 @@ class TritonPythonModel:
         self.reloader.health.on_change = self.metrics.engine_health  # the liveness signal (trtspec.engine_health)
         for engine in filter(None, (settings.tensorrt_llm_model_name, draft_name)):  # at 0 from the start
             self.metrics.engine_health(engine, None)
-        self.metrics.break_even(*self.costs.break_even_at(1, self.settings.max_draft_len))
         self.metrics.gpu_memory_planned(settings.gpu_memory_planned_fraction)
-        # the deployment's rollback, per load range: full draft length, reduced, plain (trtspec.orchestrator.governor)
-        self.governor = LoadGovernors(
-            settings.default_num_draft_tokens or settings.speculation_num_draft_tokens,
-            hold_seconds=settings.governor_hold_seconds,
-            on_change=self._governed,
-        )
-        self._show_governors()
-        # an operator's or Alertmanager's force, through `trtspec serve --control-port` (trtspec.control)
-        self.control, self._control_lock = Watcher(os.environ.get(CONTROL_ENV)), threading.Lock()
+        # costs, governors, the draft breaker and the control file, shared by this instance's requests
+        self.deployment = Deployment(settings, self, draft_name=draft_name, control_file=os.environ.get(CONTROL_ENV))
         # KV-cache pressure on the target, from the server's own metrics (trtspec.triton.kv_watch)
         self.kv_watch = None
         if os.environ.get(METRICS_ENV):
             self.kv_watch = KvWatch(
                 os.environ[METRICS_ENV],
                 self.target.model_name,
-                self.governor.kv_cache,
+                self.deployment.governor.kv_cache,
                 on_problem=lambda message: pb_utils.Logger.log_warn(f"{self.name}: {message}"),
             )
         else:
@@ -194,64 +179,27 @@ class TritonPythonModel:
         deadline = arrived + timeout_ms / 1000 if timeout_ms else None
         plan = self._parse(fields)
         spec = plan.spec
-        stats = RequestStats()
-        limit = self.settings.max_speculative_concurrency  # 0: no limit
-        if spec.num_draft_tokens > 0 and limit and load > limit:
-            spec.num_draft_tokens = 0
-            stats.fallbacks["load"] = 1
-        self._controlled()
-        cap, probe, admitted = self.governor.admit(load)
-        if cap < self.governor.k_full:  # rolled back: every draft source drafts at most `cap`
-            plan.cap = cap
-            if spec.num_draft_tokens > cap:
-                spec.num_draft_tokens = cap
-                stats.fallbacks["governor"] = 1
-        times_ns = [int(arrived * 1e9), time.monotonic_ns(), 0, 0]
+        draft = self.draft.for_request if self.draft is not None else None
+        session = self.deployment.start(
+            plan.request,
+            load,
+            target=self.target.for_request(plan.request_id, deadline, watch=stop),
+            # the request's deadline does not bound a draft call (BlsEngineClient): it watches the client alone
+            draft=(lambda: draft(plan.request_id, watch=sender.is_cancelled)) if draft else None,
+            peak_load=peak_load,
+            cancelled=stop,
+            recover=self._recovery(deadline, stop),
+            arrived=arrived,
+        )
         try:
-            drafter = policy = None
-            if spec.num_draft_tokens > 0:
-                drafter = self._drafter(plan, watch=sender.is_cancelled)
-                # auto: prompt lookup, which costs no draft call, drafts up to max_draft_len (the model up to K)
-                bound = (
-                    max(spec.num_draft_tokens, self._lookup_k(plan)) if plan.method == "auto" else spec.num_draft_tokens
-                )
-                policy = (
-                    self.costs.policy(bound, model_drafts=plan.model_drafts, load=load)
-                    if plan.adaptive
-                    else FixedDraftLength(spec.num_draft_tokens)
-                )
             detok = IncrementalDetokenizer(self.tokenizer, self.settings.skip_special_tokens)
             # Like TRT-LLM, a streamed response carries new text only; a single response repeats the prompt
             # unless exclude_input_in_output is set.
             prompt_text = "" if plan.exclude_input or spec.stream else fields.text("text_input")
             ids: list[int] = []
             text = []
-            run = _Run(stats, Trace(), times_ns, len(spec.prompt))
-            target = self.target.for_request(plan.request_id, deadline, watch=stop)
-            recover = self._recovery(deadline, stop)
-            # past admission a heavier range than its own, that of the most requests it has run beside, caps it
-            # where that range rolled back (a burst's first requests are admitted at a lighter load than the one
-            # they run at); its own range capped it at admission, and a probe keeps its length
-            own = self.governor.at(load)
-
-            def cap() -> int | None:
-                heavier = self.governor.at(peak_load())
-                return None if probe or heavier is own else heavier.rolled_back_cap()
-
-            for chunk in speculate(
-                spec,
-                target,
-                drafter,
-                policy=policy,
-                stats=stats,
-                cancelled=stop,
-                trace=run.trace,
-                recover=recover,
-                cap=cap,
-            ):
-                now = time.monotonic_ns()  # one reading: tokens that came in one piece have first == last
-                run.times_ns[2] = run.times_ns[2] or now
-                run.times_ns[3] = now
+            run = _Run(session, len(spec.prompt))
+            for chunk in session.run():
                 ids += chunk
                 piece = detok.push(chunk)
                 if spec.stream:
@@ -260,15 +208,7 @@ class TritonPythonModel:
                 else:
                     text.append(piece)
             rest = detok.flush()
-            # what it measured belongs to the most requests it ran beside, not to those at its start or end: its
-            # costs are learned there, and that load range's governor judges it
-            load = peak_load()
-            if isinstance(policy, AdaptiveDraftLength):
-                self.costs.learn(policy, model_drafts=plan.model_drafts, load=load)
-            self.costs.drafted(
-                load=load, lookup_tokens=stats.source_tokens.get(LOOKUP, 0), draft_tokens=stats.num_draft_tokens
-            )
-            self.metrics.record(stats, run.times_ns)
+            self.metrics.record(session.stats, session.times_ns)
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             if spec.stream:
                 sender.send(self._response(rest, [], plan, run, len(ids), final=True), flags=flags)
@@ -278,50 +218,9 @@ class TritonPythonModel:
                     flags=flags,
                 )
         except Exception as exc:
-            if error_kind(exc) in ("engine_error", "timeout"):  # the server's failures, not the clients'
-                load = peak_load()
-                self._govern(Outcome(False, None, failed=True, probe=probe, admitted_at=admitted), load)
+            session.finish(exc)
             raise
-        self._govern(
-            Outcome(
-                bool(stats.num_drafts),
-                seconds_per_output_token(times_ns, stats.generated_tokens),
-                num_draft_tokens=stats.num_draft_tokens,
-                num_accepted_tokens=stats.num_accepted_tokens,
-                probe=probe,
-                admitted_at=admitted,
-            ),
-            load,
-        )
-
-    def _drafter(self, plan: _Plan, watch):
-        """`watch`: whether the client left (the request's deadline does not bound a draft call: see
-        BlsEngineClient)."""
-        lookup = make_drafter("prompt_lookup", max_matching_ngram_size=self.settings.max_matching_ngram_size)
-        model = None
-        if plan.model_drafts:
-            s = plan.spec
-            client = self.draft.for_request(plan.request_id, watch=watch)
-            model = GuardedDrafter(
-                make_drafter(
-                    "draft_model",
-                    client=client,
-                    sampling=s.sampling,
-                    end_id=s.end_id,
-                    pad_id=s.pad_id,
-                    use_logits=plan.use_logits,
-                ),
-                self.draft_breaker,
-            )
-        if plan.method == "draft_model":
-            return model
-        # prompt lookup alone is auto without a model: it offers its match at each token of a plain stretch
-        lookup_k = self._lookup_k(plan) if plan.method == "auto" else plan.spec.num_draft_tokens
-        return make_drafter("auto", model=model, lookup=lookup, model_k=plan.spec.num_draft_tokens, lookup_k=lookup_k)
-
-    def _lookup_k(self, plan: _Plan) -> int:
-        """How far prompt lookup drafts under `auto`: max_draft_len, or the governor's cap when it rolled back."""
-        return self.settings.max_draft_len if plan.cap is None else plan.cap
+        session.finish()
 
     # ---- the engine models' health ---------------------------------------------------------------------------
     def _recovery(self, deadline: float | None, stop):
@@ -353,54 +252,22 @@ class TritonPythonModel:
 
         return recover
 
-    def _govern(self, outcome: Outcome, load: int) -> None:
-        """A finished request to its load range's governor, with the break-even of that load's costs (also the
-        gauge's); `load`: the most requests in flight during its life."""
-        loads, even = self.costs.break_even_at(load, self.settings.max_draft_len)
-        self.metrics.break_even(loads, even)
-        self.governor.observe(outcome, even, load)
-        self._show_governors()  # probing starts without a change of level, and a range may be new
+    # ---- what the deployment reports (trtspec.orchestrator.session.Events) -----------------------------------
+    def log(self, level: str, message: str) -> None:
+        (pb_utils.Logger.log_warn if level == "warn" else pb_utils.Logger.log_info)(f"{self.name}: {message}")
 
-    def _show_governors(self) -> None:
-        for label, gov in self.governor.ranges():
-            self.metrics.governor(label, gov.state, gov.cap())
-
-    def _controlled(self) -> None:
-        """Apply a force the control file gained or lost since the last request."""
-        with self._control_lock:
-            changed, force = self.control.poll()
-            if not changed:
-                return
-            if force is not None:
-                pb_utils.Logger.log_warn(
-                    f"{self.name}: speculation forced to {force.mode} for {force.remaining():.0f} s "
-                    f"by the {force.source}: {force.reason}"
-                )
-                self.governor.force(force.mode, force.remaining(), reason=force.source)
-            else:
-                self.governor.force(None, reason="force")
-
-    def _governed(self, load: str, old: str, new: str, reason: str, cap: int) -> None:
+    def governed(self, load: str, old: str, new: str, reason: str, cap: int) -> None:
         """A change of a load range's speculation level (judged, a floor's, or a force's): logged once, counted by
         reason, in the state gauge."""
-        pb_utils.Logger.log_warn(
-            f"{self.name}: speculation at load {load} {old} -> {new} ({reason}); draft-length cap now {cap}"
-        )
+        self.log("warn", f"speculation at load {load} {old} -> {new} ({reason}); draft-length cap now {cap}")
         self.metrics.governor_change(load, new, reason)
         self.metrics.governor(load, new, cap)
 
-    def _draft_down(self, cause: Exception) -> None:
-        """The first failure of an outage: say so once (a model whose process died is being reloaded: see
-        trtspec.triton.recovery)."""
-        pb_utils.Logger.log_warn(
-            f"{self.name}: {self.draft.model_name} failed ({cause}); requests decode without it "
-            "and it is tried again after a cool-down"
-        )
-        self.governor.draft_down(True)
+    def governor_state(self, load: str, state: str, cap: int) -> None:
+        self.metrics.governor(load, state, cap)
 
-    def _draft_up(self) -> None:
-        pb_utils.Logger.log_info(f"{self.name}: {self.draft.model_name} answers again; speculation with it resumes")
-        self.governor.draft_down(False)
+    def break_even(self, loads: str, acceptance: float) -> None:
+        self.metrics.break_even(loads, acceptance)
 
     def _parse(self, f: _Fields) -> _Plan:
         """A request's fields as a plan, checked in this order (a request with several problems is told the first):
@@ -449,7 +316,6 @@ class TritonPythonModel:
             request_id=f.request_id,
             input_tokens=f.scalar("return_num_input_tokens", bool, False),
             output_tokens=f.scalar("return_num_output_tokens", bool, False),
-            has_draft_model=self.draft is not None,
         )
 
     def _prompt(self, f: _Fields) -> list[int]:
@@ -481,37 +347,9 @@ class TritonPythonModel:
         return max_tokens
 
     def _draft_length(self, f: _Fields) -> tuple[str, int]:
-        """The request's draft source and the most tokens to draft per iteration (K).
-
-        K is the first of: the request's num_draft_tokens; the deployment's speculation_num_draft_tokens when the
-        request names a `speculation` method; the deployment's default_num_draft_tokens (0 decodes plainly, as
-        NVIDIA's BLS does). The source is the request's `speculation`, else the deployment's default_speculation.
-        K lies within the target engine's max_draft_len, the source none drafts nothing, and a K > 0 from the
-        draft model needs a deployment that has one. Prompt lookup costs no draft call, so where the request names
-        no K it drafts up to max_draft_len, as it does under auto (the deployment's K is the draft model's)."""
-        method = f.text("speculation") or None
-        if method is not None and method not in SPECULATION_METHODS:
-            raise RequestError("speculation", f"must be one of {', '.join(SPECULATION_METHODS)}, got {method!r}")
-        k = f.scalar("num_draft_tokens", int, None)
-        named = k is not None
-        if k is None:
-            k = self.settings.speculation_num_draft_tokens if method else self.settings.default_num_draft_tokens
-        method = method or self.settings.default_speculation
-        if method == "prompt_lookup" and not named and k > 0:
-            k = self.settings.max_draft_len
-        if k < 0 or k > self.settings.max_draft_len:
-            raise RequestError(
-                "num_draft_tokens",
-                f"must be between 0 and the target engine's max_draft_len {self.settings.max_draft_len}, got {k}",
-            )
-        if method == "none":
-            k = 0
-        if k > 0 and method == "draft_model" and self.draft is None:
-            raise RequestError(
-                "speculation",
-                "this deployment has no draft model; use speculation: prompt_lookup, or num_draft_tokens 0",
-            )
-        return method, k
+        """The request's draft source and K (trtspec.orchestrator.session.draft_length has the rules)."""
+        method, k = f.text("speculation") or None, f.scalar("num_draft_tokens", int, None)
+        return draft_length(self.settings, method, k, has_draft_model=self.draft is not None)
 
     @staticmethod
     def _sampling(f: _Fields) -> tuple[float, int, float]:
@@ -656,11 +494,21 @@ def error_kind(exc: Exception) -> str:
 class _Run:
     """A request in progress, as its responses report it."""
 
-    stats: RequestStats
-    trace: Trace  # the target's log probs and logits of the emitted tokens, KV blocks
-    times_ns: list[int]  # arrival, first target call, first token, last token (steady clock)
+    session: Session
     input_tokens: int
     sent: int = 0  # tokens whose log probs / logits went out in earlier responses
+
+    @property
+    def stats(self) -> RequestStats:
+        return self.session.stats
+
+    @property
+    def trace(self) -> Trace:  # the target's log probs and logits of the emitted tokens, KV blocks
+        return self.session.trace
+
+    @property
+    def times_ns(self) -> list[int]:  # arrival, first target call, first token, last token (steady clock)
+        return self.session.times_ns
 
 
 @dataclasses.dataclass
@@ -677,13 +525,11 @@ class _Plan:
     request_id: str
     input_tokens: bool = False  # return_num_input_tokens
     output_tokens: bool = False  # return_num_output_tokens
-    has_draft_model: bool = False  # the deployment has one
-    cap: int | None = None  # the governor's draft-length cap, when it rolled speculation back
 
     @property
-    def model_drafts(self) -> bool:
-        """Whether the draft model drafts (alone, or in auto beside prompt lookup)."""
-        return self.has_draft_model and self.method in ("draft_model", "auto")
+    def request(self) -> Request:
+        """What the session runs."""
+        return Request(self.spec, self.method, self.adaptive, self.use_logits, self.request_id)
 
 
 class _Fields:

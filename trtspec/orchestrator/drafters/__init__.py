@@ -30,6 +30,60 @@ class Drafter(Protocol):
         """What the target made of the last proposal."""
 
 
+class DraftSources(Protocol):
+    """The drafter the loop runs: one or several draft sources (auto: prompt lookup and the draft model), each offering
+    what it can draft now so that the draft-length policy can pick one."""
+
+    def offers(self, context: list[int], limit: int) -> dict[str, int] | None:
+        """Source -> the longest draft it can give now, none longer than `limit`; None from a single source (the policy
+        then has nothing to choose between)."""
+
+    def propose(self, context: list[int], k: int, source: str | None = None) -> Draft:
+        """Up to k tokens from `source` (None: the drafter's own choice)."""
+
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """What the target made of the last proposal."""
+
+    def lookup_words(self, context: list[int], shortest: int = 1) -> list[list[int]]:
+        """The n-grams after which prompt lookup finds at least `shortest` tokens ([]: it has no prompt lookup)."""
+
+    def without_model(self) -> DraftSources | None:
+        """The drafter once its draft model failed: its other sources, or None where it has none."""
+
+
+class SingleSource:
+    """One drafter as DraftSources: nothing to choose between; `lookup`: the drafter itself where it is prompt
+    lookup, whose matches end a plain call."""
+
+    def __init__(self, drafter: Drafter, lookup=None):
+        self.drafter, self.lookup = drafter, lookup
+
+    def offers(self, context: list[int], limit: int) -> None:
+        return None
+
+    def propose(self, context: list[int], k: int, source: str | None = None) -> Draft:
+        return self.drafter.propose(context, k)
+
+    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.drafter.observe(num_draft_tokens=num_draft_tokens, num_accepted_tokens=num_accepted_tokens)
+
+    def lookup_words(self, context: list[int], shortest: int = 1) -> list[list[int]]:
+        return self.lookup.lookup_words(context, shortest) if self.lookup is not None else []
+
+    def without_model(self) -> None:
+        return None
+
+
+def as_sources(drafter: Drafter | DraftSources | None) -> DraftSources | None:
+    """The drafter as the loop runs it: auto as it is, any other drafter as its single source."""
+    from trtspec.orchestrator.drafters.auto import AutoDrafter
+    from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter
+
+    if drafter is None or isinstance(drafter, (AutoDrafter, SingleSource)):
+        return drafter
+    return SingleSource(drafter, lookup=drafter if isinstance(drafter, PromptLookupDrafter) else None)
+
+
 def drafter_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
