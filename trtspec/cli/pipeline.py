@@ -12,6 +12,19 @@ from rich.markup import escape
 
 from trtspec import capture, keys
 from trtspec.cli.app import URL_ENV, cli, console, report_problems, speculation_option
+from trtspec.field_metrics import SPEC_DECODE_METRICS_LEVELS
+
+# vLLM's per-request acceptance record in the front's responses (trtspec.field_metrics), on serve and openai alike
+_spec_decode_metrics_option = click.option(
+    "--per-request-spec-decode-metrics",
+    "spec_decode_metrics",
+    type=click.Choice(SPEC_DECODE_METRICS_LEVELS),
+    default="none",
+    show_default=True,
+    help="summary: the OpenAI front adds vLLM's metrics.speculative_decoding (acceptance histogram, mean acceptance "
+    "length, ...) to each response, streamed ones on the usage chunk, as vLLM's flag of the same name; AIPerf "
+    "reads it.",
+)
 
 
 @cli.command()
@@ -125,6 +138,7 @@ def doctor(as_json: bool) -> None:
     "--served-model-name",
     help="Model id of the OpenAI API [default: the build config's name, from the repository's marker].",
 )
+@_spec_decode_metrics_option
 @click.option(
     "--capture",
     "capture_dir",
@@ -189,6 +203,7 @@ def serve(
     openai_port,
     openai_host,
     served_model_name,
+    spec_decode_metrics,
     capture_dir,
     capture_rate,
     capture_max_mb,
@@ -317,6 +332,7 @@ def serve(
                 host=openai_host,
                 api_key=api_key,
                 served_model_name=served_model_name,
+                spec_decode_metrics=spec_decode_metrics,
                 triton_headers=server.inference_headers,
                 admin_headers=server.admin_headers,
                 after_start=after_start,
@@ -346,6 +362,7 @@ def serve(
 @click.option("--port", default=9000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--model", default="tensorrt_llm_bls", show_default=True, help="The speculative model behind the API.")
 @click.option("--served-model-name", help="Model id of the API [default: the target engine's name].")
+@_spec_decode_metrics_option
 @click.option(
     "--tokenizer",
     "tokenizer_dir",
@@ -362,7 +379,9 @@ def serve(
     f"[default: ${keys.API_ENV}; needed to bind beyond loopback]. The deployment's admin key, which reading the "
     f"BLS's config asks for, comes from ${keys.ADMIN_ENV}.",
 )
-def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, timeout, api_key_file) -> None:
+def openai(
+    triton_url, host, port, model, served_model_name, spec_decode_metrics, tokenizer_dir, timeout, api_key_file
+) -> None:
     """Serve an OpenAI-compatible API in front of a running deployment's tensorrt_llm_bls (Ctrl-C stops it).
 
     \b
@@ -386,6 +405,7 @@ def openai(triton_url, host, port, model, served_model_name, tokenizer_dir, time
             console=Console(),
             model=model,
             served_model_name=served_model_name,
+            spec_decode_metrics=spec_decode_metrics,
             tokenizer_dir=tokenizer_dir,
             timeout=timeout,
         )
