@@ -189,7 +189,7 @@ def test_cell_figures():
     assert b.target_step_ms(base) == pytest.approx(10.0)
     assert spec["acceptance_rate"] == 1.0 and spec["alpha"] == 1.0
     assert spec["speculative_iterations"] == 6 and spec["accepted_per_iteration"] == 2.0
-    assert spec["tokens_per_iteration"] == 3.0  # (20 tokens - 2 plain first iterations) / 6
+    assert spec["tokens_per_iteration"] == 3.0  # (12 accepted + 6 verifications) / 6
     assert spec["position_acceptance"] == [1.0, 1.0]
     assert spec["ttft_ms"] is None and spec["itl_ms"] is None  # not streamed
     assert spec["time_split"]["draft"] == pytest.approx(110 / 240)
@@ -266,15 +266,26 @@ def test_summary_row_and_why_it_paid():
     assert b.summary_rows(report, "chat", identical={4: True})[0]["identical"] is None  # checked at another concurrency
     assert row["workload"] == "chat" and row["concurrency"] == 1 and row["k"] == 2 and row["identical"] is True
     assert row["target_only_tokens_per_s"] == pytest.approx(20 / 0.30) and row["speedup"] == pytest.approx(1.25)
-    assert row["acceptance"] == 1.0 and row["tokens_per_call"] == 3.0 and row["bound"] == pytest.approx(140 / 141)
+    assert row["acceptance"] == 1.0 and row["tokens_per_verification"] == 3.0
+    assert row["bound"] == pytest.approx(140 / 141)
     # 6 of 8 calls drafted (each request's first is the prefill); a call: 1.2 steps to verify + 2 x 0.5 to draft
     assert row["why"] == (
         "C=1, K=2: 6 of 8 target calls verified drafts; 100% of drafted tokens accepted gave 3.00 "
-        "tokens per call, and a call cost 2.20 target steps (1.20 to verify, 1.00 to draft), so it "
+        "tokens per verification, and each cost 2.20 target steps (1.20 to verify, 1.00 to draft), so it "
         "paid: 1.25x of a bound of 0.99x."
     )
-    slow = dict(cells[1], speedup=0.8, drafted=0)
-    assert "nothing was drafted" in b.summary_rows({"cells": [cells[0], slow], "settings": {}}, "x")[0]["why"]
+    # a cell where the deployment decoded plainly says so, and why, in words
+    plain = dict(cells[1], speedup=0.99, drafted=0, fallbacks={"load": 2}, iterations=4)
+    why = b.summary_rows({"cells": [cells[0], plain], "settings": {}}, "x")[0]["why"]
+    assert why == (
+        "C=1, K=2: the deployment decoded plainly (4 target calls, none verified a draft): more requests were in "
+        "flight than the deployment's speculation limit (max_speculative_concurrency); 0.99x."
+    )
+    nothing = dict(cells[1], speedup=0.8, drafted=0, fallbacks={})
+    assert (
+        "nothing was there to draft from"
+        in b.summary_rows({"cells": [cells[0], nothing], "settings": {}}, "x")[0]["why"]
+    )
     console = Console(record=True, width=140)
     b.render_summary([row], console)
     text = console.export_text()

@@ -1,14 +1,18 @@
 """`trtspec demo`: the whole path on the embedded default, end to end, leaving nothing running.
 
-build the demo pair -> deploy a model repository -> serve it with tritonserver -> stream two answers -> measure two
-workloads side by side with target-only (`trtspec bench`'s interleaved runs) -> check that greedy outputs are the
-target's own (`trtspec validate`'s comparison) -> one table, with a sentence per row on why speculation paid or not.
+build the demo pair -> deploy a model repository -> serve it with tritonserver, its engines' costs calibrated as
+`trtspec serve` does -> stream two answers -> measure two workloads side by side with target-only (`trtspec bench`'s
+interleaved runs) -> check that greedy outputs are the target's own at every concurrency measured (`trtspec
+validate`'s comparison, requests sent that many at a time) -> one table, with a sentence per row on why speculation
+paid or not. The demo pair's config ships inside the package (trtspec/data/demo.yaml), so it runs from any folder.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from rich.console import Console
@@ -18,6 +22,11 @@ from trtspec.compile import run_build
 from trtspec.config import load_config
 from trtspec.repository import write_repository
 from trtspec.server import TritonServer, free_port
+
+
+def demo_config() -> Path:
+    """The demo pair's build config, shipped inside the package (build_configs/demo.yaml in a checkout links to it)."""
+    return Path(str(resources.files("trtspec") / "data" / "demo.yaml"))
 
 
 @dataclass(frozen=True)
@@ -46,11 +55,15 @@ def workloads(config, *, max_tokens: int, num_draft_tokens: int | None) -> list[
     ]
 
 
-def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft_tokens: int | None = None) -> int:
+def run_demo(
+    config_path: str | None, workdir: Path, *, max_tokens: int = 64, num_draft_tokens: int | None = None
+) -> int:
     from trtspec.bench import Prompts, load_prompt_set
+    from trtspec.bench.calibrate import calibrate_deployment, calibration_path
     from trtspec.client import SpecClient
 
     console = Console()
+    config_path = str(config_path or demo_config())
     loaded = load_config(config_path)
     config = loaded.config
     workdir = workdir.resolve()
@@ -60,10 +73,18 @@ def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft
     self_draft = config.draft is not None and config.draft.checkpoint == config.target.checkpoint
     plan = workloads(config, max_tokens=max_tokens, num_draft_tokens=num_draft_tokens)
 
-    server = TritonServer(repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    calibration_path(repo).unlink(missing_ok=True)  # measured afresh, as `trtspec serve` does
+    server = TritonServer(
+        repo,
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        calibration_file=calibration_path(repo),
+    )
     with console.status("starting tritonserver (loads both engines)…"):
         server.start()
     try:
+        calibrate_deployment(repo, server.grpc_url, server.inference_headers, console)
         # each workload's prompts in the target's chat template; numbered only where the bench numbers them
         prompts = {w.name: Prompts(load_prompt_set(w.prompts), tokenizer_dir=engines / "target") for w in plan}
         with SpecClient(server.grpc_url, protocol="grpc") as client:
@@ -71,9 +92,9 @@ def run_demo(config_path: str, workdir: Path, *, max_tokens: int = 64, num_draft
                 _stream_one(console, client, w, prompts[w.name])
         rows, checks = [], []
         for w in plan:
-            rows_w, check = _measure(console, server.grpc_url, w, prompts[w.name], engines / "target")
+            rows_w, checks_w = _measure(console, server.grpc_url, w, prompts[w.name], engines / "target")
             rows += rows_w
-            checks.append(check)
+            checks += checks_w
     finally:
         server.stop()
     return _summary(console, rows, checks, self_draft, workdir)
@@ -91,12 +112,10 @@ def _stream_one(console: Console, client, w: Workload, prompts) -> None:
     console.print()
 
 
-def _measure(console: Console, url: str, w: Workload, prompts, tokenizer_dir: Path) -> tuple[list[dict], dict]:
-    """The workload's interleaved bench run (target-only and K, each concurrency), then the output check (one
-    request at a time: it vouches for the rows of concurrency 1)."""
+def _measure(console: Console, url: str, w: Workload, prompts, tokenizer_dir: Path) -> tuple[list[dict], list[dict]]:
+    """The workload's interleaved bench run (target-only and K, each concurrency), then the output check at each
+    concurrency (its prompts sent that many at a time, target-only and speculative): every row is vouched for."""
     from trtspec import bench as b
-    from trtspec.client import SpecClient
-    from trtspec.validate import Tokens, run_validation
 
     settings = b.BenchSettings(
         url=url,
@@ -112,36 +131,87 @@ def _measure(console: Console, url: str, w: Workload, prompts, tokenizer_dir: Pa
         speculation=w.speculation,
     )
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    identical, checks = {}, []
     with Progress(*columns, console=console, transient=True) as progress:
         report = b.run_bench(settings, prompts, progress=progress)
-        task = progress.add_task(f"{w.name}: comparing outputs with target-only", total=None)
-        with SpecClient(url, protocol="grpc") as client:
-            checked = run_validation(
-                client,
-                [prompts.text(i) for i in range(w.checked)],
-                [w.k],
-                max_tokens=w.max_tokens,
-                speculation=w.speculation,
-                fixed_k=False,
-                tokens=Tokens(client, tokenizer_dir),
-                progress=lambda msg: progress.update(task, description=f"{w.name}: {msg}"),
+        for c in w.concurrencies:
+            task = progress.add_task(f"{w.name}, C={c}: comparing outputs with target-only", total=None)
+            texts = [prompts.text(i % len(prompts)) for i in range(max(w.checked, c))]
+            checked = compare_outputs(url, w, texts, tokenizer_dir, concurrency=c)
+            progress.remove_task(task)
+            result = checked.results[0]
+            identical[c] = checked.passed(allow_near_ties=True) and not result.errors
+            checks.append(
+                {
+                    "workload": w.name,
+                    "concurrency": c,
+                    "prompts": result.runs,
+                    "identical": result.matches,
+                    "near_ties": result.near_ties,
+                    "mismatches": result.mismatches,
+                    "errors": checked.errors + result.errors,
+                    "differences": [
+                        f"C={c}, prompt {d.prompt_index + 1}, token {d.position}: target-only {d.expected_text!r}, "
+                        f"speculative {d.got_text!r}: {d.kind}"
+                        for d in result.differences
+                    ],
+                }
             )
-    result = checked.results[0]
-    identical = checked.passed(allow_near_ties=True) and not result.errors
-    check = {
-        "workload": w.name,
-        "prompts": result.runs,
-        "identical": result.matches,
-        "near_ties": result.near_ties,
-        "mismatches": result.mismatches,
-        "errors": checked.errors + result.errors,
-        "differences": [
-            f"prompt {d.prompt_index + 1}, token {d.position}: target-only {d.expected_text!r}, "
-            f"speculative {d.got_text!r}: {d.kind}"
-            for d in result.differences
-        ],
-    }
-    return b.summary_rows(report, w.name, {1: identical}), check
+    return b.summary_rows(report, w.name, identical), checks
+
+
+def compare_outputs(url: str, w: Workload, texts: list[str], tokenizer_dir: Path, *, concurrency: int):
+    """Greedy outputs of `texts`, target-only and with the deployment's defaults, `concurrency` requests at a time
+    (so a speculative request shares its passes with others, as in the bench's cells), compared token by token; a
+    difference is explained by the target's own logits (trtspec validate's verdicts: near tie or mismatch)."""
+    from trtspec.client import ClientError, SpecClient
+    from trtspec.validate import DEFAULT_TIE_TOLERANCE, KResult, Report, Tokens, compare_tokens, explain
+
+    greedy = {"max_tokens": w.max_tokens, "top_k": 1, "return_perf_metrics": True}
+    spec_fields = {"num_draft_tokens": w.k} | ({"speculation": w.speculation} if w.speculation else {})
+    report = Report(list(texts), w.max_tokens, DEFAULT_TIE_TOLERANCE, [KResult(w.k)])
+    result = report.results[0]
+    clients = [SpecClient(url, protocol="grpc") for _ in range(concurrency)]
+    try:
+
+        def run(fields: dict) -> list:
+            out: list = [None] * len(texts)
+
+            def one(slot: int) -> None:
+                for i in range(slot, len(texts), concurrency):
+                    try:
+                        out[i] = clients[slot].generate(texts[i], **greedy, **fields)
+                    except ClientError as exc:
+                        out[i] = exc
+
+            threads = [threading.Thread(target=one, args=(slot,)) for slot in range(concurrency)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return out
+
+        bases, specs = run({"num_draft_tokens": 0}), run(spec_fields)
+        tokens = Tokens(clients[0], tokenizer_dir)
+        for i, (base, spec) in enumerate(zip(bases, specs)):
+            if isinstance(base, Exception):
+                report.errors.append(f"prompt {i + 1}, target only: {base}")
+                continue
+            if isinstance(spec, Exception):
+                result.errors.append(f"prompt {i + 1}: {spec}")
+                continue
+            result.runs += 1
+            at = compare_tokens(base.token_ids, spec.token_ids)
+            if at is None:
+                result.matches += 1
+            else:
+                result.differences.append(
+                    explain(clients[0], tokens, i, texts[i], w.k, base, spec, at, DEFAULT_TIE_TOLERANCE, "tensorrt_llm")
+                )
+    finally:
+        for client in clients:
+            client.close()
+    return report
 
 
 def _summary(console: Console, rows: list[dict], checks: list[dict], self_draft: bool, workdir: Path) -> int:

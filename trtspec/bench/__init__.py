@@ -32,7 +32,8 @@ draft position). Per cell (`summarize_cell`), with percentiles by linear interpo
     I                          speculative iterations = drafted_per_position[0] (iterations that drafted)
     acceptance_rate            accepted / drafted
     accepted_per_iteration     accepted / I                  (the mean accepted length)
-    tokens_per_iteration       (tokens - plain iterations) / I   (a plain iteration adds one token)
+    tokens_per_iteration       (accepted + I) / I   tokens per verification: its accepted draft tokens and the
+                               target's own (a plain call, which may decode a stretch of tokens, is not one)
     position_acceptance_i      accepted_per_position[i] / drafted_per_position[i]
     time split                 draft_ms, verify_ms and the rest (client, transport, tokenization, BLS bookkeeping)
                                as fractions of the summed end-to-end time

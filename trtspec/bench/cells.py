@@ -110,7 +110,6 @@ def summarize_cell(
     acc_pos = _sum_positions(r.accepted_per_position for r in ok)
     drafted_pos = _sum_positions(r.drafted_per_position for r in ok)
     speculative = drafted_pos[0] if drafted_pos else 0
-    plain = iterations - speculative
     ttfts = [r.ttft * 1e3 for r in ok if r.ttft is not None]
     fallbacks: dict[str, int] = {}
     sources: dict[str, int] = {}
@@ -142,7 +141,7 @@ def summarize_cell(
         "sources": sources,
         "acceptance_rate": _ratio(accepted, drafted),
         "accepted_per_iteration": _ratio(accepted, speculative),
-        "tokens_per_iteration": _ratio(tokens - plain, speculative),
+        "tokens_per_iteration": _ratio(accepted + speculative, speculative),  # per verification
         "mean_draft_length": _ratio(drafted, speculative),
         "accepted_per_position": acc_pos,
         "drafted_per_position": drafted_pos,

@@ -79,7 +79,7 @@ def render(report: dict, console) -> None:
         "accept",
         "α",
         "accepted/iter",
-        "tokens/iter",
+        "tokens\n/verif.",
         "draft/verify/other",
         "accepted by position",
         "fell back to plain",
@@ -250,7 +250,7 @@ def summary_rows(report: dict, workload: str, identical: dict[int, bool] | None 
                 "speculative_tokens_per_s": c["tokens_per_s_aggregate"],
                 "speedup": c["speedup"],
                 "acceptance": c["acceptance_rate"],
-                "tokens_per_call": c["tokens_per_iteration"],
+                "tokens_per_verification": c["tokens_per_iteration"],
                 "bound": (c.get("bound") or {}).get("predicted_speedup"),
                 "ttft_ms": [(b0.get("ttft_ms") or {}).get("p50"), (c.get("ttft_ms") or {}).get("p50")],
                 "identical": (identical or {}).get(c["concurrency"]),
@@ -261,12 +261,29 @@ def summary_rows(report: dict, workload: str, identical: dict[int, bool] | None 
     return rows
 
 
+# why a request decoded plainly, in words (the BLS's fallback reasons, RequestStats.fallbacks)
+FALLBACK_WORDS = {
+    "low_acceptance": "the drafts' acceptance was below what pays at this machine's costs",
+    "governor": "the deployment's governor had switched speculation off at this load (it measured no gain there)",
+    "draft_error": "the draft model failed",
+    "load": "more requests were in flight than the deployment's speculation limit (max_speculative_concurrency)",
+}
+
+
+def _plain_why(c: dict) -> str:
+    reasons = c.get("fallbacks") or {}
+    words = [FALLBACK_WORDS.get(r, r.replace("_", " ")) for r, _ in sorted(reasons.items(), key=lambda rn: -rn[1])]
+    return "; ".join(words) if words else "nothing was there to draft from"
+
+
 def _why(c: dict) -> str:
     """Why a cell paid or did not, in one sentence, from its measured counts and costs."""
     b = c.get("bound") or {}
     name = f"C={c['concurrency']}, K={cell_label(c['k'], c.get('adaptive', False))}"
+    speed = _fmt(c["speedup"], ".2f", "x")
     if not c["drafted"]:
-        return f"{name}: nothing was drafted in {c['iterations']} target calls, so there was nothing to gain."
+        calls = f"{c['iterations']} target calls, none verified a draft"
+        return f"{name}: the deployment decoded plainly ({calls}): {_plain_why(c)}; {speed}."
     drafted_calls = f"{c['speculative_iterations']} of {c['iterations']} target calls verified drafts"
     sources = c.get("sources") or {}
     if len(sources) > 1:
@@ -275,20 +292,18 @@ def _why(c: dict) -> str:
             " (" + ", ".join(f"{SOURCE_NAMES.get(s, s)} {n / total:.0%}" for s, n in sorted(sources.items())) + ")"
         )
     if c.get("requests_with_fallback"):
-        drafted_calls += f" ({_fallback_text(c)} fell back)"
+        plain = f"{c['requests_with_fallback']} of {c['requests']} requests also decoded plainly for a while"
+        drafted_calls += f"; {plain} ({_plain_why(c)})"
     tokens, paid = c["tokens_per_iteration"] or 0.0, (c["speedup"] or 0.0) >= 1.0
-    if not b:
-        return (
-            f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} "
-            f"tokens per call, {'so it paid' if paid else 'so it did not pay'}: {_fmt(c['speedup'], '.2f', 'x')}."
-        )
-    cost = b["verify_cost"] + b["mean_draft_length"] * b["draft_cost_ratio"]
     verdict = "so it paid" if paid else "so it did not pay"
+    accepted = f"{c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} tokens per verification"
+    if not b:
+        return f"{name}: {drafted_calls}; {accepted}, {verdict}: {speed}."
+    cost = b["verify_cost"] + b["mean_draft_length"] * b["draft_cost_ratio"]
     return (
-        f"{name}: {drafted_calls}; {c['acceptance_rate']:.0%} of drafted tokens accepted gave {tokens:.2f} tokens "
-        f"per call, and a call cost {cost:.2f} target steps ({b['verify_cost']:.2f} to verify, "
-        f"{b['mean_draft_length'] * b['draft_cost_ratio']:.2f} to draft), {verdict}: "
-        f"{_fmt(c['speedup'], '.2f', 'x')} of a bound of {_fmt(b['predicted_speedup'], '.2f', 'x')}."
+        f"{name}: {drafted_calls}; {accepted}, and each cost {cost:.2f} target steps ({b['verify_cost']:.2f} to "
+        f"verify, {b['mean_draft_length'] * b['draft_cost_ratio']:.2f} to draft), {verdict}: "
+        f"{speed} of a bound of {_fmt(b['predicted_speedup'], '.2f', 'x')}."
     )
 
 
@@ -308,7 +323,7 @@ def render_summary(rows: list[dict], console, title: str = "speculative vs targe
         "speculative\ntok/s",
         "speed-up",
         "accepted",
-        "tokens\n/call",
+        "tokens\n/verif.",
         "bound",
         "TTFT ms\nt.-only/spec.",
         "identical",
@@ -325,14 +340,14 @@ def render_summary(rows: list[dict], console, title: str = "speculative vs targe
             _fmt(r["speculative_tokens_per_s"]),
             _fmt(r["speedup"], ".2f", "x"),
             _fmt(r["acceptance"], ".0%"),
-            _fmt(r["tokens_per_call"], ".2f"),
+            _fmt(r["tokens_per_verification"], ".2f"),
             _fmt(r["bound"], ".2f", "x"),
             ttft,
             identical + (f" [red]({r['errors']} failed)[/]" if r["errors"] else ""),
         )
     console.print(table)
     console.print(
-        "accepted: drafted tokens the target accepted; tokens/call: tokens per speculative target call; bound: "
+        "accepted: drafted tokens the target accepted; tokens/verif.: tokens per verifying target call; bound: "
         "the speed-up predicted from the measured acceptance and costs (trtspec/bench/__init__.py).",
         style="dim",
         highlight=False,

@@ -417,9 +417,8 @@ def openai(
     "-c",
     "--config",
     "config_path",
-    default="build_configs/demo.yaml",
-    show_default=True,
-    type=click.Path(dir_okay=False),
+    type=click.Path(dir_okay=False, exists=True),
+    help="Another pair's build config [default: the demo pair's, shipped with trtspec].",
 )
 @click.option(
     "--workdir",
@@ -443,10 +442,14 @@ def openai(
 def demo(config_path, workdir, max_tokens, num_draft_tokens) -> None:
     """Build, deploy and serve the demo pair, stream answers, and measure speculation against target-only in one table.
 
+    Runs from any folder (the demo pair's config ships with trtspec); every row's greedy outputs are compared with
+    target-only's at that row's concurrency.
+
     \b
     Examples:
       trtspec demo
       trtspec demo --workdir /tmp/demo --max-tokens 32 --num-draft-tokens 2
+      trtspec demo -c my-pair.yaml --workdir /tmp/my-pair
     """
     from trtspec.demo import run_demo
 
