@@ -116,6 +116,12 @@ class Metrics:
             "by load (requests in flight)",
             gauge,
         )
+        self._calibration = family(
+            "trtspec_calibration_seconds",
+            "The engines' costs measured at start (trtspec.calibration), by kind: plain (a step, by batch), verify (a "
+            "pass verifying k draft tokens per request, by batch and k), draft (a call of k tokens), round_trip",
+            gauge,
+        )
         self._info = family(
             "trtspec_build_info",
             "The deployment (value 1): target, draft, quantization, max_draft_len, versions",
@@ -291,6 +297,18 @@ class Metrics:
     def error(self, kind: str) -> None:
         with self._lock:
             self._errors[kind].increment(1)
+
+    def calibration(self, calibration) -> None:
+        """The calibration in use (trtspec.calibration.Calibration), one series per figure of its table."""
+        with self._lock:
+            for batch, seconds in calibration.plain_seconds.items():
+                self._child(self._calibration, kind="plain", batch=str(batch), k="0").set(seconds)
+            for batch, ks in calibration.verify_seconds.items():
+                for k, seconds in ks.items():
+                    self._child(self._calibration, kind="verify", batch=str(batch), k=str(k)).set(seconds)
+            for k, seconds in calibration.draft_seconds.items():
+                self._child(self._calibration, kind="draft", batch="1", k=str(k)).set(seconds)
+            self._child(self._calibration, kind="round_trip", batch="1", k="0").set(calibration.round_trip_seconds)
 
     def break_even(self, load: str, value: float) -> None:
         """Set the break-even acceptance of a load range (when it changed)."""
