@@ -108,3 +108,125 @@ def test_the_watch_reads_the_file_the_environment_names_when_it_changes(tmp_path
     assert CalibrationWatch(path=None, interval=0.0).path == path
     monkeypatch.delenv(CALIBRATION_ENV)
     assert CalibrationWatch(interval=0.0).poll() is None
+
+
+# ---- measured through a real Triton server --------------------------------------------------------------------
+
+
+def _wide_pair(root):
+    """A target wide enough that a pass's rows cost more than its overhead (the tiny pair's are all overhead), and
+    a perturbed copy as its draft."""
+    from tiny import make_checkpoint, make_perturbed_copy
+
+    target = make_checkpoint(root / "target", layers=2, hidden=1024, heads=8, kv_heads=2, seed=0)
+    return target, make_perturbed_copy(target, root / "draft", noise=0.01)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    from tiny import served_pair
+
+    return served_pair(tmp_path_factory.mktemp("calibration") / "wide", pair=_wide_pair)
+
+
+def _serve(repo, *flags) -> tuple:
+    """`trtspec serve` in a subprocess until it says Triton is ready; (process, its output so far)."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from conftest import free_ports
+
+    http, grpc, metrics = free_ports(3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trtspec.cli", "serve", "--repo", str(repo), "--http-port", str(http)]
+        + ["--grpc-port", str(grpc), "--metrics-port", str(metrics), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=os.environ | {"COLUMNS": "200"},
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 600
+    while not any("Triton is ready" in line for line in lines):
+        assert proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "trtspec serve was not ready within 600 s:\n" + "".join(lines)
+        time.sleep(0.5)
+    return proc, lines
+
+
+def _stop(proc) -> None:
+    import signal
+    import subprocess
+
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.server
+def test_serve_measures_the_engines_before_it_is_ready_stores_and_reuses_it(wide):
+    from trtspec.bench.calibrate import calibration_path, from_repository
+
+    repo = wide.repo
+    proc, lines = _serve(repo)
+    try:
+        path = calibration_path(repo)
+        cal = Calibration.load(path)  # stored before "Triton is ready" was printed
+        text = "".join(lines)
+        assert "engine costs on this machine" in text and f"stored in {path}" in text
+    finally:
+        _stop(proc)
+    # every batch of the engine (1, 2, 4, ...) and draft lengths 1, 2, 4 (max_draft_len 4), each a duration
+    target = from_repository(repo)
+    batches, top = target.batches(), target.max_batch
+    assert target.draft_lengths() == [1, 2, 4] and batches[:3] == [1, 2, 4] and batches[-1] == top
+    assert sorted(cal.plain_seconds) == batches and sorted(cal.verify_seconds) == batches
+    assert all(sorted(ks) == [1, 2, 4] for ks in cal.verify_seconds.values())
+    assert sorted(cal.draft_seconds) == [1, 2, 4] and cal.round_trip_seconds > 0
+    assert all(0 < s < 10 for name, s in cal.durations() if name != "round_trip_seconds")
+    assert cal.matches(target.engines) and cal.took_seconds > 0
+    # monotone where the work differs tenfold: a pass of 5 rows for each of the largest batch costs more than one
+    # of 2 rows, and a pass's time grows with its rows over the whole table (a line fitted through every cell: noise
+    # moves the points, not the slope's sign)
+    assert cal.verify_seconds[top][4] > cal.verify_seconds[1][1]
+    cells = [(b * (k + 1), s) for b, ks in cal.verify_seconds.items() for k, s in ks.items()]
+    mean_rows = sum(r for r, _ in cells) / len(cells)
+    mean_s = sum(s for _, s in cells) / len(cells)
+    assert sum((r - mean_rows) * (s - mean_s) for r, s in cells) > 0
+    # the cost model at each load is what the BLS starts from: finite, non-negative, verification dearer under load
+    for load in (1, 2, 4, 8):
+        costs = cal.cost_model(load)
+        assert min(costs.draft_cost_ratio, costs.verify_cost_fixed, costs.verify_cost_per_token) >= 0
+    # --no-calibrate: the stored one, measured on these engines on this machine, is reused and printed
+    proc, lines = _serve(repo, "--no-calibrate")
+    try:
+        assert "calibration: reused" in "".join(lines) and Calibration.load(calibration_path(repo)) == cal
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.server
+def test_calibration_on_the_tensorrtllm_standin(tmp_path):
+    """The same measurement through the strict stand-in of TensorRT-LLM's backend (a batch of rows in one decoupled
+    request, perf outputs as the backend writes them)."""
+    from standin_repo import write_standin_repository
+    from tiny import served_pair
+
+    from trtspec.bench.calibrate import from_repository, measure
+
+    def write(config, engines, repo, overrides):
+        return write_standin_repository(config, engines, repo, overrides=overrides)
+
+    server = served_pair(tmp_path / "standin", write=write)
+    with server:
+        cal, skipped = measure(server.grpc_url, server.inference_headers, from_repository(server.repo))
+    assert skipped == [] and sorted(cal.plain_seconds) == from_repository(server.repo).batches()
+    assert sorted(cal.draft_seconds) == [1, 2, 4]
+    assert all(s > 0 for name, s in cal.durations() if name != "round_trip_seconds")

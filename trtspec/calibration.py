@@ -112,13 +112,14 @@ class Calibration:
             raise CalibrationError("plain_seconds: no batch measured; measure at least batch 1")
         if not self.verify_seconds or not all(self.verify_seconds.values()):
             raise CalibrationError("verify_seconds: no verifying pass measured; measure k = 1 at batch 1 at least")
-        for name, value in self._values():
+        for name, value in self.durations():
             if not (value >= 0.0 and value < float("inf")):
                 raise CalibrationError(f"{name}: {value!r} is not a duration in seconds (finite, at least 0)")
         if min(self.plain_seconds.values()) <= 0.0:
             raise CalibrationError("plain_seconds: a plain step of 0 s cannot be a unit of cost")
 
-    def _values(self):
+    def durations(self):
+        """(name, seconds) of every figure in the table."""
         yield from ((f"plain_seconds[{b}]", s) for b, s in self.plain_seconds.items())
         yield from ((f"verify_seconds[{b}][{k}]", s) for b, ks in self.verify_seconds.items() for k, s in ks.items())
         yield from ((f"draft_seconds[{k}]", s) for k, s in self.draft_seconds.items())

@@ -103,7 +103,9 @@ def from_repository(repo: str | Path) -> Target:
         pbtxts.append(repo / DRAFT_MODEL / "config.pbtxt")
     for cfg in (target, draft):
         if cfg is not None:
-            value = param(cfg, ENGINE_DIR_PARAMETER.get(cfg.backend, "engine_dir"))
+            # the backend's own parameter first (a stand-in may run TensorRT-LLM's config under another backend)
+            names = [ENGINE_DIR_PARAMETER.get(cfg.backend, "engine_dir"), *ENGINE_DIR_PARAMETER.values()]
+            value = next((param(cfg, name) for name in names if param(cfg, name)), "")
             if value:
                 dirs.append(Path(value) if Path(value).is_absolute() else Path.cwd() / value)
     vocab = 32000
@@ -199,8 +201,9 @@ def measure(
 
     began = time.monotonic()
     rng = random.Random(20261127)
-    high = max(min(target.vocab_size, 32000), 200)
-    prompts = [[rng.randrange(100, high) for _ in range(PROMPT_TOKENS)] for _ in range(target.max_batch)]
+    high = min(target.vocab_size, 32000)
+    low = min(100, high // 2)  # clear of the special tokens at the start of most vocabularies
+    prompts = [[rng.randrange(low, high) for _ in range(PROMPT_TOKENS)] for _ in range(target.max_batch)]
     batches, ks = target.batches(), target.draft_lengths() or [1]
     steps = len(batches) * (1 + len(ks)) + (len(ks) if target.has_draft else 0) + 2
     done, skipped = 0, []
@@ -250,7 +253,7 @@ def measure(
             for k in ks:
 
                 def verifying(k=k, batch=batch):
-                    drafts = [[rng.randrange(100, high) for _ in range(k)] for _ in range(batch)]
+                    drafts = [[rng.randrange(low, high) for _ in range(k)] for _ in range(batch)]
                     return _first_pass(
                         stream.call(TARGET_MODEL, [request(i, k + 1, drafts[i]) for i in range(batch)])[0]
                     )
@@ -395,3 +398,16 @@ def print_table(calibration: Calibration, console) -> None:
         table.add_row(*row)
     console.print(table)
     console.print(f"  {calibration.summary()}", highlight=False)
+
+
+def refresh(repo: str | Path, url: str, protocol: str, console) -> Calibration | None:
+    """`trtspec bench --apply REPO`: measure the running deployment at `url` again and store it where its BLS reads
+    it (a BLS started by `trtspec serve --repo REPO` on this machine applies it at its next request). The engine
+    models are called over gRPC: `url` itself with --protocol grpc, else the HTTP port + 1 (serve's layout)."""
+    from trtspec.client import split_url
+    from trtspec.keys import client_headers
+
+    _scheme, host, port = split_url(url, 8000)
+    host = f"[{host}]" if ":" in host else host
+    grpc_url = f"{host}:{port if protocol == 'grpc' else port + 1}"
+    return calibrate_deployment(repo, grpc_url, client_headers(grpc_url), console)
