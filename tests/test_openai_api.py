@@ -168,7 +168,7 @@ def test_bad_completion_fields_are_named(body, param):
         ({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
         ({"model": "m", "messages": MESSAGES, "tools": [{"type": "function"}]}, "tools"),
         ({"model": "m", "messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
-        ({"model": "m", "messages": MESSAGES, "logprobs": True}, "logprobs"),
+        ({"model": "m", "messages": MESSAGES, "logprobs": True, "top_logprobs": 2}, "top_logprobs"),
         ({"model": "m", "messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
     ],
 )

@@ -54,6 +54,8 @@ _PERF_FIELDS = {
     "num_iterations": ("iterations", int),
     "draft_time_ms": ("draft_ms", float),
     "verify_time_ms": ("verify_ms", float),
+    "accepted_prediction_tokens": ("accepted_prediction_tokens", int),  # with a prediction (Predicted Outputs)
+    "rejected_prediction_tokens": ("rejected_prediction_tokens", int),
 }
 _PER_POSITION = {"accepted_per_position": "accepted_per_position", "drafted_per_position": "drafted_per_position"}
 
@@ -68,6 +70,7 @@ class Chunk(NamedTuple):
     seconds: float
     text: str
     token_ids: list[int]
+    log_probs: tuple[float, ...] = ()  # of its tokens, where the request asked for them (return_log_probs)
 
 
 @dataclass
@@ -95,6 +98,9 @@ class Completion:
     fallbacks: dict[str, int] = field(default_factory=dict)  # reason -> times speculation was switched off
     sources: dict[str, int] = field(default_factory=dict)  # draft source -> iterations it drafted
     finish_reason: str | None = None
+    log_probs: list[float] = field(default_factory=list)  # of every token, with return_log_probs
+    accepted_prediction_tokens: int | None = None  # with a prediction: OpenAI's completion_tokens_details
+    rejected_prediction_tokens: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -152,8 +158,10 @@ def request_fields(
     speculation=None,
     adaptive_draft_length=None,
     final_perf_metrics_only=None,
+    **more,
 ) -> dict[str, object]:
-    """The `tensorrt_llm_bls` request fields (tensor name -> value) for one generation; None leaves a field out.
+    """The `tensorrt_llm_bls` request fields (tensor name -> value) for one generation; None leaves a field out;
+    `more`: other BLS inputs by name (prediction, return_log_probs, ...).
 
     `exclude_input_in_output` is always set, so the text is the generated text alone, streamed or not."""
     fields = {
@@ -174,7 +182,7 @@ def request_fields(
         "speculation": speculation,
         "adaptive_draft_length": adaptive_draft_length,
         "final_perf_metrics_only": final_perf_metrics_only,
-    }
+    } | more
     return {k: v for k, v in fields.items() if v is not None}
 
 
@@ -250,8 +258,10 @@ class Collector:
         c = self.completion
         text = _text(outputs.get("text_output"))
         ids = [int(i) for i in _flat(outputs.get("output_ids"))]
+        log_probs = tuple(float(v) for v in _flat(outputs.get("output_log_probs")))
+        c.log_probs += log_probs
         if text or ids:
-            chunk = Chunk(arrived_at - self.sent_at, text, ids)
+            chunk = Chunk(arrived_at - self.sent_at, text, ids, log_probs)
             c.chunks.append(chunk)
             if ids and c.time_to_first_token is None:
                 c.time_to_first_token = chunk.seconds
@@ -435,6 +445,7 @@ class SpecClient:
         speculation: str | None = None,
         adaptive_draft_length: bool | None = None,
         final_perf_metrics_only: bool | None = None,
+        **more,
     ) -> Completion:
         """Generate from `prompt` with the BLS; None leaves a field to the deployment's default.
 
@@ -464,6 +475,7 @@ class SpecClient:
             speculation=speculation,
             adaptive_draft_length=adaptive_draft_length,
             final_perf_metrics_only=final_perf_metrics_only,
+            **more,  # other BLS inputs by name (prediction, return_log_probs, ...)
         )
         with self._lock:
             if self.protocol == "grpc":

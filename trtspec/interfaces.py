@@ -243,6 +243,7 @@ BLS_INPUTS = (
     _opt("adaptive_draft_length", "BOOL", extension=True),  # false: draft exactly num_draft_tokens every iteration
     _opt("timeout_ms", "INT32", extension=True),  # the request ends with an error past this many ms
     _opt("final_perf_metrics_only", "BOOL", extension=True),  # true: perf metrics with the final response only
+    _opt("prediction", "STRING", extension=True),  # the text the answer is expected to repeat: a draft source
 )
 BLS_OUTPUTS = (
     _out("text_output", "STRING", (-1,)),
@@ -258,6 +259,9 @@ BLS_OUTPUTS = (
     _out("fallbacks", "INT32", (1,), True),  # times speculation was switched off for this request
     _out("fallback_reasons", "STRING", (-1,), True),  # "reason:count" for each reason
     _out("draft_sources", "STRING", (-1,), True),  # "source:iterations" for each source that drafted (auto)
+    # with a prediction, on the final response: its tokens that appear in the output, and the others (OpenAI's usage)
+    _out("accepted_prediction_tokens", "INT32", (1,), True),
+    _out("rejected_prediction_tokens", "INT32", (1,), True),
 )
 
 # ---- ensemble (commit 2a9abd9536aa62ad3e4b9314be9286b1b1be523b; NVIDIA declares kv_cache_alloc_total_blocks twice,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -14,6 +15,10 @@ from trtspec.errors import BenchError
 BUILTIN = "builtin:"
 PROMPT_SETS = ("chat", "code-edit", "summarize")
 RANDOM = "random"  # made from the deployment's tokenizer, not shipped
+# What a predicted-outputs workload sends as each prompt's `prediction` (OpenAI's Predicted Outputs): the code the
+# prompt holds (the file being edited: the answer mostly repeats it), or another prompt's code (a wrong prediction)
+PREDICTIONS = ("original", "unrelated")
+_CODE = re.compile(r"```[A-Za-z0-9_+-]*\n(.*?)```", re.DOTALL)
 
 
 # ---- prompts ------------------------------------------------------------------------------------------------
@@ -61,6 +66,24 @@ def random_token_prompts(tokenizer, count: int = 16, length: int = 32, seed: int
     return [tokenizer.decode([rng.choice(usable) for _ in range(length)]) for _ in range(count)]
 
 
+def predictions(texts: Sequence[str], kind: str) -> list[str]:
+    """Each prompt's prediction (PREDICTIONS): the code in its fenced block, or that of the next prompt's."""
+    codes = []
+    for i, text in enumerate(texts):
+        found = _CODE.search(text)
+        if found is None:
+            raise BenchError(
+                f"--prediction: prompt {i + 1} holds no fenced code block (```...```) to predict the answer from; "
+                f"use {BUILTIN}code-edit or prompts that quote the text they edit"
+            )
+        codes.append(found.group(1))
+    if kind == "original":
+        return codes
+    if len(codes) < 2:
+        raise BenchError("--prediction unrelated: takes another prompt's code, and there is one prompt")
+    return codes[1:] + codes[:1]
+
+
 def _load_tokenizer(tokenizer_dir: str | os.PathLike):
     from transformers import AutoTokenizer
 
@@ -77,11 +100,19 @@ class Prompts:
     tokenizer's chat template when one was given. The BLS tokenizes text as given, so the template is applied
     here, client side, with the target's tokenizer (`trtspec build` copies it into the target engine dir)."""
 
-    def __init__(self, texts: Sequence[str], *, tokenizer_dir: str | os.PathLike | None = None, numbered: bool = True):
+    def __init__(
+        self,
+        texts: Sequence[str],
+        *,
+        tokenizer_dir: str | os.PathLike | None = None,
+        numbered: bool = True,
+        prediction: str | None = None,
+    ):
         if not texts:
             raise BenchError("no prompts to send")
         self.texts = list(texts)
         self.numbered = numbered
+        self.predictions = predictions(self.texts, prediction) if prediction else None  # PREDICTIONS
         self.tokenizer = None
         if tokenizer_dir is not None:
             self.tokenizer = _load_tokenizer(tokenizer_dir)

@@ -170,6 +170,7 @@ def run_block(
     def one(slot: int) -> RequestRecord:
         index = block.prompts[slot]
         try:
+            predicted = {"prediction": prompts.predictions[index]} if prompts.predictions and k != 0 else {}
             completion = clients.get(slot).generate(
                 texts[slot],
                 max_tokens=1 if probe else settings.max_tokens,
@@ -177,6 +178,7 @@ def run_block(
                 stream=stream,
                 return_perf_metrics=True,
                 **fields,
+                **predicted,  # the K > 0 cells draft from it; the target-only cells are the target alone
             )
             rec = record_from_completion(
                 completion,
@@ -301,6 +303,8 @@ def run_bench(
             raise BenchError(
                 f"{settings.model} has no `adaptive_draft_length` input: measure it with --draft-length fixed"
             )
+        if prompts.predictions and inputs and "prediction" not in inputs:
+            raise BenchError(f"{settings.model} has no `prediction` input: redeploy with this trtspec")
         fields = request_options(inputs)
         if settings.warmup:  # the first requests of a fresh server pay for its warm-up: keep them out
             for k, adaptive in cell_kinds:

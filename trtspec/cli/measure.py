@@ -70,6 +70,12 @@ from trtspec.cli.app import PROTOCOL_OPTION, URL_OPTION, cli, console, speculati
     is_flag=True,
     help="Send prompts as written, without a request number: repeats hit the engines' prefix KV cache.",
 )
+@click.option(
+    "--prediction",
+    type=click.Choice(["original", "unrelated"]),
+    help="Send each prompt's quoted code as its predicted output (OpenAI's Predicted Outputs) in the K > 0 cells: "
+    "original, the code being edited; unrelated, another prompt's.",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the interleaving order.")
 @click.option(
     "--output", type=click.Path(dir_okay=False), default="bench-report.json", show_default=True, help="The JSON report."
@@ -101,6 +107,7 @@ def bench(
     stream,
     speculation,
     reuse_prompts,
+    prediction,
     seed,
     output,
     plot,
@@ -115,6 +122,7 @@ def bench(
       trtspec bench --chat-template engines/demo/target
       trtspec bench --url 127.0.0.1:8001 --protocol grpc --concurrency 1,4 --ks 0,2,4,8 --stream --plot bench.png
       trtspec bench --prompts builtin:code-edit --speculation prompt_lookup --ks 0,8 --apply model_repository
+      trtspec bench --prompts builtin:code-edit --prediction original --ks 0,8 --chat-template engines/demo/target
       trtspec bench --prompts spec-bench:question.jsonl --per-task 10 --chat-template engines/demo/target
     """
     from rich.progress import (
@@ -153,7 +161,7 @@ def bench(
     if prompts_source.startswith("spec-bench:"):
         ctx = click.get_current_context()
         given = {name for name in ("ks", "draft_length") if ctx.get_parameter_source(name).name != "DEFAULT"}
-        for name in ("apply_repo", "plot"):
+        for name in ("apply_repo", "plot", "prediction"):
             if ctx.params[name]:
                 raise click.UsageError(
                     f"--{name.split('_')[0]}: not with spec-bench (it measures draft sources, not K)"
@@ -189,7 +197,10 @@ def bench(
         **common, ks=tuple(draft_lengths), draft_length=draft_length, requests=requests, speculation=speculation
     )
     prompts = b.Prompts(
-        b.load_prompt_set(prompts_source, tokenizer_dir), tokenizer_dir=tokenizer_dir, numbered=not reuse_prompts
+        b.load_prompt_set(prompts_source, tokenizer_dir),
+        tokenizer_dir=tokenizer_dir,
+        numbered=not reuse_prompts,
+        prediction=prediction,
     )
     console.print(
         f"{len(prompts)} prompts from {escape(prompts_source)}, C = {', '.join(map(str, settings.concurrencies))}, "

@@ -259,6 +259,8 @@ def _sse(obj) -> str:
 def text_events(chunks: Chunks):
     """text -> the server-sent event of a text chunk, byte for byte `_sse(chunks.text(text))`: the event is rendered
     once around a placeholder, so a streamed chunk costs the encoding of its text and no more (framing alone)."""
+    if chunks.req.logprobs:  # each chunk carries its own tokens' log probs: rendered whole
+        return lambda text: _sse(chunks.text(text))
     mark = json.dumps("\x00")
     head, found, tail = _sse(chunks.text("\x00")).partition(mark)
     if not found or mark in tail:  # the placeholder is not the text alone (cannot happen with ids and names as made)
@@ -331,7 +333,9 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
             raise bls_error(exc, req) from exc
         stop = StopText(req.stop)
         out = stop.push(completion.text) + stop.flush()
-        body = response(req, dep.served_model, out, finish_reason(completion, stop), prompt_tokens, completion)
+        body = response(
+            req, dep.served_model, out, finish_reason(completion, stop), prompt_tokens, completion, dep.tokenizer
+        )
         return JSONResponse(body | dep.response_metrics(completion))
 
     async def _stream(req: Request, text: str, prompt_tokens: int):
@@ -344,7 +348,7 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
             if isinstance(exc, ClientError):
                 raise bls_error(exc, req) from exc
             raise
-        chunks, stop = Chunks(req, dep.served_model), StopText(req.stop)
+        chunks, stop = Chunks(req, dep.served_model, dep.tokenizer), StopText(req.stop)
         text_event = text_events(chunks)
 
         async def events():
@@ -358,6 +362,7 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
                         if req.include_usage:
                             yield _sse(chunks.usage(prompt_tokens, item) | dep.response_metrics(item))
                         break
+                    chunks.add(item)  # its tokens' log probs, where asked for, go with the text sent next
                     if piece := stop.push(item.text):
                         yield text_event(piece)
                     if dep.stopping.is_set():

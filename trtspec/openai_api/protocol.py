@@ -81,17 +81,27 @@ HARMLESS = {
     "prompt_cache_retention",
     "parallel_tool_calls",
 }
+_PENALTY_FIX = (
+    "leave it out or send 0: OpenAI's penalty counts the tokens generated so far, and TensorRT-LLM's counts the "
+    "prompt's tokens too, so this server cannot honour OpenAI's meaning (the BLS's own presence_penalty and "
+    "frequency_penalty inputs take TensorRT-LLM's)"
+)
 # OpenAI fields this front cannot honour: refused unless they hold their neutral value (so clients that send
 # the defaults explicitly still work). field -> (is the value neutral?, the fix).
 _UNSUPPORTED = {
-    "logprobs": (lambda v: v is False, "leave it out: this server returns no log probabilities"),
-    "top_logprobs": (lambda v: v == 0, "leave it out: this server returns no log probabilities"),
+    "top_logprobs": (
+        lambda v: v == 0 and not isinstance(v, bool),
+        "send 0 or leave it out: this server returns the chosen token's log probability (logprobs: true), not the "
+        "likeliest alternatives",
+    ),
     "echo": (lambda v: v is False, "leave it out: the prompt is not echoed; prepend it yourself"),
     "best_of": (lambda v: v == 1 and not isinstance(v, bool), "leave it out or send 1"),
     "suffix": (lambda v: v == "", "leave it out: insertion is not supported"),
     "logit_bias": (lambda v: v == {}, "leave it out: logit biases are not supported"),
-    "presence_penalty": (lambda v: v == 0 and not isinstance(v, bool), "leave it out or send 0"),
-    "frequency_penalty": (lambda v: v == 0 and not isinstance(v, bool), "leave it out or send 0"),
+    # OpenAI counts the tokens generated so far; TensorRT-LLM 1.2's penalties count the prompt's as well (its Triton
+    # backend has no prompt_ignore_length), and so does the embedded engine, which follows it
+    "presence_penalty": (lambda v: v == 0 and not isinstance(v, bool), _PENALTY_FIX),
+    "frequency_penalty": (lambda v: v == 0 and not isinstance(v, bool), _PENALTY_FIX),
     "tools": (lambda v: v == [], "leave it out: tool calls are not supported"),
     "tool_choice": (lambda v: v == "none", "leave it out: tool calls are not supported"),
     "functions": (lambda v: v == [], "leave it out: function calls are not supported"),
@@ -102,7 +112,6 @@ _UNSUPPORTED = {
     ),
     "modalities": (lambda v: v == ["text"], 'leave it out or send ["text"]'),
     "audio": (lambda v: False, "leave it out: audio is not supported"),
-    "prediction": (lambda v: False, "leave it out: predicted outputs are not supported"),
 }
 _COMMON = {
     "model",
@@ -122,11 +131,15 @@ _COMMON = {
     "num_draft_tokens",
     "speculation",
     "adaptive_draft_length",
+    # OpenAI's Predicted Outputs: a draft source (trtspec.orchestrator.drafters.prediction)
+    "prediction",
 }
 _FIELDS = {
     COMPLETION: _COMMON
     | {"prompt", "echo", "best_of", "suffix", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty"},
-    CHAT: _COMMON | {"messages", "max_completion_tokens"} | (set(_UNSUPPORTED) - {"echo", "best_of", "suffix"}),
+    CHAT: _COMMON
+    | {"messages", "max_completion_tokens", "logprobs"}
+    | (set(_UNSUPPORTED) - {"echo", "best_of", "suffix"}),
 }
 
 
@@ -221,6 +234,8 @@ class Request:
     num_draft_tokens: int | None = None
     speculation: str | None = None
     adaptive_draft_length: bool | None = None
+    prediction: str | None = None  # the predicted output's text ("" : an empty prediction, which drafts nothing)
+    logprobs: bool = False  # each token's log probability (chat: logprobs true; completions: logprobs 0)
 
     def generate_kwargs(self) -> dict:
         """SpecClient.generate's keywords (besides the prompt and max_tokens)."""
@@ -239,6 +254,8 @@ class Request:
             "num_draft_tokens": self.num_draft_tokens,
             "speculation": self.speculation,
             "adaptive_draft_length": self.adaptive_draft_length,
+            "prediction": self.prediction,
+            "return_log_probs": self.logprobs or None,
         }
 
 
@@ -435,7 +452,49 @@ def parse_request(body, kind: str, limits: Limits = DEFAULT_LIMITS) -> Request:
         raise bad("speculation", f"must be one of {', '.join(SPECULATION_METHODS)}, got {speculation!r}")
     req.speculation = speculation
     req.adaptive_draft_length = _bool(body, "adaptive_draft_length")
+    req.logprobs = _logprobs(body, kind)
+    if "prediction" in body:
+        req.prediction = _prediction(body["prediction"], limits)
     return req
+
+
+def _logprobs(body: dict, kind: str) -> bool:
+    """Chat's `logprobs` (true or false); the completions' (how many likeliest tokens besides the chosen one: 0
+    alone is served, the chosen token's log probability)."""
+    if kind == CHAT:
+        return bool(_bool(body, "logprobs"))
+    if body.get("logprobs") is False:  # not OpenAI's type, but clients send it for "none"
+        return False
+    count = _int(body, "logprobs", 0)
+    if count is not None and count > 0:
+        raise bad(
+            "logprobs",
+            f"{count} is not supported; send 0 for the chosen token's log probability alone: this server does not "
+            "return the likeliest alternatives",
+        )
+    return count is not None
+
+
+def _prediction(value, limits: Limits) -> str:
+    """OpenAI's `prediction`: {"type": "content", "content": text or a list of text parts} -> the text."""
+    if not isinstance(value, dict) or value.get("type") != "content" or set(value) - {"type", "content"}:
+        raise bad("prediction", f'must be {{"type": "content", "content": ...}}, got {_short(value)}')
+    content = value.get("content")
+    if isinstance(content, list):
+        texts = []
+        for i, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise bad(
+                    f"prediction.content[{i}]",
+                    f'only text parts ({{"type": "text", "text": ...}}) are supported, got {_short(part)}',
+                )
+            texts.append(part["text"])
+        content = "".join(texts)
+    if not isinstance(content, str):
+        raise bad("prediction.content", f"must be a string or a list of text parts, got {_short(content)}")
+    if len(content) > limits.prompt_chars:
+        raise bad("prediction.content", f"has {len(content)} characters; {_prompt_limit(limits)}")
+    return content
 
 
 # ---- the BLS's errors in OpenAI's shape --------------------------------------------------------------------------
@@ -468,6 +527,7 @@ def bls_error(exc: Exception, req: Request) -> APIError:
         "seed": "seed",
         "adaptive_draft_length": "adaptive_draft_length",
         "min_tokens": "min_tokens",
+        "prediction": "prediction",
     }
     m = _FIELD.match(message)
     if m and m.group(1) in names:
@@ -493,8 +553,47 @@ def finish_reason(completion: Completion, stop: StopText) -> str:
 
 
 def usage(prompt_tokens: int, completion: Completion) -> dict:
+    """OpenAI's usage; with a prediction, completion_tokens_details counts its tokens that appear in the completion
+    (accepted) and the others (rejected), as the BLS read them off the output. OpenAI bills rejected prediction
+    tokens as completion tokens; here completion_tokens are the tokens generated, which is what they cost."""
     n = len(completion.token_ids)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
+    if completion.accepted_prediction_tokens is not None:
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": completion.accepted_prediction_tokens,
+            "rejected_prediction_tokens": completion.rejected_prediction_tokens or 0,
+        }
+    return out
+
+
+def token_texts(tokenizer, ids: list[int]) -> list[str]:
+    """Each token's own text (a token that holds part of a character decodes to U+FFFD, as OpenAI's do)."""
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def logprobs(kind: str, texts: list[str], values: list[float], offset: int = 0) -> dict:
+    """The choice's `logprobs` in OpenAI's shape for tokens `texts` with log probabilities `values`: chat's content
+    list, or the completions' parallel lists (`offset`: the characters of the completion before these tokens)."""
+    if kind == CHAT:
+        content = [
+            {"token": t, "logprob": v, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
+            for t, v in zip(texts, values)
+        ]
+        return {"content": content, "refusal": None}
+    offsets, at = [], offset
+    for t in texts:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": texts, "token_logprobs": list(values), "top_logprobs": None, "text_offset": offsets}
+
+
+def _kept(texts: list[str], values: list[float], chars: int) -> tuple[list[str], list[float]]:
+    """The tokens whose text lies within the first `chars` characters of the answer (a stop string cut the rest)."""
+    n, at = 0, 0
+    while n < len(texts) and n < len(values) and at + len(texts[n]) <= chars:
+        at += len(texts[n])
+        n += 1
+    return texts[:n], values[:n]
 
 
 def speculation(completion: Completion) -> dict:
@@ -510,16 +609,22 @@ def speculation(completion: Completion) -> dict:
     }
 
 
-def response(req: Request, model: str, text: str, reason: str, prompt_tokens: int, completion: Completion) -> dict:
+def response(
+    req: Request, model: str, text: str, reason: str, prompt_tokens: int, completion: Completion, tokenizer=None
+) -> dict:
+    """The whole answer; `tokenizer` (the deployment's) gives each token's text where log probabilities are asked."""
+    lps = None
+    if req.logprobs and tokenizer is not None:
+        lps = logprobs(req.kind, *_kept(token_texts(tokenizer, completion.token_ids), completion.log_probs, len(text)))
     if req.kind == CHAT:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": lps,
             "finish_reason": reason,
         }
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": reason}
     return {
         "id": new_id(req.kind),
         "object": req.kind,
@@ -534,10 +639,32 @@ def response(req: Request, model: str, text: str, reason: str, prompt_tokens: in
 class Chunks:
     """The stream of one request: OpenAI's chunk objects, all with the same id and creation time."""
 
-    def __init__(self, req: Request, model: str):
-        self.req, self.model = req, model
+    def __init__(self, req: Request, model: str, tokenizer=None):
+        self.req, self.model, self.tokenizer = req, model, tokenizer
         self.id, self.created = new_id(req.kind), int(time.time())
         self.object = "chat.completion.chunk" if req.kind == CHAT else "text_completion"
+        # log probabilities of tokens received but not yet sent (their text may be held back for a stop string)
+        self._texts: list[str] = []
+        self._values: list[float] = []
+        self._offset = 0  # characters sent so far (the completions' text_offset)
+
+    def add(self, chunk) -> None:
+        """A response of the BLS (trtspec.client.Chunk): its tokens' log probabilities go with the text sent next."""
+        if self.req.logprobs and self.tokenizer is not None:
+            self._texts += token_texts(self.tokenizer, chunk.token_ids)
+            self._values += chunk.log_probs
+
+    def _logprobs(self, text: str | None, final: bool = False) -> dict | None:
+        """The log probabilities of the tokens whose text is out with `text` (all that are left, when `final` and
+        no stop string cut the answer)."""
+        if not (self.req.logprobs and self.tokenizer is not None):
+            return None
+        chars = len(text or "")
+        texts, values = _kept(self._texts, self._values, sum(map(len, self._texts)) if final else chars)
+        del self._texts[: len(texts)], self._values[: len(values)]
+        out = logprobs(self.req.kind, texts, values, self._offset)
+        self._offset += chars
+        return out
 
     def _chunk(self, choices: list, **extra) -> dict:
         out = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
@@ -545,21 +672,22 @@ class Chunks:
             out["usage"] = None  # as OpenAI: null on every chunk but the last
         return out | extra
 
-    def _choice(self, text: str | None, reason: str | None, first: bool = False) -> dict:
+    def _choice(self, text: str | None, reason: str | None, first: bool = False, lps: dict | None = None) -> dict:
         if self.req.kind == CHAT:
             delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+            return {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": reason}
+        return {"index": 0, "text": text or "", "logprobs": lps, "finish_reason": reason}
 
     def start(self) -> dict | None:
         """The chat stream opens with the assistant's role, as OpenAI's does."""
         return self._chunk([self._choice(None, None, first=True)]) if self.req.kind == CHAT else None
 
     def text(self, text: str) -> dict:
-        return self._chunk([self._choice(text, None)])
+        return self._chunk([self._choice(text, None, lps=self._logprobs(text))])
 
     def finish(self, text: str, reason: str, completion: Completion) -> dict:
-        return self._chunk([self._choice(text, reason)], speculation=speculation(completion))
+        lps = self._logprobs(text, final=reason != "stop" or not self.req.stop)
+        return self._chunk([self._choice(text, reason, lps=lps)], speculation=speculation(completion))
 
     def usage(self, prompt_tokens: int, completion: Completion) -> dict:
         return self._chunk([]) | {"usage": usage(prompt_tokens, completion)}

@@ -158,4 +158,9 @@ def merged(chunks: list[Chunk]) -> Chunk:
     """Consecutive chunks as one: their text and tokens in order, arrived when the last did."""
     if len(chunks) == 1:
         return chunks[0]
-    return Chunk(chunks[-1].seconds, "".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids])
+    return Chunk(
+        chunks[-1].seconds,
+        "".join(c.text for c in chunks),
+        [t for c in chunks for t in c.token_ids],
+        tuple(v for c in chunks for v in c.log_probs),
+    )

@@ -81,6 +81,8 @@ class Decision:
 
 
 LOOKUP = "prompt_lookup"  # the draft source that costs no model call
+PREDICTION = "prediction"  # the client's predicted output (OpenAI's Predicted Outputs): no model call either
+FREE = (LOOKUP, PREDICTION)  # the sources whose drafts cost no draft call
 
 
 class DraftLengthPolicy(Protocol):
@@ -147,6 +149,8 @@ class AdaptiveDraftLength:
     failures: float = 0.0
     lookup_successes: float = 0.0  # prompt lookup's, when it is offered beside the draft model (auto)
     lookup_failures: float = 0.0
+    prediction_successes: float = 0.0  # the client's prediction's, where the request has one
+    prediction_failures: float = 0.0
     step_seconds: float | None = None  # measured time of one plain target step
     fallbacks: dict = field(default_factory=dict)
     _plain_left: int = 0
@@ -159,10 +163,12 @@ class AdaptiveDraftLength:
         return self.alpha_of(None)
 
     def alpha_of(self, source: str | None) -> float:
-        """The acceptance estimate of a draft source (None or anything but prompt lookup: the main one)."""
-        hits, misses = (
-            (self.lookup_successes, self.lookup_failures) if source == LOOKUP else (self.successes, self.failures)
-        )
+        """The acceptance estimate of a draft source (None or anything but prompt lookup and the prediction: the main
+        one)."""
+        hits, misses = {
+            LOOKUP: (self.lookup_successes, self.lookup_failures),
+            PREDICTION: (self.prediction_successes, self.prediction_failures),
+        }.get(source, (self.successes, self.failures))
         return (hits + self.prior_alpha * self.prior_weight) / (hits + misses + self.prior_weight)
 
     def decide(self, remaining: int, offers: dict[str, int] | None = None) -> Decision:
@@ -172,11 +178,11 @@ class AdaptiveDraftLength:
         if bound <= 0:
             return Decision(0, plain_tokens=remaining)
         if self._plain_left > 0:
-            # a stretch is the draft model's fallback: prompt lookup, which costs no draft call, still drafts
-            # where it found a continuation that gains on its own acceptance
-            k, gain = self._best(LOOKUP, (offers or {}).get(LOOKUP, 0), bound)
+            # a stretch is the draft model's fallback: prompt lookup and the prediction, which cost no draft call,
+            # still draft where they found a continuation that gains on its own acceptance
+            (k, gain), free = max(((self._best(s, (offers or {}).get(s, 0), bound), s) for s in FREE), key=_gain)
             if k and gain >= 1.0 + self.margin:
-                return Decision(k, source=LOOKUP)
+                return Decision(k, source=free)
             return Decision(0, plain_tokens=min(self._plain_left, remaining), reason="low_acceptance")
         if offers is not None and not any(offers.values()):
             return Decision(0, plain_tokens=1)  # nothing to draft from right now: one token, then look again
@@ -209,7 +215,7 @@ class AdaptiveDraftLength:
         """(k, gain) of the best draft from `source` of at most `longest` tokens (prompt lookup costs no draft)."""
         if longest <= 0:
             return 0, 1.0
-        costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if source == LOOKUP else self.costs
+        costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if source in FREE else self.costs
         return costs.best(self.alpha_of(source), min(bound, longest))
 
     def observe(
@@ -229,6 +235,7 @@ class AdaptiveDraftLength:
                 # failures that led to the stretch (acceptance comes in runs: a copied passage, a predictable phrase)
                 self._in_stretch = False
                 self.successes = self.failures = self.lookup_successes = self.lookup_failures = 0.0
+                self.prediction_successes = self.prediction_failures = 0.0
             if tokens > 0:
                 self.step_seconds = _ewma(self.step_seconds, verify_seconds / tokens)
             return
@@ -236,6 +243,9 @@ class AdaptiveDraftLength:
         if source == LOOKUP:
             self.lookup_successes = self.lookup_successes * self.decay + num_accepted_tokens
             self.lookup_failures = self.lookup_failures * self.decay + rejected
+        elif source == PREDICTION:
+            self.prediction_successes = self.prediction_successes * self.decay + num_accepted_tokens
+            self.prediction_failures = self.prediction_failures * self.decay + rejected
         else:
             self.successes = self.successes * self.decay + num_accepted_tokens
             self.failures = self.failures * self.decay + rejected
@@ -244,7 +254,7 @@ class AdaptiveDraftLength:
             # refine the costs from this request's own timings (relative to its plain step): c directly; the
             # verification's extra cost goes to v0 beyond what b predicts, and lowers b when below it
             costs = self.costs
-            if source != LOOKUP:  # a lookup draft says nothing of the draft model's step
+            if source not in FREE:  # a lookup or predicted draft says nothing of the draft model's step
                 step_ratio = draft_seconds / num_draft_tokens / self.step_seconds
                 costs.draft_cost_ratio = _ewma(costs.draft_cost_ratio, step_ratio)
             extra = max(verify_seconds / self.step_seconds - 1.0, 0.0)
@@ -254,6 +264,10 @@ class AdaptiveDraftLength:
                 costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, 0.0)
             else:
                 costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, extra - predicted)
+
+
+def _gain(best: tuple[tuple[int, float], str]) -> float:
+    return best[0][1]
 
 
 def _ewma(old: float | None, new: float, weight: float = 0.3) -> float:

@@ -67,7 +67,7 @@ import numpy as np
 
 from trtspec.contract import GenerationRequest, GenerationResult, Penalties, SamplingParams, StopWords
 from trtspec.errors import Cancelled, EngineUnavailable
-from trtspec.orchestrator.adaptive import LOOKUP, Decision, DraftLengthPolicy, FixedDraftLength
+from trtspec.orchestrator.adaptive import FREE, Decision, DraftLengthPolicy, FixedDraftLength
 from trtspec.orchestrator.drafters import Draft, Drafter, DraftFailed, DraftSources, as_sources
 from trtspec.orchestrator.stats import RequestStats
 
@@ -486,7 +486,7 @@ class _Extension:
         if len(got) >= self.end:
             return True
         offers = self.drafter.offers(self.sequence + got, self.remaining - len(got) - 1)
-        return bool(offers and offers.get(LOOKUP))
+        return bool(offers and any(offers.get(source) for source in FREE))
 
     def __call__(self, got: list[int]) -> bool:
         """Called with the call's tokens so far where `due`; True: read on."""

@@ -39,6 +39,7 @@ from trtspec.errors import Cancelled, DeadlineExceeded, EngineUnavailable, Reque
 from trtspec.interfaces import SPECULATION_METHODS
 from trtspec.orchestrator.adaptive import (
     LOOKUP,
+    PREDICTION,
     AdaptiveDraftLength,
     CostModel,
     DeploymentCosts,
@@ -47,6 +48,7 @@ from trtspec.orchestrator.adaptive import (
 )
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.drafters import DraftSources, make_drafter
+from trtspec.orchestrator.drafters.prediction import PredictionDrafter
 from trtspec.orchestrator.governor import LoadGovernors, Outcome
 from trtspec.orchestrator.loop import EngineClient, SpecRequest, Trace, speculate
 from trtspec.orchestrator.stats import RequestStats
@@ -96,6 +98,7 @@ class Request:
     adaptive: bool = True  # adaptive_draft_length
     use_logits: bool = False  # use_draft_logits
     request_id: str = ""  # the engine calls of one request share it
+    prediction: list[int] | None = None  # the client's predicted output, tokenized (OpenAI's Predicted Outputs)
 
 
 @dataclass(frozen=True)
@@ -207,12 +210,18 @@ class Deployment:
                 ),
                 self.draft_breaker,
             )
-        if request.method == "draft_model":
+        # a prediction joins the request's sources; it costs no draft call, so it drafts as far as prompt lookup
+        predicted = PredictionDrafter(request.prediction, len(request.spec.prompt)) if request.prediction else None
+        if request.method == "draft_model" and predicted is None:
             return model
-        lookup = make_drafter("prompt_lookup", max_matching_ngram_size=self.settings.max_matching_ngram_size)
+        lookup = None
+        if request.method != "draft_model":
+            lookup = make_drafter("prompt_lookup", max_matching_ngram_size=self.settings.max_matching_ngram_size)
         # prompt lookup alone is auto without a model: it offers its match at each token of a plain stretch
-        lookup_k = self.lookup_k(admission) if request.method == "auto" else admission.k
-        return make_drafter("auto", model=model, lookup=lookup, model_k=admission.k, lookup_k=lookup_k)
+        lookup_k = self.lookup_k(admission) if request.method == "auto" or predicted else admission.k
+        return make_drafter(
+            "auto", model=model, lookup=lookup, model_k=admission.k, lookup_k=lookup_k, prediction=predicted
+        )
 
     def policy(self, request: Request, admission: Admission, load: int) -> DraftLengthPolicy | None:
         if admission.k <= 0:
@@ -220,7 +229,8 @@ class Deployment:
         if not request.adaptive:
             return FixedDraftLength(admission.k)
         # auto: prompt lookup, which costs no draft call, drafts up to max_draft_len (the model up to K)
-        bound = max(admission.k, self.lookup_k(admission)) if request.method == "auto" else admission.k
+        free = request.method == "auto" or bool(request.prediction)
+        bound = max(admission.k, self.lookup_k(admission)) if free else admission.k
         return self.costs.policy(bound, model_drafts=self.model_drafts(request), load=load)
 
     def lookup_k(self, admission: Admission) -> int:
@@ -352,7 +362,9 @@ class Session:
         if isinstance(self.policy, AdaptiveDraftLength):
             deployment.costs.learn(self.policy, model_drafts=deployment.model_drafts(self.request), load=load)
         deployment.costs.drafted(
-            load=load, lookup_tokens=stats.source_tokens.get(LOOKUP, 0), draft_tokens=stats.num_draft_tokens
+            load=load,
+            lookup_tokens=stats.source_tokens.get(LOOKUP, 0) + stats.source_tokens.get(PREDICTION, 0),
+            draft_tokens=stats.num_draft_tokens,
         )
         outcome = Outcome(
             bool(stats.num_drafts),

@@ -27,6 +27,7 @@ from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutra
 from trtspec.control import CONTROL_ENV
 from trtspec.errors import Cancelled, DeadlineExceeded, EngineUnavailable, RequestError
 from trtspec.orchestrator.detok import IncrementalDetokenizer
+from trtspec.orchestrator.drafters.prediction import prediction_tokens, prediction_usage
 from trtspec.orchestrator.loop import SpecRequest, Trace
 from trtspec.orchestrator.session import Deployment, Request, Session, draft_length
 from trtspec.orchestrator.stats import RequestStats
@@ -210,6 +211,8 @@ class TritonPythonModel:
             rest = detok.flush()
             self.metrics.record(session.stats, session.times_ns)
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if plan.prediction is not None:
+                run.prediction_usage = prediction_usage(plan.prediction, ids)
             if spec.stream:
                 sender.send(self._response(rest, [], plan, run, len(ids), final=True), flags=flags)
             else:
@@ -287,6 +290,12 @@ class TritonPythonModel:
             raise RequestError("min_tokens", f"must be >= 0, got {min_tokens}")
         self._check_logits_wanted(f, len(prompt), max_tokens)
         penalties = self._penalties(f)
+        prediction = None
+        if f.has("prediction"):  # OpenAI's Predicted Outputs: a draft source, and its counts in the answer
+            s = self.settings
+            prediction = prediction_tokens(
+                self.tokenizer, f.text("prediction"), max_chars=s.max_input_chars, max_tokens=s.max_seq_len
+            )
         spec = SpecRequest(
             prompt=prompt,
             max_tokens=max_tokens,
@@ -316,6 +325,7 @@ class TritonPythonModel:
             request_id=f.request_id,
             input_tokens=f.scalar("return_num_input_tokens", bool, False),
             output_tokens=f.scalar("return_num_output_tokens", bool, False),
+            prediction=prediction,
         )
 
     def _prompt(self, f: _Fields) -> list[int]:
@@ -447,6 +457,9 @@ class TritonPythonModel:
         run.sent = generated
         if final and spec.return_context_logits and trace.context_logits is not None:
             tensors.append(out("context_logits", trace.context_logits, np.float32))
+        if final and run.prediction_usage is not None:
+            for name, count in zip(("accepted_prediction_tokens", "rejected_prediction_tokens"), run.prediction_usage):
+                tensors.append(out(name, [count], np.int32))
         if plan.input_tokens:
             tensors.append(out("num_input_tokens", [run.input_tokens], np.int32))
         if plan.output_tokens:
@@ -497,6 +510,7 @@ class _Run:
     session: Session
     input_tokens: int
     sent: int = 0  # tokens whose log probs / logits went out in earlier responses
+    prediction_usage: tuple[int, int] | None = None  # accepted and rejected prediction tokens, for the final response
 
     @property
     def stats(self) -> RequestStats:
@@ -525,11 +539,14 @@ class _Plan:
     request_id: str
     input_tokens: bool = False  # return_num_input_tokens
     output_tokens: bool = False  # return_num_output_tokens
+    prediction: list[int] | None = None  # the `prediction` input's tokens
 
     @property
     def request(self) -> Request:
         """What the session runs."""
-        return Request(self.spec, self.method, self.adaptive, self.use_logits, self.request_id)
+        return Request(
+            self.spec, self.method, self.adaptive, self.use_logits, self.request_id, prediction=self.prediction
+        )
 
 
 class _Fields:

@@ -5,29 +5,14 @@ Each drafter lives in its own file and registers itself here by name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 from typing import Protocol
 
-import numpy as np
+# the types every drafter shares live in base.py, which the drafters import: the registry below imports the drafters,
+# and none of them imports this package back
+from trtspec.orchestrator.drafters.base import Draft, Drafter, DraftFailed
 
-
-class DraftFailed(Exception):
-    """A drafter could not propose (its model failed or is known to be down): the request goes on without drafts."""
-
-
-@dataclass
-class Draft:
-    tokens: list[int]
-    logits: np.ndarray | None = None  # [len(tokens), V], for modified rejection sampling
-    source: str | None = None  # which source drafted it (auto has several)
-
-
-class Drafter(Protocol):
-    def propose(self, context: list[int], k: int) -> Draft:
-        """Up to k tokens that may follow `context` (prompt + everything accepted so far)."""
-
-    def observe(self, *, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        """What the target made of the last proposal."""
+__all__ = ["Draft", "DraftFailed", "Drafter", "DraftSources", "SingleSource", "as_sources", "make_drafter"]
 
 
 class DraftSources(Protocol):
@@ -85,21 +70,20 @@ def as_sources(drafter: Drafter | DraftSources | None) -> DraftSources | None:
 
 
 def drafter_names() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+    return tuple(_registry())
 
 
 def make_drafter(name: str, **options) -> Drafter:
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown drafter {name!r}; choose one of {', '.join(_REGISTRY)}")
-    return _REGISTRY[name](**options)
+    registry = _registry()
+    if name not in registry:
+        raise KeyError(f"unknown drafter {name!r}; choose one of {', '.join(registry)}")
+    return registry[name](**options)
 
 
+@functools.cache
 def _registry() -> dict[str, type]:
     from trtspec.orchestrator.drafters.auto import AutoDrafter
     from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
     from trtspec.orchestrator.drafters.prompt_lookup import PromptLookupDrafter
 
     return {"draft_model": DraftModelDrafter, "prompt_lookup": PromptLookupDrafter, "auto": AutoDrafter}
-
-
-_REGISTRY = _registry()

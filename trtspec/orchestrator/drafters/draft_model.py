@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trtspec.contract import GenerationRequest, SamplingParams
 from trtspec.errors import EngineError
-from trtspec.orchestrator.drafters import Draft, DraftFailed
+from trtspec.orchestrator.drafters.base import Draft, DraftFailed
 
 # The draft engine seeds its sampler from the request the same way the target does; an offset keeps the
 # draft's draws independent of the target's acceptance draws at the same position.

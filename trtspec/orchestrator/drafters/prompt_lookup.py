@@ -9,7 +9,7 @@ index of where each n-gram last started (`NgramIndex`) instead of scanning the s
 
 from __future__ import annotations
 
-from trtspec.orchestrator.drafters import Draft
+from trtspec.orchestrator.drafters.base import Draft
 
 
 class NgramIndex:

@@ -1,0 +1,157 @@
+"""OpenAI's Predicted Outputs on code edits, against target-only and prompt lookup, interleaved in one run.
+
+    trtspec serve --repo REPO --openai-port 9000 &
+    python benchmarks/predicted_outputs.py --openai-url http://127.0.0.1:9000 [--prompts 8] [--max-tokens 256]
+
+The prompts are the built-in code-edit set (each asks for an edit of the code it holds and the code back), sent to
+`/v1/chat/completions`, greedy, one request at a time. Each prompt goes through every arm, in a new random order per
+prompt (so drift in the machine's speed hits every arm alike), after a one-token request of the same prompt that
+puts it in the engines' prefix cache:
+
+    target          num_draft_tokens 0: the target alone
+    auto            the deployment's default speculation (prompt lookup and the draft model), no prediction
+    lookup          speculation prompt_lookup: prompt lookup alone
+    predicted       the default speculation with `prediction` = the code in the prompt (the original file)
+    unrelated       the default speculation with `prediction` = another prompt's code
+
+Reported per arm: output tokens / summed seconds, its ratio to the target arm, and usage's accepted / rejected
+prediction tokens. Every arm must give the target's text (greedy): a prompt where one does not is counted.
+Goals: predicted >= 2.5x target and above lookup; unrelated >= 0.97x auto.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import re
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+CODE = re.compile(r"```[a-z]*\n(.*?)```", re.DOTALL)
+ARMS = ("target", "auto", "lookup", "predicted", "unrelated")
+
+
+def code_edit_prompts() -> list[tuple[str, str]]:
+    """(prompt, the code it holds) of the built-in code-edit set."""
+    path = Path(__file__).resolve().parents[1] / "trtspec/data/prompts/code-edit.jsonl"
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            prompt = json.loads(line)["prompt"]
+            if m := CODE.search(prompt):
+                out.append((prompt, m.group(1)))
+    return out
+
+
+class Front:
+    """POST /v1/chat/completions on one keep-alive connection (standard library: no client library's cost)."""
+
+    def __init__(self, url: str, api_key: str | None):
+        parts = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+        self.conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=900)
+        self.headers = {"Content-Type": "application/json"} | (
+            {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        )
+        self.model = self._call("GET", "/v1/models")["data"][0]["id"]
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        self.conn.request(method, path, json.dumps(body) if body is not None else None, self.headers)
+        resp = self.conn.getresponse()
+        data = json.loads(resp.read())
+        if resp.status != 200:
+            sys.exit(f"{method} {path}: HTTP {resp.status}: {data}")
+        return data
+
+    def chat(self, prompt: str, max_tokens: int, extra: dict) -> tuple[float, dict]:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            **extra,
+        }
+        start = time.perf_counter()
+        out = self._call("POST", "/v1/chat/completions", body)
+        return time.perf_counter() - start, out
+
+
+def arm_fields(arm: str, code: str, other: str) -> dict:
+    return {
+        "target": {"num_draft_tokens": 0},
+        "auto": {},
+        "lookup": {"speculation": "prompt_lookup"},
+        "predicted": {"prediction": {"type": "content", "content": code}},
+        "unrelated": {"prediction": {"type": "content", "content": other}},
+    }[arm]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--openai-url", default="http://127.0.0.1:9000")
+    parser.add_argument("--api-key", help="the front's key, where it asks for one")
+    parser.add_argument("--prompts", type=int, default=8, help="how many of the code-edit prompts")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", help="write the per-request records here (JSON)")
+    args = parser.parse_args()
+
+    front = Front(args.openai_url, args.api_key)
+    prompts = code_edit_prompts()[: args.prompts]
+    rng = random.Random(args.seed)
+    totals = {arm: [0, 0.0, 0, 0] for arm in ARMS}  # tokens, seconds, accepted, rejected prediction tokens
+    mismatches = {arm: 0 for arm in ARMS}
+    records = []
+    for i, (prompt, code) in enumerate(prompts):
+        other = prompts[(i + 1) % len(prompts)][1]
+        front.chat(prompt, 1, {"num_draft_tokens": 0})  # the prompt into the prefix cache, for every arm alike
+        order = list(ARMS)
+        rng.shuffle(order)
+        texts = {}
+        for arm in order:
+            seconds, out = front.chat(prompt, args.max_tokens, arm_fields(arm, code, other))
+            usage = out["usage"]
+            details = usage.get("completion_tokens_details") or {}
+            texts[arm] = out["choices"][0]["message"]["content"]
+            t = totals[arm]
+            t[0] += usage["completion_tokens"]
+            t[1] += seconds
+            t[2] += details.get("accepted_prediction_tokens", 0)
+            t[3] += details.get("rejected_prediction_tokens", 0)
+            records.append(
+                {"prompt": i, "arm": arm, "seconds": seconds, "usage": usage, "speculation": out.get("speculation")}
+            )
+        for arm in ARMS:
+            mismatches[arm] += texts[arm] != texts["target"]
+        print(f"prompt {i}: " + ", ".join(f"{r['arm']} {r['seconds']:.1f}s" for r in records[-len(ARMS) :]))
+
+    rate = {arm: t[0] / t[1] for arm, t in totals.items()}
+    table = Table(title=f"Predicted outputs, code edits ({len(prompts)} prompts, max_tokens {args.max_tokens}, C=1)")
+    for col in ("arm", "tokens", "tokens/s", "vs target", "vs auto", "accepted pred.", "rejected pred.", "differs"):
+        table.add_column(col, justify="left" if col == "arm" else "right")
+    for arm in ARMS:
+        t = totals[arm]
+        table.add_row(
+            arm,
+            str(t[0]),
+            f"{rate[arm]:.1f}",
+            f"{rate[arm] / rate['target']:.2f}x",
+            f"{rate[arm] / rate['auto']:.2f}x",
+            str(t[2]),
+            str(t[3]),
+            str(mismatches[arm]),
+        )
+    Console().print(table)
+    if args.output:
+        Path(args.output).write_text(json.dumps({"args": vars(args), "records": records}, indent=1))
+    return 0 if not any(mismatches.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
