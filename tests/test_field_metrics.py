@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import re
+import time
+import urllib.error
 import urllib.request
 
 import jsonschema
@@ -406,12 +408,14 @@ def _scrape(url: str) -> dict[str, float]:
 
 
 def _sample(values: dict[str, float], name: str, **labels) -> float | None:
-    """A sample by name and labels, whatever their order in the scrape."""
+    """The samples of `name` carrying these labels (and any others, e.g. trtspec's draft_version), summed; None when
+    there is none."""
+    found = None
     for key, value in values.items():
         base, _, rest = key.partition("{")
-        if base == name and dict(re.findall(r'(\w+)="([^"]*)"', rest)) == labels:
-            return value
-    return None
+        if base == name and labels.items() <= dict(re.findall(r'(\w+)="([^"]*)"', rest)).items():
+            found = (found or 0.0) + value
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -439,6 +443,9 @@ def test_vllm_series_after_known_traffic(field_server):
             for prompt, k in (("The quick brown fox", 3), ("def add(a, b):", 2), ("The quick brown fox", 0))
         ]
     after = _scrape(field_server.metrics_url)
+    for key in after:  # vLLM's labels, and only those
+        if key.startswith("vllm:"):
+            assert set(re.findall(r'(\w+)="', key)) - {"position"} == {"model_name", "engine"}, key
 
     def moved(name, **extra):
         return (_sample(after, name, **extra) or 0.0) - (_sample(before, name, **extra) or 0.0)
@@ -458,9 +465,14 @@ def test_vllm_series_after_known_traffic(field_server):
         assert moved(field_metrics.SPEC_ACCEPTED_PER_POS, **labels, position=str(i)) == at_i, i
         if at_i:
             assert moved("trtspec_accepted_tokens_by_position_total", **trtspec_labels, position=str(i)) == at_i
-    # nothing in flight now
+    # nothing in flight now; the target's KV-cache use, read once a second from the server's own metrics
     assert _sample(after, field_metrics.REQUESTS_RUNNING, **labels) == 0
     assert _sample(after, field_metrics.REQUESTS_WAITING, **labels) == 0
+    deadline = time.monotonic() + 60
+    while (kv := _sample(_scrape(field_server.metrics_url), field_metrics.KV_CACHE_USAGE, **labels)) is None:
+        assert time.monotonic() < deadline, "no KV-cache usage within 60 s"
+        time.sleep(0.5)
+    assert 0 <= kv <= 1
 
 
 def _scrape_build(values: dict[str, float]) -> dict[str, str]:
@@ -539,3 +551,33 @@ def test_the_front_sends_vllms_summary_and_it_adds_up_to_the_counters(field_serv
     with Front(plain, port=free_port()) as front:
         out = json.loads(_post(f"{front.url}/v1/completions", {"model": "m", "prompt": "The", "max_tokens": 4}))
     assert "metrics" not in out
+
+
+@pytest.mark.server
+def test_the_front_serves_the_metrics_where_aiperf_looks(field_server):
+    """AIPerf reads a server's metrics at its API's base URL + /metrics, checking it first with HEAD and then GET
+    on one keep-alive connection: the front answers both there (HEAD without a body), with Triton's metrics."""
+    import http.client
+
+    from trtspec.openai_api import Deployment, Front
+    from trtspec.server import free_port
+
+    deployment = Deployment(field_server.http_url, served_model_name="m", metrics_url=field_server.metrics_url)
+    with Front(deployment.connect(), port=free_port()) as front:
+        host, port = front.url.removeprefix("http://").rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            connection.request("HEAD", "/metrics")
+            head = connection.getresponse()
+            assert head.status == 200 and head.read() == b""
+            connection.request("GET", "/metrics")
+            got = connection.getresponse()
+            text = got.read().decode()
+        finally:
+            connection.close()
+    assert got.status == 200 and got.getheader("Content-Type").startswith("text/plain")
+    assert f"\n{field_metrics.SPEC_DRAFTS}{{" in text and "\nnv_inference_request_success{" in text
+    with Front(Deployment(field_server.http_url, served_model_name="m").connect(), port=free_port()) as front:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{front.url}/metrics", timeout=60)
+    assert refused.value.code == 404

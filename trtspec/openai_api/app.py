@@ -95,6 +95,7 @@ class Deployment:
         limits: Limits | None = None,
         liveness: Liveness | None = None,
         spec_decode_metrics: str = "none",
+        metrics_url: str | None = None,
     ):
         self.triton_url, self.model, self.timeout = triton_url, model, timeout
         if spec_decode_metrics not in SPEC_DECODE_METRICS_LEVELS:
@@ -103,6 +104,7 @@ class Deployment:
                 f"{', '.join(SPEC_DECODE_METRICS_LEVELS)}"
             )
         self.spec_decode_metrics = spec_decode_metrics  # vLLM's per-request summary
+        self.metrics_url = metrics_url  # Triton's metrics, which GET /metrics passes on
         self.liveness = liveness or Liveness(None)
         self._served, self._tokenizer_dir = served_model_name, tokenizer_dir
         given = triton_headers is not None or admin_headers is not None
@@ -268,6 +270,13 @@ def text_events(chunks: Chunks):
     return lambda text: head + json.dumps(text) + tail
 
 
+def _read_text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return answer.read().decode()
+
+
 def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
     """The Starlette app; `deployment` must be connected (Deployment.connect). With `api_key`, every route but
     /health answers only to `Authorization: Bearer <key>`."""
@@ -293,6 +302,23 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
             return JSONResponse({"status": "live", "model": dep.served_model})
         log.error("not live: %s", why)
         return _error(APIError(503, why, code="unavailable"))
+
+    async def metrics(request: HTTPRequest):
+        # the deployment's metrics beside its API, where tools look for them (AIPerf: the base URL + /metrics); HEAD
+        # answered without a body (Triton 2.51's metrics port sends one with its 405, which breaks aiohttp's next
+        # request on the connection, and AIPerf's check of the endpoint with it)
+        if dep.metrics_url is None:
+            raise APIError(
+                404,
+                "GET /metrics: this front was started without the deployment's metrics (serve "
+                "them with `trtspec serve --openai-port`)",
+                code="not_found",
+            )
+        try:
+            text = await run_in_threadpool(_read_text, dep.metrics_url)
+        except OSError:
+            raise APIError(503, "the inference server's metrics cannot be read now", code="unavailable") from None
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     def _model_card() -> dict:
         return {"id": dep.served_model, "object": "model", "created": dep.created, "owned_by": "trtspec"}
@@ -392,7 +418,8 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
             APIError(
                 exc.status_code,
                 f"{request.method} {request.url.path}: {exc.detail}; the API has "
-                "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /health/live",
+                "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /health/live, "
+                "GET /metrics",
                 code="not_found" if exc.status_code == 404 else None,
             )
         )
@@ -400,6 +427,7 @@ def create_app(deployment: Deployment, api_key: Key | None = None) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/health/live", live, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
@@ -605,7 +633,9 @@ def run_with_triton(
             after_start()
         # the front restarts nothing by itself: under `serve`, /health/live tells the pod's supervisor when to
         liveness = Liveness(server.metrics_url, unready_grace=timeout)
-        deployment = Deployment(server.http_url, liveness=liveness, **deployment_options).connect()
+        deployment = Deployment(
+            server.http_url, liveness=liveness, metrics_url=server.metrics_url, **deployment_options
+        ).connect()
         front = Front(deployment, host=host, port=port, api_key=api_key).start()
         console.print(f"[green]Triton is ready[/green] (pid {server.pid})")
         for label, value in (

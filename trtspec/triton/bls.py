@@ -92,7 +92,7 @@ class TritonPythonModel:
             self.kv_watch = KvWatch(
                 os.environ[METRICS_ENV],
                 self.target.model_name,
-                self.deployment.governor.kv_cache,
+                lambda fraction: (self.deployment.governor.kv_cache(fraction), self.metrics.kv_cache_usage(fraction)),
                 on_problem=lambda message: pb_utils.Logger.log_warn(f"{self.name}: {message}"),
             )
         else:
@@ -110,6 +110,7 @@ class TritonPythonModel:
             with self._active_lock:
                 refuse = self._admitted >= self.max_admitted
                 self._admitted += not refuse
+                self._show_load()
             if refuse:
                 busy = EngineUnavailable(
                     f"the server is busy ({self.settings.max_queued_requests} requests are already waiting, "
@@ -142,6 +143,10 @@ class TritonPythonModel:
         finally:
             with self._active_lock:
                 self._admitted -= 1
+                self._show_load()
+
+    def _show_load(self) -> None:  # vLLM's running and waiting gauges; the caller holds _active_lock, so in order
+        self.metrics.requests_in_flight(len(self._peaks), self._admitted - len(self._peaks))
 
     def _run(self, request, sender, arrived: float) -> None:
         key = id(sender)
@@ -150,6 +155,7 @@ class TritonPythonModel:
             load = len(self._peaks)
             for k in self._peaks:
                 self._peaks[k] = max(self._peaks[k], load)
+            self._show_load()
 
         def peak_load() -> int:
             with self._active_lock:
