@@ -1,7 +1,8 @@
 """A Python-backend model for benchmarks/metrics_cost.py: what the BLS's Prometheus metrics cost per request.
 
 It makes the BLS's own metric families (trtspec.triton.metrics.Metrics) and, per request, calls what the BLS calls
-once per finished request (`record`, then `governor` and `break_even` as `_govern` does) on statistics shaped like
+once per request (the running and waiting gauges as it is admitted, starts and ends, `record`, then `governor` and
+`break_even` as `_govern` does) on statistics shaped like
 a 64-token speculative request, `rounds` times, and answers with the median microseconds of one such request's
 metric updates. Every update of a Python-backend metric is a message to the server process, so this is Triton's
 cost as much as trtspec's."""
@@ -49,8 +50,11 @@ class TritonPythonModel:
             for _ in range(rounds + 3):  # the first three warm up
                 now = time.monotonic_ns()
                 started = time.perf_counter()
+                self.metrics.requests_in_flight(0, 1)  # admitted, then started, then done: as the BLS shows them
+                self.metrics.requests_in_flight(1, 0)
                 self.metrics.record(stats, [now - 900_000_000, now - 899_000_000, now - 850_000_000, now])
-                self.metrics.governor("speculating", 4)
+                self.metrics.requests_in_flight(0, 0)
+                self.metrics.governor("1", "speculating", 4)
                 self.metrics.break_even("1", 0.4)
                 times.append(time.perf_counter() - started)
             median = float(np.median(times[3:])) * 1e6
