@@ -242,10 +242,12 @@ def test_sampling_is_reproducible_with_a_seed(engines, use_logits):
 
 def test_a_cap_that_falls_while_the_request_runs_shortens_then_ends_its_drafts(engines):
     """The deployment's cap as it goes (the governor of the load the request runs at): none, then 1 draft token,
-    then plain for the rest (one call), the output still the target's own; a cap of 0 before the first token
-    leaves one plain call for the whole request."""
+    then plain in stretches of GOVERNED_STRETCH tokens, the output still the target's own; a cap of 0 before the
+    first token leaves plain stretches from the start (no first token alone)."""
+    from trtspec.orchestrator.loop import GOVERNED_STRETCH
+
     target, draft = engines
-    reference, _ = run(SpecRequest(PROMPTS[0], 40, end_id=-1), target)
+    reference, _ = run(SpecRequest(PROMPTS[0], 80, end_id=-1), target)
     caps = iter([None, None, 1, 1, 0])
     drafted = []
     client = drafter_for(draft)
@@ -257,14 +259,50 @@ def test_a_cap_that_falls_while_the_request_runs_shortens_then_ends_its_drafts(e
 
     client.propose = counted
     tokens, stats = run(
-        SpecRequest(PROMPTS[0], 40, num_draft_tokens=4, end_id=-1), target, client, cap=lambda: next(caps, 0)
+        SpecRequest(PROMPTS[0], 80, num_draft_tokens=4, end_id=-1), target, client, cap=lambda: next(caps, 0)
     )
     assert tokens == reference
     assert drafted == [4, 1, 1]  # asked before each iteration (the first token's too); at 0 nothing more is drafted
-    assert stats.fallbacks == {"governor": 1} and stats.fallback_iterations == {"governor": 1}
-    assert stats.iterations == 1 + len(drafted) + 1  # the first token, the drafts, the rest in one plain call
-    tokens, stats = run(SpecRequest(PROMPTS[0], 40, num_draft_tokens=4, end_id=-1), target, client, cap=lambda: 0)
-    assert tokens == reference and stats.iterations == 1 and stats.fallbacks == {"governor": 1}
+    stretches = stats.fallback_iterations["governor"]
+    assert stats.fallbacks == {"governor": 1} and stats.iterations == 1 + len(drafted) + stretches
+    assert stretches == 3  # 70 to 76 tokens after at most 10 before it, 32 at a time
+    tokens, stats = run(SpecRequest(PROMPTS[0], 80, num_draft_tokens=4, end_id=-1), target, client, cap=lambda: 0)
+    assert tokens == reference and stats.fallbacks == {"governor": 1}
+    assert stats.iterations == stats.fallback_iterations["governor"] == -(-80 // GOVERNED_STRETCH)
+
+
+def test_drafting_resumes_when_the_cap_does_and_the_draft_sees_the_plain_stretch(engines):
+    """A cap of 0 for a while (the governor rolled back, or an operator forced plain) and then none: the request
+    decodes a plain stretch, then drafts again from the whole sequence, the stretch's tokens included: each draft
+    after it is what the draft model proposes for that sequence (the draft engine's cache holds no row it did not
+    write), and the output is the target's own."""
+    target, draft = engines
+    reference, _ = run(SpecRequest(PROMPTS[0], 80, end_id=-1), target)
+    caps = iter([None, None, None, 0])
+    proposals = []
+    client = drafter_for(draft)
+    propose = client.propose
+
+    def recorded(sequence, k):
+        got = propose(sequence, k)
+        proposals.append((list(sequence), k, got.tokens))
+        return got
+
+    client.propose = recorded
+    tokens, stats = run(
+        SpecRequest(PROMPTS[0], 80, num_draft_tokens=4, end_id=-1), target, client, cap=lambda: next(caps, None)
+    )
+    assert tokens == reference
+    assert stats.fallback_iterations == {"governor": 1}
+    before = [p for p in proposals if len(p[0]) < len(PROMPTS[0]) + 12]
+    after = [p for p in proposals if p not in before]
+    assert len(before) == 2 and after  # two drafts, the stretch, then drafting again
+    # the stretch's tokens are in the sequence the first draft after it is made from
+    stretch_end = len(after[0][0])
+    assert after[0][0] == PROMPTS[0] + reference[: stretch_end - len(PROMPTS[0])]
+    for sequence, k, got in after:  # the same draft as a call for that sequence with nothing cached
+        draft.engine.cache.clear()
+        assert drafter_for(draft).propose(sequence, k).tokens == got
 
 
 def test_first_token_comes_from_the_target_alone(engines):

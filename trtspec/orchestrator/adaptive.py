@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -152,6 +153,10 @@ class AdaptiveDraftLength:
     prediction_successes: float = 0.0  # the client's prediction's, where the request has one
     prediction_failures: float = 0.0
     step_seconds: float | None = None  # measured time of one plain target step
+    # what the other requests in the same pass lose when this one verifies, in its plain steps, now: (fixed, per draft
+    # token); added to the costs each decision weighs and never learned from this request's own timings (they do not
+    # show it). None: a request alone, or no calibrated table to tell
+    shared: Callable[[], tuple[float, float]] | None = None
     fallbacks: dict = field(default_factory=dict)
     _plain_left: int = 0
     _stretch: int = 0  # the length of the last stretch (0: none yet)
@@ -216,6 +221,8 @@ class AdaptiveDraftLength:
         if longest <= 0:
             return 0, 1.0
         costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if source in FREE else self.costs
+        if self.shared is not None:
+            costs = with_shared(costs, self.shared())
         return costs.best(self.alpha_of(source), min(bound, longest))
 
     def observe(
@@ -264,6 +271,19 @@ class AdaptiveDraftLength:
                 costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, 0.0)
             else:
                 costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, extra - predicted)
+
+
+def with_shared(costs: CostModel, shared: tuple[float, float]) -> CostModel:
+    """The costs of an iteration for the batch: the request's own, plus what its extra rows cost the other requests in
+    the same pass (`shared`: fixed, per draft token), so that gain > 1 means the batch's tokens per second rise."""
+    fixed, per_token = shared
+    if not fixed and not per_token:
+        return costs
+    return dataclasses.replace(
+        costs,
+        verify_cost_fixed=costs.verify_cost_fixed + fixed,
+        verify_cost_per_token=costs.verify_cost_per_token + per_token,
+    )
 
 
 def _gain(best: tuple[tuple[int, float], str]) -> float:
@@ -322,11 +342,26 @@ class DeploymentCosts:
         # a lighter load's step time is not this one's: the request measures its own before refining costs
         return (self._initial if lighter is None else lighter[0]), None
 
-    def policy(self, k_max: int, *, model_drafts: bool, load: int = 1) -> AdaptiveDraftLength:
+    def seed(self, by_bucket: dict[int, tuple[CostModel, float | None]]) -> None:
+        """Costs measured for the machine (trtspec.calibration), load bucket -> (costs, plain step seconds): where
+        requests start from at each load; what finished requests measure refines them from there."""
+        with self._lock:
+            self._loads.update({b: (dataclasses.replace(c), step) for b, (c, step) in by_bucket.items()})
+
+    def policy(
+        self,
+        k_max: int,
+        *,
+        model_drafts: bool,
+        load: int = 1,
+        shared: Callable[[], tuple[float, float]] | None = None,
+    ) -> AdaptiveDraftLength:
+        """A request's adaptive policy at `load`; `shared`: what its verifications cost the others in their passes
+        (AdaptiveDraftLength.shared)."""
         with self._lock:
             costs, step = self._entry(load)
             costs = dataclasses.replace(costs, **({} if model_drafts else {"draft_cost_ratio": 0.0}))
-            return AdaptiveDraftLength(k_max, costs=costs, step_seconds=step)
+            return AdaptiveDraftLength(k_max, costs=costs, step_seconds=step, shared=shared)
 
     def learn(self, policy: AdaptiveDraftLength, *, model_drafts: bool, load: int = 1) -> None:
         if policy.step_seconds is None:  # the request measured nothing to compare with
@@ -354,11 +389,12 @@ class DeploymentCosts:
         share = self._shares[bucket] if bucket in self._shares else nearest_lighter(self._shares, bucket)
         return self._initial_share if share is None else share
 
-    def break_even_at(self, load: int, k_max: int) -> tuple[str, float]:
+    def break_even_at(self, load: int, k_max: int, shared: tuple[float, float] = (0.0, 0.0)) -> tuple[str, float]:
         """The load's range ("1", "2", "3-4", "5-8", ...) and the break-even acceptance (CostModel.break_even) of
-        the costs a request at that load starts from, for the mix of draft sources drafted there lately."""
+        the costs a request at that load starts from, for the mix of draft sources drafted there lately; `shared`: what
+        its verifications cost the others in their passes (with_shared)."""
         with self._lock:
-            costs, share = dataclasses.replace(self._entry(load)[0]), self._share(load)
+            costs, share = with_shared(dataclasses.replace(self._entry(load)[0]), shared), self._share(load)
         model = costs.break_even(k_max)
         lookup = dataclasses.replace(costs, draft_cost_ratio=0.0).break_even(k_max)
         return load_range(load_bucket(load)), share * lookup + (1.0 - share) * model

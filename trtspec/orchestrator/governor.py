@@ -304,6 +304,7 @@ class LoadGovernors:
         self._kv: float | None = None  # the last KV-cache signal and draft outage, for ranges made later
         self._draft_down = False
         self._force: tuple[str, float, str] | None = None  # (state, until, reason) of a force in progress
+        self._reference: Callable[[int], float | None] | None = None  # measured plain seconds per token at a load
         self.by_load: dict[int, Governor] = {}
         self.at(1)
 
@@ -323,6 +324,8 @@ class LoadGovernors:
                 # it starts under the floors and the force in progress: no change of its own to report
                 gov.kv_cache(self._kv)
                 gov.draft_down(self._draft_down)
+                if self._reference is not None:
+                    gov.plain_tpot = self._reference(2**bucket)
                 if self._force is not None and self._force[1] > self._clock():
                     gov.force(self._force[0], self._force[1] - self._clock(), self._force[2])
                 gov.on_change = lambda old, new, reason: self._on_change(label, old, new, reason, gov.cap())
@@ -331,6 +334,16 @@ class LoadGovernors:
 
     def admit(self, load: int) -> tuple[int, bool, float]:
         return self.at(load).admit()
+
+    def seed_plain(self, reference: Callable[[int], float | None]) -> None:
+        """The plain time per output token each range holds speculation against, measured for the machine
+        (trtspec.calibration) at the heaviest load of the range: a range starts with a reference (no burst spent
+        taking one: `no_plain_reference`), and plain requests refine it as before."""
+        with self._lock:
+            self._reference = reference
+            for bucket, gov in self.by_load.items():
+                with gov._lock:
+                    gov.plain_tpot = reference(2**bucket)
 
     def observe(self, outcome: Outcome, break_even: float, load: int) -> None:
         """A finished request, judged in the range of `load`: the most requests it ran beside (one admitted alone

@@ -10,7 +10,8 @@ Words trtspec uses in its own sense (here, in adaptive.py and in governor.py):
   fallback: a plain iteration with a reason, counted per reason in RequestStats: `low_acceptance` (the adaptive
       policy finds no draft length that gains: a stretch of plain_stretch tokens), `draft_error` (the drafter
       failed with no other source: plain to the end) or `governor` (the deployment's cap, asked before each
-      iteration, fell to 0: plain to the end).
+      iteration, is 0: plain in stretches of GOVERNED_STRETCH tokens, asking again after each, so that drafting
+      resumes with the deployment's).
   probe: in adaptive.py, drafting again after a low-acceptance stretch, from the prior acceptance (the failures
       before the stretch forgotten); if nothing it drafts is accepted, the next stretch is twice as long. In
       governor.py, a request that speculates at the reduced length while the deployment decodes plainly.
@@ -298,13 +299,15 @@ class _Speculation:
     def _choose(self, span: int) -> tuple[Decision, dict[str, int] | None, bool]:
         """Step 1: (the decision, what the sources offered for it, whether it is the target's first token, alone)."""
         cap = self.cap() if self.speculative and self.cap is not None else None
-        if cap is not None and cap <= 0:  # the deployment decodes plainly at the load this request now runs at
-            self.speculative, self.lost = False, "governor"
+        governed = cap is not None and cap <= 0  # the deployment decodes plainly at the load this request runs at now
+        if governed:
             self.stats.fallbacks["governor"] = 1  # a request's fallback, as the session counts one at admission
-        first = self.generated == 0 and self.speculative  # the target's first token, alone
+        first = self.generated == 0 and self.speculative and not governed  # the target's first token, alone
         offers = None
         if first:
             decision = Decision(0, plain_tokens=1)
+        elif governed:  # a stretch, then the cap is asked again: drafting resumes where the deployment's does
+            decision = Decision(0, plain_tokens=min(span, GOVERNED_STRETCH), reason="governor")
         else:
             offers = self.drafter.offers(self.sequence, span - 1) if self.speculative else None
             decision = self.policy.decide(span, offers)
@@ -345,7 +348,8 @@ class _Speculation:
         prompt lookup would find a match (with nothing to draft now, the stretch runs until it does)."""
         request, plain = self.request, self._asked(decision, span)
         unary_stretch = self._stretch(decision, first) and not request.stream
-        lookup = self._lookup_words(span) if unary_stretch else []
+        # (while the deployment decodes plainly, a lookup match is no reason to end the call)
+        lookup = self._lookup_words(span) if unary_stretch and decision.reason != "governor" else []
         if unary_stretch and (lookup or decision.reason is None):
             plain = min(span if decision.reason is None else plain, LOOKUP_STRETCH)
         result = self.target.generate(_verify_request(request, self.sequence, None, plain, self.generated, lookup))
@@ -364,7 +368,7 @@ class _Speculation:
         chose goes on in the same call while it keeps choosing plain (`_Extension`)."""
         plain = self._asked(decision, span)
         extend = (
-            _Extension(self.policy, self.drafter, self.sequence, span, plain, drafted_at)
+            _Extension(self.policy, self.drafter, self.sequence, span, plain, drafted_at, self._governed)
             if self._stretch(decision, first)
             else None
         )
@@ -379,6 +383,11 @@ class _Speculation:
             extend,
         )
         return _Call(new, reason, streamed=True, wasted=wasted, extend=extend)
+
+    def _governed(self) -> bool:
+        """Whether the deployment's cap is 0 now (it decodes plainly at the load this request runs at)."""
+        cap = self.cap() if self.cap is not None else None
+        return cap is not None and cap <= 0
 
     def _stop_rules(self, new: list[int], ended: bool) -> tuple[list[int], str | None]:
         at_budget = self.generated + len(new) >= self.request.max_tokens
@@ -449,6 +458,10 @@ def _span(request: SpecRequest, generated: int, remaining: int) -> int:
     return remaining
 
 
+# While the deployment's cap is 0 a request decodes plainly this many tokens at a time, asking the cap again after each
+# stretch (a streamed stretch goes on in the same call), so that drafting resumes when the deployment's does.
+GOVERNED_STRETCH = 32
+
 # A plain call that prompt lookup may end goes at most this far: the n-grams it is given are the sequence's at its
 # start, so the text it generates is looked up when the next call starts.
 LOOKUP_STRETCH = 32
@@ -475,9 +488,11 @@ class _Extension:
         remaining: int,
         stretch: int,
         since: float,
+        governed: Callable[[], bool] = lambda: False,
     ):
         self.policy, self.drafter, self.sequence, self.remaining = policy, drafter, sequence, remaining
         self.end = stretch  # the stretch ends after this many of the call's tokens
+        self.governed = governed  # whether the deployment's cap is 0 now: the stretch goes on whatever the policy says
         self.observed, self.since = 0, since  # tokens the policy has seen, and when the unseen ones began
 
     def due(self, got: list[int]) -> bool:
@@ -500,6 +515,9 @@ class _Extension:
         )
         self.observed, self.since = len(got), now
         left = self.remaining - len(got)
+        if self.governed():
+            self.end = len(got) + GOVERNED_STRETCH
+            return True
         decision = self.policy.decide(left, self.drafter.offers(self.sequence + got, left - 1))
         if decision.k > 0:
             return False  # decided again, the same way, at the next iteration (a drafting decision changes nothing)

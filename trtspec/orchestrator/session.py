@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from trtspec.calibration import Calibration, CalibrationWatch
 from trtspec.control import Watcher
 from trtspec.errors import Cancelled, DeadlineExceeded, EngineUnavailable, RequestError
 from trtspec.interfaces import SPECULATION_METHODS
@@ -45,6 +46,9 @@ from trtspec.orchestrator.adaptive import (
     DeploymentCosts,
     DraftLengthPolicy,
     FixedDraftLength,
+    load_bucket,
+    load_range,
+    with_shared,
 )
 from trtspec.orchestrator.breaker import DraftBreaker, GuardedDrafter
 from trtspec.orchestrator.drafters import DraftSources, make_drafter
@@ -139,6 +143,7 @@ class Deployment:
         *,
         draft_name: str | None = None,
         control_file: str | None = None,
+        calibration_file: str | None = None,
     ):
         self.settings, self.events, self.draft_name = settings, events, draft_name
         self.draft_breaker = DraftBreaker(on_down=self._draft_down, on_up=self._draft_up)
@@ -156,24 +161,83 @@ class Deployment:
         self.show_governors()
         # an operator's or Alertmanager's force, through `trtspec serve --control-port` (trtspec.control)
         self.control, self._control_lock = Watcher(control_file), threading.Lock()
+        # what the engines cost on this machine, measured when `trtspec serve` started (trtspec.calibration)
+        self.calibration: Calibration | None = None
+        self._calibration_watch = CalibrationWatch(calibration_file or "")
+        self._shared: dict[int, tuple[float, float]] = {}  # load -> shared_cost, for the calibration in use
+        self._plain_loads: set[str] = set()  # load ranges said to decode plainly, each said once
 
     @property
     def has_draft_model(self) -> bool:
         return self.draft_name is not None
 
     # ---- a request's start ----------------------------------------------------------------------------------
-    def admit(self, k: int, load: int) -> Admission:
-        """The admission of a request asking for K = `k` at `load` (requests in flight, itself included)."""
-        fallbacks = {}
+    def admit(self, request: Request, load: int) -> Admission:
+        """The admission of `request` (its K in request.spec.num_draft_tokens) at `load` (requests in flight, itself
+        included)."""
+        k, fallbacks = request.spec.num_draft_tokens, {}
         limit = self.settings.max_speculative_concurrency  # 0: no limit
         if k > 0 and limit and load > limit:
             k, fallbacks["load"] = 0, 1
-        self.controlled()
+        self.refresh()
         cap, probe, admitted_at = self.governor.admit(load)
         rolled_back = cap < self.governor.k_full  # every draft source drafts at most `cap`
         if rolled_back and k > cap:
             k, fallbacks["governor"] = cap, 1
-        return Admission(k, cap if rolled_back else None, probe, admitted_at, fallbacks)
+        cap = cap if rolled_back else None
+        if k > 0 and request.adaptive and not self.can_pay(request, k, cap, load):
+            k, fallbacks["calibration"] = 0, 1
+            self._say_plain(load)
+        return Admission(k, cap, probe, admitted_at, fallbacks)
+
+    def can_pay(self, request: Request, k: int, cap: int | None, load: int) -> bool:
+        """Whether any of the request's draft sources, drafting at most `k` (prompt lookup under auto: max_draft_len or
+        the cap), could raise the batch's tokens per second at `load` even were every draft token accepted, by the
+        costs requests start from there plus what a verification costs the others in its pass. Without a calibration
+        the costs are a prior, not this hardware's: the adaptive policy finds out."""
+        if self.calibration is None:
+            return True
+        costs = with_shared(self.costs.costs_at(load), self.shared_cost(load))
+        margin = AdaptiveDraftLength.margin
+        if self.model_drafts(request) and costs.best(1.0, k)[1] >= 1.0 + margin:
+            return True
+        if request.method in ("auto", "prompt_lookup"):
+            bound = self.settings.max_draft_len if cap is None else cap
+            bound = bound if request.method == "auto" else k
+            free = CostModel(0.0, costs.verify_cost_per_token, costs.verify_cost_fixed)  # no draft call
+            return free.best(1.0, bound)[1] >= 1.0 + margin
+        return False
+
+    def shared_cost(self, load: int) -> tuple[float, float]:
+        """What one request's verification costs the other requests in its pass at `load`, in plain steps at that
+        load, as (fixed, per draft token): its k + 1 rows lengthen the pass by its share of a pass where all `load`
+        requests verify k, (verify(B, k) - plain(B)) / B, and each of the B - 1 others waits that long (B: the load,
+        within the calibrated batches). (0, 0) alone, or without a calibration."""
+        calibration = self.calibration
+        if calibration is None or load <= 1:
+            return 0.0, 0.0
+        if load not in self._shared:
+            batch = min(load, calibration.max_batch)
+            plain = calibration.plain_at(batch)
+            ks = sorted(set().union(*calibration.verify_seconds.values()))
+
+            def lost(k: int) -> float:
+                return (batch - 1) / batch * max(calibration.verify_at(batch, k) / plain - 1.0, 0.0)
+
+            low, high = ks[0], ks[-1]
+            per_token = (lost(high) - lost(low)) / (high - low) if high > low else 0.0
+            self._shared[load] = (max(lost(low) - per_token * low, 0.0), max(per_token, 0.0))
+        return self._shared[load]
+
+    def _say_plain(self, load: int) -> None:
+        label = load_range(load_bucket(load))
+        if label not in self._plain_loads:
+            self._plain_loads.add(label)
+            self.events.log(
+                "warn",
+                f"at load {label} no draft length can pay on this hardware (calibrated costs, every draft token "
+                "accepted): requests there decode plainly from the first (fallback `calibration`)",
+            )
 
     def start(
         self,
@@ -183,14 +247,18 @@ class Deployment:
         target: EngineClient,
         draft: Callable[[], EngineClient] | None = None,
         peak_load: Callable[[], int] | None = None,
+        load_now: Callable[[], int] | None = None,
         cancelled: Callable[[], bool] = lambda: False,
         recover: Callable[[EngineUnavailable], None] | None = None,
         arrived: float | None = None,
     ) -> Session:
         """A request's session. `target`: its target client; `draft()`: makes its draft model client (called only if
         it drafts from the model); `peak_load()`: the most requests in flight so far during its life (default: `load`);
+        `load_now()`: the requests in flight now (default: `load`), whose passes its verifications share;
         `cancelled`, `recover`: the loop's; `arrived`: when it arrived (time.monotonic(); default now)."""
-        return Session(self, request, load, target, draft, peak_load or (lambda: load), cancelled, recover, arrived)
+        return Session(
+            self, request, load, target, draft, peak_load or (lambda: load), load_now, cancelled, recover, arrived
+        )
 
     def sources(self, request: Request, admission: Admission, draft: Callable[[], EngineClient] | None):
         """The request's drafter, assembled from its draft sources (None when it does not draft)."""
@@ -223,7 +291,11 @@ class Deployment:
             "auto", model=model, lookup=lookup, model_k=admission.k, lookup_k=lookup_k, prediction=predicted
         )
 
-    def policy(self, request: Request, admission: Admission, load: int) -> DraftLengthPolicy | None:
+    def policy(
+        self, request: Request, admission: Admission, load: int, load_now: Callable[[], int] | None = None
+    ) -> DraftLengthPolicy | None:
+        """The request's draft-length policy: fixed K, or adaptive from the costs at `load`, each decision weighing
+        what its verification costs the others in the pass at `load_now()` (the batch's tokens per second)."""
         if admission.k <= 0:
             return None
         if not request.adaptive:
@@ -231,7 +303,10 @@ class Deployment:
         # auto: prompt lookup, which costs no draft call, drafts up to max_draft_len (the model up to K)
         free = request.method == "auto" or bool(request.prediction)
         bound = max(admission.k, self.lookup_k(admission)) if free else admission.k
-        return self.costs.policy(bound, model_drafts=self.model_drafts(request), load=load)
+        load_now = load_now or (lambda: load)
+        return self.costs.policy(
+            bound, model_drafts=self.model_drafts(request), load=load, shared=lambda: self.shared_cost(load_now())
+        )
 
     def lookup_k(self, admission: Admission) -> int:
         """How far prompt lookup drafts under `auto`: max_draft_len, or the governor's cap when it rolled back."""
@@ -245,7 +320,7 @@ class Deployment:
     def govern(self, outcome: Outcome, load: int) -> None:
         """A finished request to its load range's governor, with the break-even of that load's costs (also the
         gauge's); `load`: the most requests in flight during its life."""
-        loads, even = self.costs.break_even_at(load, self.settings.max_draft_len)
+        loads, even = self.costs.break_even_at(load, self.settings.max_draft_len, self.shared_cost(load))
         self.events.break_even(loads, even)
         self.governor.observe(outcome, even, load)
         self.show_governors()  # probing starts without a change of level, and a range may be new
@@ -255,21 +330,50 @@ class Deployment:
             self.events.governor_state(label, gov.state, gov.cap())
 
     # ---- what changes the deployment between requests -------------------------------------------------------
-    def controlled(self) -> None:
-        """Apply a force the control file gained or lost since the last request."""
+    def refresh(self) -> None:
+        """Apply a calibration and a force that came since the last request."""
         with self._control_lock:
-            changed, force = self.control.poll()
-            if not changed:
-                return
-            if force is not None:
-                self.events.log(
-                    "warn",
-                    f"speculation forced to {force.mode} for {force.remaining():.0f} s "
-                    f"by the {force.source}: {force.reason}",
-                )
-                self.governor.force(force.mode, force.remaining(), reason=force.source)
-            else:
-                self.governor.force(None, reason="force")
+            calibration = self._calibration_watch.poll()
+            if calibration is not None:
+                self.calibrate(calibration)
+            elif self._calibration_watch.error:
+                self.events.log("warn", f"the calibration could not be read: {self._calibration_watch.error}")
+                self._calibration_watch.error = None
+            self._controlled()
+
+    def calibrate(self, calibration: Calibration) -> None:
+        """Start every load range from the costs measured on this machine: the cost models requests start from and the
+        governors' plain reference (what finished requests measure refines both from there); log which loads can pay."""
+        self.calibration, self._shared, self._plain_loads = calibration, {}, set()
+        top = load_bucket(calibration.max_batch)
+
+        def plain(load: int) -> float:  # a range's plain step: at its heaviest load, within the measured batches
+            return calibration.plain_at(min(load, calibration.max_batch))
+
+        self.costs.seed({b: (calibration.cost_model(2**b), plain(2**b)) for b in range(top + 1)})
+        self.governor.seed_plain(plain)
+        k_max = self.settings.max_draft_len
+        for b in range(top + 1):
+            loads, even = self.costs.break_even_at(2**b, k_max, self.shared_cost(2**b))
+            self.events.break_even(loads, even)
+            said = f"drafts pay from acceptance {even:.2f}" if even < 1.0 else "no draft pays at any acceptance"
+            self.events.log("info", f"calibrated: at load {loads} {said}")
+        self.show_governors()
+
+    def _controlled(self) -> None:
+        """Apply a force the control file gained or lost since the last request."""
+        changed, force = self.control.poll()
+        if not changed:
+            return
+        if force is not None:
+            self.events.log(
+                "warn",
+                f"speculation forced to {force.mode} for {force.remaining():.0f} s "
+                f"by the {force.source}: {force.reason}",
+            )
+            self.governor.force(force.mode, force.remaining(), reason=force.source)
+        else:
+            self.governor.force(None, reason="force")
 
     def _draft_down(self, cause: Exception) -> None:
         """The first failure of an outage: said once (a model whose process died is being reloaded: see
@@ -296,29 +400,31 @@ class Session:
         target: EngineClient,
         draft: Callable[[], EngineClient] | None,
         peak_load: Callable[[], int],
+        load_now: Callable[[], int] | None,
         cancelled: Callable[[], bool],
         recover: Callable[[EngineUnavailable], None] | None,
         arrived: float | None,
     ):
         self.deployment, self.request, self.load, self.peak_load = deployment, request, load, peak_load
         self.target, self.cancelled, self.recover = target, cancelled, recover
-        self.admission = deployment.admit(request.spec.num_draft_tokens, load)
+        self.admission = deployment.admit(request, load)
         request.spec.num_draft_tokens = self.admission.k
         self.stats = RequestStats(fallbacks=dict(self.admission.fallbacks))
         self.trace = Trace()  # the target's log probs and logits of the emitted tokens, KV blocks
         arrived = time.monotonic() if arrived is None else arrived
         self.times_ns = [int(arrived * 1e9), time.monotonic_ns(), 0, 0]  # arrival, start, first and last token
         self.drafter: DraftSources | None = deployment.sources(request, self.admission, draft)
-        self.policy = deployment.policy(request, self.admission, load)
-        # past admission a heavier range than its own, that of the most requests it has run beside, caps it where that
-        # range rolled back (a burst's first requests are admitted at a lighter load than the one they run at); its own
-        # range capped it at admission, and a probe keeps its length
-        self._own = deployment.governor.at(load)
+        self.policy = deployment.policy(request, self.admission, load, load_now)
         self._finished = False
 
     def _cap(self) -> int | None:
-        heavier = self.deployment.governor.at(self.peak_load())
-        return None if self.admission.probe or heavier is self._own else heavier.rolled_back_cap()
+        """The loop's cap before each iteration: that of the range of the most requests it has run beside, where that
+        range rolled back (a burst's first requests are admitted at a lighter load than the one they run at), or a
+        force came since it started (the control file is read here too); a probe keeps its length."""
+        if self.admission.probe:
+            return None
+        self.deployment.refresh()
+        return self.deployment.governor.at(self.peak_load()).rolled_back_cap()
 
     def run(self) -> Iterator[list[int]]:
         """The request's new tokens, as the loop yields them (where a response goes out to the client)."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtspec.calibration import CALIBRATION_ENV
 from trtspec.checkpoint import declared_end_ids
 from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutral
 from trtspec.control import CONTROL_ENV
@@ -85,7 +86,13 @@ class TritonPythonModel:
             self.metrics.engine_health(engine, None)
         self.metrics.gpu_memory_planned(settings.gpu_memory_planned_fraction)
         # costs, governors, the draft breaker and the control file, shared by this instance's requests
-        self.deployment = Deployment(settings, self, draft_name=draft_name, control_file=os.environ.get(CONTROL_ENV))
+        self.deployment = Deployment(
+            settings,
+            self,
+            draft_name=draft_name,
+            control_file=os.environ.get(CONTROL_ENV),
+            calibration_file=os.environ.get(CALIBRATION_ENV),
+        )
         # KV-cache pressure on the target, from the server's own metrics (trtspec.triton.kv_watch)
         self.kv_watch = None
         if os.environ.get(METRICS_ENV):
@@ -194,6 +201,7 @@ class TritonPythonModel:
             # the request's deadline does not bound a draft call (BlsEngineClient): it watches the client alone
             draft=(lambda: draft(plan.request_id, watch=sender.is_cancelled)) if draft else None,
             peak_load=peak_load,
+            load_now=lambda: len(self._peaks),
             cancelled=stop,
             recover=self._recovery(deadline, stop),
             arrived=arrived,

@@ -20,7 +20,7 @@ MODES = ("speculative", "plain")
 # what a failed request is counted as: its own fault, past its deadline, refused at the door, or the server's
 ERROR_KINDS = ("bad_request", "timeout", "refused", "engine_error")
 # why a request was not speculated, or was for only part of it
-FALLBACK_REASONS = ("low_acceptance", "load", "draft_error", "governor")
+FALLBACK_REASONS = ("low_acceptance", "load", "draft_error", "governor", "calibration")
 # Latency buckets with edges at 3 s and 5 s: the warning and critical thresholds of the alerting rules.
 DURATION_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 120.0]
 TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0]
