@@ -165,3 +165,13 @@ def test_the_writer_decodes_the_text_a_record_lacks(tmp_path):
     capture.close()
     (kept,) = read_records(tmp_path)
     assert (kept["text_input"], kept["text_output"], kept["greedy"]) == ("1 2", "3", True)
+
+
+def test_the_openai_front_passes_store_false_to_the_bls():
+    from trtspec.openai_api.protocol import CHAT, APIError, parse_request
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_request(body | {"store": False}, CHAT).generate_kwargs()["store"] is False
+    assert parse_request(body, CHAT).generate_kwargs()["store"] is None  # left out: the deployment's setting
+    with pytest.raises(APIError, match="store"):
+        parse_request(body | {"store": "no"}, CHAT)

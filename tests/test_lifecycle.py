@@ -4,7 +4,6 @@ and `trtspec shadow`'s figures against speculative decoding run for real on the 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -180,16 +179,58 @@ SPEC = {"max_tokens": 16, "num_draft_tokens": 3, "speculation": "draft_model", "
 
 @pytest.fixture(scope="module")
 def promoted_server(tmp_path_factory):
+    """The tiny pair served with every finished request captured (as `trtspec serve --capture DIR
+    --capture-rate 1`): server.captures is the directory."""
     import compileall
+    import os
 
     from tiny import served_pair
+
+    from trtspec.capture import CAPTURE_ENV
 
     root = tmp_path_factory.mktemp("promote")
     server = served_pair(root / "pair")
     compileall.compile_dir(server.repo, quiet=1)  # as a repository served before (test_reliability.py)
-    server.start(timeout=300)
+    server.captures = root / "captures"
+    before = os.environ.get(CAPTURE_ENV)
+    os.environ[CAPTURE_ENV] = CaptureSettings(str(server.captures), rate=1.0).to_env()
+    try:
+        server.start(timeout=300)
+    finally:
+        os.environ.pop(CAPTURE_ENV) if before is None else os.environ.__setitem__(CAPTURE_ENV, before)
     yield server
     server.stop()
+
+
+def _records(folder: Path, count: int, timeout: float = 120.0) -> list[dict]:
+    """The captured records once there are at least `count` (the writer is a thread of its own)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while True:
+        found = read_records(folder) if any(folder.glob("capture-*.jsonl")) else []
+        if len(found) >= count or time.monotonic() > end:
+            return found
+        time.sleep(0.2)
+
+
+@pytest.mark.server
+def test_served_requests_are_captured_unless_the_client_says_store_false(promoted_server):
+    from test_serving import grpc_generate, ids_of
+
+    server = promoted_server
+    responses = {}
+    for prompt, store in (("The quick brown fox", None), ("def add(a, b):", False), ("Once upon a time", True)):
+        fields = SPEC | {"text_input": prompt} | ({} if store is None else {"store": store})
+        responses[prompt] = ids_of(grpc_generate(server.grpc_url, fields))
+    kept = _records(server.captures, 2)
+    assert len(kept) == 2
+    by_prompt = {r["text_input"]: r for r in kept}
+    assert set(by_prompt) == {"The quick brown fox", "Once upon a time"}  # never the one sent with store false
+    for prompt, record in by_prompt.items():
+        assert record["output_ids"] == responses[prompt]  # the target's output, as the client got it
+        assert record["greedy"] and record["model"] == "tensorrt_llm_bls" and record["draft_version"] == "1"
+        assert record["num_draft_tokens"] > 0
 
 
 class _Traffic:
@@ -229,11 +270,25 @@ def _wait_for_requests(traffic: _Traffic, more: int, timeout: float = 300.0) -> 
         time.sleep(0.2)
 
 
+def _labelled(metrics_url: str, label: str, timeout: float = 120.0) -> bool:
+    """Whether the acceptance counter shows a series with `label` within `timeout` seconds."""
+    import time
+    import urllib.request
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with urllib.request.urlopen(metrics_url, timeout=30) as resp:
+            lines = resp.read().decode().splitlines()
+        if any(line.startswith("trtspec_accepted_tokens_total") and label in line for line in lines):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 @pytest.mark.server
 def test_promote_under_load_and_back(promoted_server, tmp_path):
     """A new draft loaded while requests run: none fails, greedy outputs stay the target's own, the acceptance
     metrics carry the draft's version; --previous brings version 1 back the same way."""
-    import urllib.request
 
     from test_serving import grpc_generate, ids_of
     from tiny import make_perturbed_copy
@@ -256,17 +311,20 @@ def test_promote_under_load_and_back(promoted_server, tmp_path):
         _wait_for_requests(traffic, 6)
         assert P.draft_version(repo) == "2"
         assert "versions: [ 2 ]" in (repo / P.DRAFT_MODEL / "config.pbtxt").read_text()
-        with urllib.request.urlopen(server.metrics_url, timeout=30) as resp:
-            metrics = resp.read().decode()
-        pass  # assert re.search(r"trtspec_accepted_tokens_total\{[^}]*draft_version="2"', metrics), metrics[:2000]
+        # the BLS looks at the version once a second at most: requests that end later carry the new label
+        labelled = _labelled(server.metrics_url, 'draft_version="2"')
+        errors_at_promotion = list(traffic.errors)
         assert P.previous(repo, url=server.http_url, headers=headers) == 1
         _wait_for_requests(traffic, 6)
         assert P.draft_version(repo) == "1"
     finally:
         traffic.stop()
-    assert not traffic.errors, traffic.errors[:3]
+    assert not errors_at_promotion and not traffic.errors, traffic.errors[:3]
     assert len(traffic.outputs) >= 15
+    assert labelled, "no trtspec_accepted_tokens_total series with the promoted draft's version"
     for prompt, ids in traffic.outputs:
         assert ids == plain[prompt], prompt
+    # the capture says which draft each request ran with
+    assert {"1", "2"} <= {r["draft_version"] for r in read_records(server.captures)}
     with pytest.raises(P.PromoteError, match="no promotion to go back from"):
         P.previous(repo, url=server.http_url, headers=headers)

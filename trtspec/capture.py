@@ -232,6 +232,7 @@ def make_record(
     draft_version: str | None = None,
     text_input: str | None = None,
     text_output: str | None = None,
+    greedy: bool | None = None,
 ) -> dict:
     """One request's record (see the module doc), from values the request already has; text left None is decoded
     by the writer, off the request path."""
@@ -243,11 +244,27 @@ def make_record(
         "text_input": text_input,
         "text_output": text_output,
         "temperature": temperature,
-        "greedy": temperature == 0.0,
+        "greedy": temperature == 0.0 if greedy is None else greedy,
         "num_draft_tokens": num_draft_tokens,
         "num_accepted_tokens": num_accepted_tokens,
         "draft_version": draft_version,
     }
+
+
+def captured(model: str, spec, output_ids: list[int], stats, draft_version: str | None) -> dict:
+    """The record of a finished request (`spec`: its trtspec.orchestrator.loop.SpecRequest, `stats`: its
+    RequestStats), from values it already holds: the writer decodes the text."""
+    return make_record(
+        model=model,
+        route=None,
+        input_ids=spec.prompt,
+        output_ids=output_ids,
+        temperature=float(spec.sampling.temperature),
+        num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens,
+        draft_version=draft_version,
+        greedy=spec.sampling.greedy,
+    )
 
 
 # ---- reading ----------------------------------------------------------------------------------------------------

@@ -223,6 +223,7 @@ BLS_INPUTS = (
     _opt("num_return_sequences", "INT32", support=1, reshape=()),
     _opt("beam_width", "INT32", support=1),
     _opt("stream", "BOOL"),
+    _opt("store", "BOOL", extension=True),  # false: never captured (`trtspec serve --capture`); OpenAI's `store`
     _opt("prompt_embedding_table", "FP16", (-1, -1), NEUTRAL_EMPTY),
     _opt("prompt_vocab_size", "INT32", support=NEUTRAL_ZERO),
     _opt("prompt_table_extra_id", "UINT64", support=NEUTRAL_ZERO),

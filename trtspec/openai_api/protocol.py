@@ -70,7 +70,7 @@ class Limits:
 
 DEFAULT_LIMITS = Limits().resolve()
 
-# Accepted and ignored: they change nothing in the generated text.
+# Accepted: they change nothing in the generated text (`store` false keeps a request out of `serve --capture`).
 HARMLESS = {
     "user",
     "metadata",
@@ -223,6 +223,7 @@ class Request:
     messages: list[dict] | None = None
     max_tokens: int | None = None
     max_tokens_param: str = "max_tokens"  # the field the client named it with, for errors
+    store: bool | None = None  # false: never captured by `trtspec serve --capture` (the BLS's `store`)
     temperature: float = 1.0  # OpenAI's default: sampling; send 0 for greedy
     top_p: float | None = None
     seed: int | None = None
@@ -246,6 +247,7 @@ class Request:
             top_p = 1.0  # OpenAI's default; the BLS, as TensorRT-LLM, reads top_k 0 with top_p 0 as greedy
         return {
             "temperature": temperature,
+            "store": self.store,
             "top_p": top_p if temperature > 0 else None,
             "seed": self.seed,
             "stop_words": self.stop or None,
@@ -443,6 +445,7 @@ def parse_request(body, kind: str, limits: Limits = DEFAULT_LIMITS) -> Request:
             raise bad("stream_options", f'must be {{"include_usage": true|false}}, got {options!r}')
         req.include_usage = bool(_bool(options, "include_usage"))
     req.ignore_eos = bool(_bool(body, "ignore_eos"))
+    req.store = _bool(body, "store")  # false: the client asks that nothing of it be kept
     req.min_tokens = _int(body, "min_tokens", 0)
     if req.min_tokens is not None and req.max_tokens is not None and req.min_tokens > req.max_tokens:
         raise bad("min_tokens", f"{req.min_tokens} exceeds {req.max_tokens_param} {req.max_tokens}; lower it")

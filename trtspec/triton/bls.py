@@ -23,6 +23,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtspec.calibration import CALIBRATION_ENV
+from trtspec.capture import Capture, captured
 from trtspec.checkpoint import declared_end_ids
 from trtspec.contract import BLS_INPUTS, Penalties, SamplingParams, check_neutral
 from trtspec.control import CONTROL_ENV
@@ -32,6 +33,7 @@ from trtspec.orchestrator.drafters.prediction import prediction_tokens, predicti
 from trtspec.orchestrator.loop import SpecRequest, Trace
 from trtspec.orchestrator.session import Deployment, Request, Session, draft_length
 from trtspec.orchestrator.stats import RequestStats
+from trtspec.promote import DraftVersionWatch
 from trtspec.request_limits import (
     check_prompt_chars,
     check_returned_logits,
@@ -81,6 +83,9 @@ class TritonPythonModel:
         # every token the target ends on (Llama 3.x Instruct declares three): the first is the engine's end_id
         self.end_ids = declared_end_ids(settings.tokenizer_dir, self.tokenizer.eos_token_id)
         self.metrics = Metrics(self.name, settings.build_info())
+        self.draft_version = DraftVersionWatch(Path(args["model_repository"]).parent)
+        # `trtspec serve --capture`: a sample of finished requests, encoded and written by a thread of its own
+        self.capture = Capture.from_env(decode=self.tokenizer.decode, on_error=pb_utils.Logger.log_warn)
         self.reloader.health.on_change = self.metrics.engine_health  # the liveness signal (trtspec.engine_health)
         for engine in filter(None, (settings.tensorrt_llm_model_name, draft_name)):  # at 0 from the start
             self.metrics.engine_health(engine, None)
@@ -130,6 +135,8 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
+        if self.capture is not None:
+            self.capture.close()  # what is queued is written
         if self.kv_watch is not None:
             self.kv_watch.close()
         self.reloader.close()
@@ -223,7 +230,8 @@ class TritonPythonModel:
                 else:
                     text.append(piece)
             rest = detok.flush()
-            self.metrics.record(session.stats, session.times_ns)
+            draft_version = self.draft_version.current()  # the draft model's, from `trtspec promote`
+            self.metrics.record(session.stats, session.times_ns, draft_version)
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
             if plan.prediction is not None:
                 run.prediction_usage = prediction_usage(plan.prediction, ids)
@@ -234,6 +242,8 @@ class TritonPythonModel:
                     self._response(prompt_text + "".join(text) + rest, ids, plan, run, len(ids), final=True),
                     flags=flags,
                 )
+            if self.capture is not None:  # a sample for `trtspec distill`, written off the request path
+                self.capture.offer(captured(self.name, spec, ids, session.stats, draft_version), store=plan.store)
         except Exception as exc:
             session.finish(exc)
             raise
@@ -340,6 +350,7 @@ class TritonPythonModel:
             input_tokens=f.scalar("return_num_input_tokens", bool, False),
             output_tokens=f.scalar("return_num_output_tokens", bool, False),
             prediction=prediction,
+            store=f.scalar("store", bool, None),
         )
 
     def _prompt(self, f: _Fields) -> list[int]:
@@ -554,6 +565,7 @@ class _Plan:
     input_tokens: bool = False  # return_num_input_tokens
     output_tokens: bool = False  # return_num_output_tokens
     prediction: list[int] | None = None  # the `prediction` input's tokens
+    store: bool | None = None  # false: the client asked that nothing be kept (never captured)
 
     @property
     def request(self) -> Request:
