@@ -42,6 +42,7 @@ class Workload:
     concurrencies: tuple[int, ...] = (1,)
     requests: int = 4  # per cell
     checked: int = 2  # prompts whose greedy outputs are compared token by token
+    prediction: str | None = None  # each prompt's predicted output (trtspec.bench.prompts.PREDICTIONS)
 
 
 def workloads(config, *, max_tokens: int, num_draft_tokens: int | None) -> list[Workload]:
@@ -52,6 +53,8 @@ def workloads(config, *, max_tokens: int, num_draft_tokens: int | None) -> list[
     return [
         Workload("chat", "builtin:chat", spec.method, k, max_tokens, (1, 4)),
         Workload("code editing", "builtin:code-edit", spec.method, k, 2 * max_tokens),
+        # the same edits with OpenAI's Predicted Outputs: the code being edited sent as the prediction
+        Workload("code editing, predicted", "builtin:code-edit", spec.method, k, 2 * max_tokens, prediction="original"),
     ]
 
 
@@ -86,7 +89,10 @@ def run_demo(
     try:
         calibrate_deployment(repo, server.grpc_url, server.inference_headers, console)
         # each workload's prompts in the target's chat template; numbered only where the bench numbers them
-        prompts = {w.name: Prompts(load_prompt_set(w.prompts), tokenizer_dir=engines / "target") for w in plan}
+        prompts = {
+            w.name: Prompts(load_prompt_set(w.prompts), tokenizer_dir=engines / "target", prediction=w.prediction)
+            for w in plan
+        }
         with SpecClient(server.grpc_url, protocol="grpc") as client:
             for w in plan:
                 _stream_one(console, client, w, prompts[w.name])
@@ -137,7 +143,10 @@ def _measure(console: Console, url: str, w: Workload, prompts, tokenizer_dir: Pa
         for c in w.concurrencies:
             task = progress.add_task(f"{w.name}, C={c}: comparing outputs with target-only", total=None)
             texts = [prompts.text(i % len(prompts)) for i in range(max(w.checked, c))]
-            checked = compare_outputs(url, w, texts, tokenizer_dir, concurrency=c)
+            predicted = (
+                [prompts.predictions[i % len(prompts)] for i in range(len(texts))] if prompts.predictions else None
+            )
+            checked = compare_outputs(url, w, texts, tokenizer_dir, concurrency=c, predictions=predicted)
             progress.remove_task(task)
             result = checked.results[0]
             identical[c] = checked.passed(allow_near_ties=True) and not result.errors
@@ -160,10 +169,13 @@ def _measure(console: Console, url: str, w: Workload, prompts, tokenizer_dir: Pa
     return b.summary_rows(report, w.name, identical), checks
 
 
-def compare_outputs(url: str, w: Workload, texts: list[str], tokenizer_dir: Path, *, concurrency: int):
+def compare_outputs(
+    url: str, w: Workload, texts: list[str], tokenizer_dir: Path, *, concurrency: int, predictions=None
+):
     """Greedy outputs of `texts`, target-only and with the deployment's defaults, `concurrency` requests at a time
     (so a speculative request shares its passes with others, as in the bench's cells), compared token by token; a
-    difference is explained by the target's own logits (trtspec validate's verdicts: near tie or mismatch)."""
+    difference is explained by the target's own logits (trtspec validate's verdicts: near tie or mismatch).
+    `predictions`: each text's predicted output, sent with the speculative requests."""
     from trtspec.client import ClientError, SpecClient
     from trtspec.validate import DEFAULT_TIE_TOLERANCE, KResult, Report, Tokens, compare_tokens, explain
 
@@ -174,13 +186,14 @@ def compare_outputs(url: str, w: Workload, texts: list[str], tokenizer_dir: Path
     clients = [SpecClient(url, protocol="grpc") for _ in range(concurrency)]
     try:
 
-        def run(fields: dict) -> list:
+        def run(fields: dict, predicted: bool = False) -> list:
             out: list = [None] * len(texts)
 
             def one(slot: int) -> None:
                 for i in range(slot, len(texts), concurrency):
+                    more = {"prediction": predictions[i]} if predicted and predictions else {}
                     try:
-                        out[i] = clients[slot].generate(texts[i], **greedy, **fields)
+                        out[i] = clients[slot].generate(texts[i], **greedy, **fields, **more)
                     except ClientError as exc:
                         out[i] = exc
 
@@ -191,7 +204,7 @@ def compare_outputs(url: str, w: Workload, texts: list[str], tokenizer_dir: Path
                 t.join()
             return out
 
-        bases, specs = run({"num_draft_tokens": 0}), run(spec_fields)
+        bases, specs = run({"num_draft_tokens": 0}), run(spec_fields, predicted=True)
         tokens = Tokens(clients[0], tokenizer_dir)
         for i, (base, spec) in enumerate(zip(bases, specs)):
             if isinstance(base, Exception):
