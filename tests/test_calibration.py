@@ -216,10 +216,11 @@ def test_serve_measures_the_engines_before_it_is_ready_stores_and_reuses_it(wide
 def test_calibration_on_the_tensorrtllm_standin(tmp_path):
     """The same measurement through the strict stand-in of TensorRT-LLM's backend (a batch of rows in one decoupled
     request, perf outputs as the backend writes them)."""
+    from rich.console import Console
     from standin_repo import write_standin_repository
     from tiny import served_pair
 
-    from trtspec.bench.calibrate import from_repository, measure
+    from trtspec.bench.calibrate import calibration_path, from_repository, measure, refresh
 
     def write(config, engines, repo, overrides):
         return write_standin_repository(config, engines, repo, overrides=overrides)
@@ -227,6 +228,11 @@ def test_calibration_on_the_tensorrtllm_standin(tmp_path):
     server = served_pair(tmp_path / "standin", write=write)
     with server:
         cal, skipped = measure(server.grpc_url, server.inference_headers, from_repository(server.repo))
+        # `trtspec bench --apply REPO` measures again into the file the deployment's BLS reads
+        console = Console(record=True, width=200)
+        refreshed = refresh(server.repo, server.grpc_url, "grpc", console)
+    assert refreshed is not None and Calibration.load(calibration_path(server.repo)) == refreshed
+    assert "engine costs on this machine" in console.export_text()
     assert skipped == [] and sorted(cal.plain_seconds) == from_repository(server.repo).batches()
     assert sorted(cal.draft_seconds) == [1, 2, 4]
     assert all(s > 0 for name, s in cal.durations() if name != "round_trip_seconds")

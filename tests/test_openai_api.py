@@ -547,8 +547,14 @@ def test_trtspec_openai_command_serves_and_stops_on_ctrl_c(triton):
             assert (
                 c.completions.create(model="cli", prompt="hi", max_tokens=2, temperature=0).usage.completion_tokens == 2
             )
+        # a client's keep-alive connection left open does not hold the front up; nor does the interpreter's teardown
+        # of torch, which transformers' tokenizer imports (3-7 s on a loaded 2-core machine: trtspec.cli.app.main)
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        idle.request("GET", "/health")
+        idle.getresponse().read()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+        idle.close()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,12 +3,13 @@
 Every call goes to the engine models themselves (`tensorrt_llm`, `tensorrt_llm_draft`) over one gRPC stream, with
 `return_perf_metrics`: the engine's own timestamps (arrival, first scheduled, first token, last token; steady clock)
 time the passes, so the client's overhead is not counted as engine time. A batch of B is ONE Triton request of B
-rows: the engine model queues a request's rows together (TensorRT-LLM's backend makes them B executor requests
-enqueued at once), so they share their passes; B separate requests would arrive over several passes.
+rows: the engine model queues a request's rows together, as TensorRT-LLM's backend does (model_instance_state.cc at
+c2e65b8: createExecutorRequests makes one executor request per row, one enqueueRequests call enqueues them all), so
+they share their passes; B separate requests would arrive over several passes.
 
 - plain step at batch B: B rows of `PLAIN_TOKENS` tokens; from the last first token to the last token, per step;
-- verifying pass at batch B of k draft tokens: B rows with k draft tokens each; from their scheduling to their
-  first tokens (one pass of k + 1 rows each);
+- verifying pass at batch B of k draft tokens: B rows with k draft tokens each, asking for k + 1 tokens as the loop
+  does; from their scheduling to their last token (one pass of k + 1 rows each, and its acceptance);
 - draft call of k tokens: one row to the draft model, scheduling to last token;
 - round trip: a one-token call's wall time (send to answer) minus the engine's arrival-to-last-token span: what a
   call costs outside the engine (measured from this process, so a little above what the BLS pays in-server).
@@ -254,7 +255,7 @@ def measure(
 
                 def verifying(k=k, batch=batch):
                     drafts = [[rng.randrange(low, high) for _ in range(k)] for _ in range(batch)]
-                    return _first_pass(
+                    return _whole_call(
                         stream.call(TARGET_MODEL, [request(i, k + 1, drafts[i]) for i in range(batch)])[0]
                     )
 
@@ -292,12 +293,9 @@ def _plain_step(times: list[dict[str, int]]) -> float:
     )
 
 
-def _first_pass(times: list[dict[str, int]]) -> float:
-    """Seconds of the batch's first pass: from its scheduling to its rows' first tokens."""
-    return (max(t["first_token_time_ns"] for t in times) - min(t["first_scheduled_time_ns"] for t in times)) / 1e9
-
-
 def _whole_call(times: list[dict[str, int]]) -> float:
+    """Seconds from the batch's scheduling to its last token: a verification's one pass with its acceptance, as a
+    plain step counts its sampling (the loop asks a verification for k + 1 tokens, as here)."""
     return (max(t["last_token_time_ns"] for t in times) - min(t["first_scheduled_time_ns"] for t in times)) / 1e9
 
 
@@ -400,14 +398,14 @@ def print_table(calibration: Calibration, console) -> None:
     console.print(f"  {calibration.summary()}", highlight=False)
 
 
-def refresh(repo: str | Path, url: str, protocol: str, console) -> Calibration | None:
+def refresh(repo: str | Path, url: str | None, protocol: str, console) -> Calibration | None:
     """`trtspec bench --apply REPO`: measure the running deployment at `url` again and store it where its BLS reads
     it (a BLS started by `trtspec serve --repo REPO` on this machine applies it at its next request). The engine
     models are called over gRPC: `url` itself with --protocol grpc, else the HTTP port + 1 (serve's layout)."""
-    from trtspec.client import split_url
+    from trtspec.client import default_url, split_url
     from trtspec.keys import client_headers
 
-    _scheme, host, port = split_url(url, 8000)
+    _scheme, host, port = split_url(url or default_url(protocol), 8000)
     host = f"[{host}]" if ":" in host else host
     grpc_url = f"{host}:{port if protocol == 'grpc' else port + 1}"
     return calibrate_deployment(repo, grpc_url, client_headers(grpc_url), console)

@@ -3,6 +3,8 @@ and the options several commands take."""
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 
 import click
@@ -119,5 +121,29 @@ URL_OPTION = click.option(
 )
 
 
+_stopped_serving = False  # set by a command that served in the foreground, once it stopped all it started
+
+
+def stopped_serving() -> None:
+    """Called by `serve` and `openai` once everything they started is stopped (sockets closed, Triton gone)."""
+    global _stopped_serving
+    _stopped_serving = True
+
+
 def main() -> None:
-    cli(prog_name="trtspec")
+    try:
+        cli(prog_name="trtspec")
+    except SystemExit as exc:
+        if not _stopped_serving:
+            raise
+        # A server command that has stopped everything it started leaves without the interpreter's teardown: with
+        # torch loaded (transformers' tokenizers import it) tearing the modules down took 3-7 s after Ctrl-C on a
+        # loaded 2-core machine, with every socket already closed, and a supervisor (or a test) that waits 20 s for
+        # the process saw it hang. atexit's handlers still run, and the streams are flushed.
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -89,7 +89,9 @@ from trtspec.cli.app import PROTOCOL_OPTION, URL_OPTION, cli, console, speculati
     "--apply",
     "apply_repo",
     type=click.Path(file_okay=False, exists=True),
-    help="Write the best K, the speculation limit and the cost model into this deployed repository's BLS config.",
+    help="Write the best K, the speculation limit and the cost model into this deployed repository's BLS config, "
+    "and measure the engines' costs again (the calibration `trtspec serve` made; over gRPC: --url with --protocol "
+    "grpc, else the HTTP port + 1).",
 )
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds each request may take.")
 def bench(
@@ -216,6 +218,9 @@ def bench(
         console.print(f"plot: {escape(str(b.write_plot(report, plot)))}", highlight=False)
     if apply_repo:
         _apply_bench_tuning(apply_repo, report["tuning"])
+        from trtspec.bench.calibrate import refresh
+
+        refresh(apply_repo, url, protocol, console)  # the engines' costs too, which the running BLS reads at once
 
 
 def _spec_bench(settings, *, per_task, speculation, ks, adaptive, progress, command) -> dict:

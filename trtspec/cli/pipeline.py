@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtspec import capture, keys
-from trtspec.cli.app import URL_ENV, cli, console, report_problems, speculation_option
+from trtspec.cli.app import URL_ENV, cli, console, report_problems, speculation_option, stopped_serving
 from trtspec.field_metrics import SPEC_DECODE_METRICS_LEVELS
 
 # vLLM's per-request acceptance record in the front's responses (trtspec.field_metrics), on serve and openai alike
@@ -343,6 +343,7 @@ def serve(
         if control is not None:
             control.stop()
             shutil.rmtree(control.path.parent, ignore_errors=True)
+    stopped_serving()  # Triton and the front are stopped: main() need not wait for the interpreter's teardown
     sys.exit(code)
 
 
@@ -396,20 +397,20 @@ def openai(
         api_key = keys.resolve(file=api_key_file, option="--api-key-file", env=keys.API_ENV)
     except keys.KeyProblem as exc:
         raise click.ClickException(str(exc)) from None
-    sys.exit(
-        serve_front(
-            triton_url,
-            host=host,
-            port=port,
-            api_key=api_key,
-            console=Console(),
-            model=model,
-            served_model_name=served_model_name,
-            spec_decode_metrics=spec_decode_metrics,
-            tokenizer_dir=tokenizer_dir,
-            timeout=timeout,
-        )
+    code = serve_front(
+        triton_url,
+        host=host,
+        port=port,
+        api_key=api_key,
+        console=Console(),
+        model=model,
+        served_model_name=served_model_name,
+        spec_decode_metrics=spec_decode_metrics,
+        tokenizer_dir=tokenizer_dir,
+        timeout=timeout,
     )
+    stopped_serving()  # the front is stopped: main() need not wait for the interpreter's teardown
+    sys.exit(code)
 
 
 @cli.command()
