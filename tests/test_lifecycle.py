@@ -89,6 +89,8 @@ def test_distill_from_a_capture_starts_from_the_deployed_draft(target, deployed,
     # the evaluation set is the held-out captured requests (10% of 40), not the built-in prompts
     assert recipe["heldout"]["prompts"] == 4 and recipe["heldout"]["tokens"] == 4 * 20
     assert recipe["data"][str(captured)]["sequences"] == 36
+    held = read_records(same / ".distill" / "heldout-captured.jsonl")  # what `trtspec shadow --data` compares on
+    assert len(held) == 4 and all(r in read_records(captured) for r in held)
 
     # trained on the capture, from there: the evaluation on held-out traffic starts at the deployed draft's figure
     out = tmp_path / "new"

@@ -305,6 +305,16 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+def write_records(path: Path, records: list[dict]) -> None:
+    """Records as JSONL in a file of the user's alone (they hold prompts), replaced whole."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
 def split_heldout(records: list[dict], fraction: float = 0.1, *, at_most: int = 64, seed: int = 0):
     """(train, held out): a seeded share of the records, greedy ones first (their outputs are the target's argmax,
     what greedy acceptance is measured against)."""

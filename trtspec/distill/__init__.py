@@ -50,6 +50,7 @@ WORK_DIR = ".distill"
 STATE_FILE = "state.json"
 CHECKPOINT_FILE = "checkpoint.pt"
 HELDOUT = "builtin:assistant-heldout"
+HELDOUT_CAPTURED = "heldout-captured.jsonl"  # in WORK_DIR: the held-out captured requests
 INIT_CHOICES = ("from-target", "random")
 QUANT_CHOICES = ("none", "fp8", "fp8-per-channel")
 
@@ -205,10 +206,10 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     tokenizer = load_tokenizer(info)
     tokenized = [D.tokenize_source(src, tokenizer, info.vocab_size) for src in sources]
     # captured requests: a seeded share of each capture source is the evaluation set (the traffic itself)
-    captured, captured_heldout = [], []
+    captured, captured_heldout, held_records = [], [], []
     for src in sources:
         train, held = capture.split_heldout(src.captured, o.heldout_share, at_most=o.eval_prompts, seed=o.seed)
-        src.captured = train
+        src.captured, held_records = train, held_records + held
         captured.append(D.captured_pairs(src, info.vocab_size, o.window))
         captured_heldout += D.captured_pairs(replace(src, captured=held), info.vocab_size, o.window)
     heldout = []
@@ -222,6 +223,8 @@ def run_distill(o: DistillOptions, console: Console | None = None) -> Path:
     work = output / WORK_DIR
     work.mkdir(parents=True, exist_ok=True)
     _check_state(work, o)
+    if held_records:  # for `trtspec shadow --data`: the requests neither draft was trained on (user data: 0600)
+        capture.write_records(work / HELDOUT_CAPTURED, held_records)
     console.print(
         f"target {escape(str(info.path))} ({info.architecture}, {info.config['num_hidden_layers']} layers); "
         f"draft: {len(layers)} layers from target layers {layers} "
