@@ -98,6 +98,14 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
+def _text(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    # a ConfigMap's file (the picker's config, the dashboard, the adapter's rules) as a block a reader can read
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|" if "\n" in data else None)
+
+
+_Dumper.add_representer(str, _text)
+
+
 def _name(config_name: str) -> str:
     """A DNS-1123 name for the config."""
     name = re.sub(r"[^a-z0-9-]+", "-", config_name.lower()).strip("-")
