@@ -18,9 +18,20 @@ A request's draft length (K) is decided in this order, each step able only to lo
   1. `draft_length`: the request's num_draft_tokens, else the deployment's K for a named method, else its default;
      prompt lookup with no K named drafts up to max_draft_len; `none` drafts nothing;
   2. `Deployment.admit`: above max_speculative_concurrency requests in flight, plain (fallback `load`); where the
-     load range's governor rolled back, at most its cap (fallback `governor`), every source included;
+     load range's governor rolled back, at most its cap (fallback `governor`), every source included; an adaptive
+     request at a load where the calibrated costs leave no draft length that could pay, plain (fallback
+     `calibration`, logged once per load range);
   3. per iteration, the loop: the draft-length policy (fixed K, or adaptive within K, prompt lookup within
-     max_draft_len or the cap), and the cap of the heaviest load the request has run beside (`Session._cap`).
+     max_draft_len or the cap), and the cap of the heaviest load the request has run beside, a force read since it
+     started included (`Session._cap`): at 0 it decodes plainly a stretch at a time and drafts again once the cap
+     lifts, from the whole sequence.
+
+Costs. `trtspec serve` measures the engines when it starts (trtspec.calibration) and names the file in
+TRTSPEC_CALIBRATION_FILE; the deployment reads it at a request's admission (and again when it changes) and seeds
+every load range's costs and each governor's plain reference from it (`Deployment.calibrate`); what requests measure
+refines them. An adaptive decision weighs the batch, not the request alone: a verification's k + 1 rows lengthen the
+pass that every request in flight shares, and `Deployment.shared_cost` adds what the others lose to the request's own
+cost (adaptive.with_shared), so drafting goes on only where the batch's expected tokens per second rise.
 
 Where others hook in: `Deployment.sources` assembles the drafter from its sources; `Session.run` is where tokens
 leave for the client; `Session.finish` is where a request ends.
