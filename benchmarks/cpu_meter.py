@@ -37,18 +37,29 @@ def process_jiffies(pid: str) -> int:
 def serving_processes(server: int | None = None) -> dict[str, str]:
     """The processes of a trtspec deployment on this machine, by role: `tritonserver`, each Python-backend model's
     stub by its model's name, and `trtspec serve` (which hosts the OpenAI front); empty where none runs here.
-    `server`: the tritonserver's pid, to take its own stubs alone where several servers run."""
-    found = {}
+    `server`: the pid of the tritonserver or of the `trtspec serve` that started it, to take that server's processes
+    alone where several servers run."""
+    found, parents, argvs = {}, {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
+                argvs[int(pid)] = f.read().split(b"\0")
             with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                parents[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
-            continue
+            argvs.pop(int(pid), None)
+
+    def under(pid: int) -> bool:
+        for _ in range(3):  # the server itself, its children, their children
+            if pid == server:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    for number, argv in argvs.items():
+        pid = str(number)
         program = os.path.basename(argv[0].decode(errors="replace"))
-        if server is not None and server not in (int(pid), parent):
+        if server is not None and not under(number):
             continue
         if program == "tritonserver":
             found["tritonserver"] = pid

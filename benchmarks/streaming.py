@@ -2,7 +2,8 @@
 
     trtspec serve --repo REPO --openai-port 9000 &
     python benchmarks/streaming.py --grpc-url 127.0.0.1:8001 --http-url 127.0.0.1:8000 \
-        --openai-url http://127.0.0.1:9000 --engine ENGINES/target [--concurrency 1,8] [--output streaming.json]
+        --openai-url http://127.0.0.1:9000 --engine ENGINES/target [--metrics-url http://127.0.0.1:8002] \
+        [--concurrency 1,8] [--output streaming.json]
 
 Paths: `tensorrt_llm_bls` not streamed (gRPC), its `generate_stream` (HTTP SSE, `stream: true`), gRPC streaming
 (`stream: true`), and the OpenAI front's `/v1/chat/completions` with `stream: true` (standard library HTTP, so the
@@ -20,6 +21,11 @@ wall time), the ratio to the not-streamed path at the same concurrency, and the 
 streamed paths (time between two responses / the tokens the later one carries). `--engine` also times the
 engine's own decode step in this process while the server is idle (the bound the streamed ITL is held against).
 All paths must give the same text per prompt; a mismatch is reported.
+
+Messages per token: what the client received per token (the BLS's responses over gRPC and generate_stream, the front's
+content events), and with `--metrics-url` each hop's from the server's `trtspec_stream_messages_total` /
+`trtspec_stream_tokens_total` (hop `engine`: the embedded engine model's responses to the BLS; `bls`: the BLS's to its
+client, its final response included).
 """
 
 from __future__ import annotations
@@ -90,16 +96,17 @@ def openai_stream(url: str, model: str, message: str, max_tokens: int) -> tuple[
 class Runner:
     def __init__(self, args, model_name: str, templated: dict[str, str]):
         self.args, self.model_name, self.templated = args, model_name, templated
-        self.processes = serving_processes()  # the server's processes, when it runs on this machine
+        # the server's processes, when it runs on this machine (--server-pid: that tritonserver's, where several run)
+        self.processes = serving_processes(args.server_pid)
 
-    def one(self, path: str, prompt: str) -> tuple[str, int, list[float]]:
-        """(text, tokens, inter-token latencies in s) of one request."""
+    def one(self, path: str, prompt: str) -> tuple[str, int, list[float], int]:
+        """(text, tokens, inter-token latencies in s, messages that carried text or tokens) of one request."""
         a = self.args
         if path == "openai_stream":
             sent = time.perf_counter()
             text, times, tokens = openai_stream(a.openai_url, self.model_name, prompt, a.max_tokens)
             gaps = [t1 - t0 for t0, t1 in zip([sent] + times, times)][1:]
-            return text, tokens, gaps
+            return text, tokens, gaps, len(times)
         protocol, url = ("http", a.http_url) if path == "generate_stream" else ("grpc", a.grpc_url)
         with SpecClient(url, protocol=protocol, timeout=600) as client:
             c = client.generate(
@@ -111,20 +118,42 @@ class Runner:
                 return_perf_metrics=False,
             )
         gaps = [(b.seconds - c0.seconds) / max(len(b.token_ids), 1) for c0, b in zip(c.chunks, c.chunks[1:])]
-        return c.text, len(c.token_ids), gaps
+        return c.text, len(c.token_ids), gaps, len(c.chunks)
 
     def cell(self, path: str, concurrency: int, prompts: list[str]) -> dict:
+        hops = hop_counts(self.args.metrics_url)
         start = time.perf_counter()
         with ProcessCpu(self.processes) as cpu, ThreadPoolExecutor(concurrency) as pool:
             results = list(pool.map(lambda p: self.one(path, p), prompts))
         wall = time.perf_counter() - start
+        time.sleep(0.6)  # the engine model reports its counters every 0.25 s
+        after = hop_counts(self.args.metrics_url)
         return {
+            "messages": sum(r[3] for r in results),
+            "hops": {k: [after[k][i] - hops.get(k, (0, 0))[i] for i in range(2)] for k in after},
             "seconds": wall,
             "cpu_seconds": cpu.seconds,
             "tokens": sum(r[1] for r in results),
             "gaps": [g for r in results for g in r[2]],
             "texts": [r[0] for r in results],
         }
+
+
+def hop_counts(metrics_url: str | None) -> dict[str, tuple[float, float]]:
+    """hop -> (messages, tokens) streamed so far, from the server's trtspec_stream_* counters (summed over models);
+    empty without --metrics-url or where the server has no such counters."""
+    if not metrics_url:
+        return {}
+    with urllib.request.urlopen(f"{metrics_url.rstrip('/')}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    found: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        for i, name in enumerate(("trtspec_stream_messages_total{", "trtspec_stream_tokens_total{")):
+            if line.startswith(name):
+                labels, value = line[len(name) :].rsplit("}", 1)
+                hop = next((p.split("=")[1].strip('"') for p in labels.split(",") if p.startswith("hop=")), "?")
+                found.setdefault(hop, [0.0, 0.0])[i] += float(value)
+    return {hop: (m, t) for hop, (m, t) in found.items()}
 
 
 def decode_step_ms(engine_dir: str, prompt_ids: list[int], tokens: int, reps: int) -> float:
@@ -149,6 +178,10 @@ def main() -> int:
     parser.add_argument("--http-url", default="127.0.0.1:8000")
     parser.add_argument("--openai-url", default="http://127.0.0.1:9000")
     parser.add_argument("--engine", help="target engine dir: also time its decode step in this process")
+    parser.add_argument("--server-pid", type=int, help="the tritonserver's pid, where several servers run here")
+    parser.add_argument(
+        "--metrics-url", help="Triton's metrics address (http://HOST:8002): also the messages per token of each hop"
+    )
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -202,7 +235,7 @@ def main() -> int:
         title=f"{len(prompts)} chat prompts, {args.max_tokens} tokens, greedy, num_draft_tokens 0, "
         f"{args.rounds} rounds interleaved"
     )
-    for col in ("C", "path", "tok/s", "vs not streamed", "ITL p50 ms", "ITL / decode step"):
+    for col in ("C", "path", "tok/s", "vs not streamed", "ITL p50 ms", "ITL / decode step", "msgs/token"):
         table.add_column(col, justify="right" if col not in ("path",) else "left")
     step = statistics.mean(step_ms) if step_ms else None
     report = {"decode_step_ms": step_ms, "cells": []}
@@ -214,6 +247,8 @@ def main() -> int:
             base = rate if p == "bls" else base
             gaps = [g for r in runs for g in r["gaps"]]
             itl = statistics.median(gaps) * 1e3 if gaps and p != "bls" else None
+            # what the client received: the BLS's responses (gRPC, generate_stream) or the front's events
+            per_token = sum(r["messages"] for r in runs) / max(sum(r["tokens"] for r in runs), 1)
             table.add_row(
                 str(c),
                 p,
@@ -221,6 +256,7 @@ def main() -> int:
                 f"{rate / base:.2f}x" if base else "",
                 f"{itl:.1f}" if itl else "",
                 f"{itl / step:.2f}x" if itl and step and c == 1 else "",
+                f"{per_token:.2f}" if p != "bls" else "",
             )
             report["cells"].append(
                 {
@@ -229,9 +265,13 @@ def main() -> int:
                     "tokens_per_second": rate,
                     "ratio_to_not_streamed": rate / base if base else None,
                     "itl_p50_ms": itl,
+                    "client_messages_per_token": per_token,
+                    "hops": _hops(runs),
                 }
             )
     console.print(table)
+    if any(row["hops"] for row in report["cells"]):
+        console.print(hop_table(report, concurrencies, paths))
     if runner.processes:
         console.print(cpu_table(cells, concurrencies, paths, report))
     if step:
@@ -240,6 +280,30 @@ def main() -> int:
     report["mismatches"] = mismatches
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
     return 1 if mismatches else 0
+
+
+def _hops(runs: list[dict]) -> dict[str, float]:
+    """hop -> messages per token over a cell's runs, from the server's counters."""
+    totals: dict[str, list[float]] = {}
+    for r in runs:
+        for hop, (m, t) in r["hops"].items():
+            totals.setdefault(hop, [0.0, 0.0])
+            totals[hop][0] += m
+            totals[hop][1] += t
+    return {hop: m / t for hop, (m, t) in totals.items() if t}
+
+
+def hop_table(report: dict, concurrencies: list[int], paths: list[str]) -> Table:
+    table = Table(title="messages per token by hop (the server's trtspec_stream_* counters; front: events received)")
+    hops = sorted({h for row in report["cells"] for h in row["hops"]})
+    for col in ("C", "path", *hops, "front"):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    for row in report["cells"]:
+        if row["path"] == "bls":
+            continue
+        front = f"{row['client_messages_per_token']:.2f}" if row["path"] == "openai_stream" else ""
+        table.add_row(str(row["concurrency"]), row["path"], *(f"{row['hops'].get(h, 0):.2f}" for h in hops), front)
+    return table
 
 
 # the processes a streamed token passes, in the order it passes them; the rest of the serving processes are summed

@@ -244,6 +244,7 @@ BLS_INPUTS = (
     _opt("adaptive_draft_length", "BOOL", extension=True),  # false: draft exactly num_draft_tokens every iteration
     _opt("timeout_ms", "INT32", extension=True),  # the request ends with an error past this many ms
     _opt("final_perf_metrics_only", "BOOL", extension=True),  # true: perf metrics with the final response only
+    _opt("stream_interval", "INT32", extension=True),  # tokens per streamed response (0: as they come)
     _opt("prediction", "STRING", extension=True),  # the text the answer is expected to repeat: a draft source
 )
 BLS_OUTPUTS = (

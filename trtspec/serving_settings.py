@@ -93,6 +93,10 @@ class ServingSettings:
     # limit). 10 minutes: a production pair's whole 8192-token max_seq_len at 14 tokens/s, and the OpenAI front's own
     # --timeout default, so both give up together
     request_timeout_ms: int = 600000
+    # tokens per streamed response of a request that names no stream_interval: 0 (or 1) sends each token as it comes,
+    # gathering only those a client behind has not taken yet; n sends n at a time, the first token and the final
+    # response at once (vLLM's and SGLang's --stream-interval)
+    stream_interval: int = 0
     # stop words and bad words a request may name: 4x the OpenAI front's 16 stop strings (which it sends as stop
     # words), room for a stock client's variants of each word; each is tokenized, and bad words cost each step
     max_stop_words: int = 64

@@ -131,6 +131,7 @@ _COMMON = {
     "num_draft_tokens",
     "speculation",
     "adaptive_draft_length",
+    "stream_interval",  # tokens per streamed message, as vLLM's and SGLang's --stream-interval
     # OpenAI's Predicted Outputs: a draft source (trtspec.orchestrator.drafters.prediction)
     "prediction",
 }
@@ -235,6 +236,7 @@ class Request:
     num_draft_tokens: int | None = None
     speculation: str | None = None
     adaptive_draft_length: bool | None = None
+    stream_interval: int | None = None
     prediction: str | None = None  # the predicted output's text ("" : an empty prediction, which drafts nothing)
     logprobs: bool = False  # each token's log probability (chat: logprobs true; completions: logprobs 0)
 
@@ -256,6 +258,7 @@ class Request:
             "num_draft_tokens": self.num_draft_tokens,
             "speculation": self.speculation,
             "adaptive_draft_length": self.adaptive_draft_length,
+            "stream_interval": self.stream_interval,
             "prediction": self.prediction,
             "return_log_probs": self.logprobs or None,
         }
@@ -455,6 +458,7 @@ def parse_request(body, kind: str, limits: Limits = DEFAULT_LIMITS) -> Request:
         raise bad("speculation", f"must be one of {', '.join(SPECULATION_METHODS)}, got {speculation!r}")
     req.speculation = speculation
     req.adaptive_draft_length = _bool(body, "adaptive_draft_length")
+    req.stream_interval = _int(body, "stream_interval", 0)
     req.logprobs = _logprobs(body, kind)
     if "prediction" in body:
         req.prediction = _prediction(body["prediction"], limits)
@@ -530,6 +534,7 @@ def bls_error(exc: Exception, req: Request) -> APIError:
         "seed": "seed",
         "adaptive_draft_length": "adaptive_draft_length",
         "min_tokens": "min_tokens",
+        "stream_interval": "stream_interval",
         "prediction": "prediction",
     }
     m = _FIELD.match(message)

@@ -44,11 +44,13 @@ from trtspec.request_limits import (
     utf8,
 )
 from trtspec.serving_settings import ServingSettings
+from trtspec.stream_sender import Held, check_interval
 from trtspec.triton.common import error_response, input_arrays, load_tokenizer, model_parameters
 from trtspec.triton.engine_client import WATCH_SECONDS, BlsEngineClient
 from trtspec.triton.kv_watch import METRICS_ENV, KvWatch
 from trtspec.triton.metrics import Metrics
 from trtspec.triton.recovery import Reloader
+from trtspec.triton.stream_metrics import StreamCounters
 
 
 class TritonPythonModel:
@@ -86,6 +88,7 @@ class TritonPythonModel:
         self.draft_version = DraftVersionWatch(Path(args["model_repository"]).parent)
         # `trtspec serve --capture`: a sample of finished requests, encoded and written by a thread of its own
         self.capture = Capture.from_env(decode=self.tokenizer.decode, on_error=pb_utils.Logger.log_warn)
+        self.streamed = StreamCounters(self.name, "bls")  # messages per token of the BLS's streamed responses
         self.reloader.health.on_change = self.metrics.engine_health  # the liveness signal (trtspec.engine_health)
         for engine in filter(None, (settings.tensorrt_llm_model_name, draft_name)):  # at 0 from the start
             self.metrics.engine_health(engine, None)
@@ -200,6 +203,8 @@ class TritonPythonModel:
         deadline = arrived + timeout_ms / 1000 if timeout_ms else None
         plan = self._parse(fields)
         spec = plan.spec
+        # a message carries what was read since the last one went (trtspec.stream_sender); interval: N at a time
+        held = Held(check_interval(fields.scalar("stream_interval", int, self.settings.stream_interval)))
         draft = self.draft.for_request if self.draft is not None else None
         session = self.deployment.start(
             plan.request,
@@ -225,8 +230,8 @@ class TritonPythonModel:
                 ids += chunk
                 piece = detok.push(chunk)
                 if spec.stream:
-                    if piece or chunk:
-                        sender.send(self._response(piece, chunk, plan, run, len(ids)))
+                    if (out := held.push(chunk, piece)) is not None:
+                        sender.send(self._response(out[1], out[0], plan, run, held.tokens))
                 else:
                     text.append(piece)
             rest = detok.flush()
@@ -236,7 +241,9 @@ class TritonPythonModel:
             if plan.prediction is not None:
                 run.prediction_usage = prediction_usage(plan.prediction, ids)
             if spec.stream:
-                sender.send(self._response(rest, [], plan, run, len(ids), final=True), flags=flags)
+                last, before = held.take()
+                sender.send(self._response(before + rest, last, plan, run, len(ids), final=True), flags=flags)
+                self.streamed.add(held.sent, held.tokens)
             else:
                 sender.send(
                     self._response(prompt_text + "".join(text) + rest, ids, plan, run, len(ids), final=True),
