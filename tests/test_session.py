@@ -42,6 +42,9 @@ class Recorded:
     def break_even(self, loads, acceptance):
         self.even[loads] = acceptance
 
+    def calibrated(self, calibration):
+        self.calibration = calibration
+
 
 def deployment(draft: bool = True, control_file=None, **params) -> Deployment:
     params.setdefault("tensorrt_llm_draft_model_name", "tensorrt_llm_draft" if draft else "")
@@ -247,6 +250,7 @@ def test_the_calibration_seeds_every_load_range_and_the_governors_plain_referenc
         assert d.governor.at(load).plain_tpot == table.plain_at(load)
     assert d.governor.at(8).plain_tpot == table.plain_at(4)  # a range made later, past the measured batches
     assert any("calibrated: at load 3-4 no draft pays" in message for _, message in d.events.logs)
+    assert d.events.calibration is table  # what the adapter exports (trtspec_calibration_seconds)
 
 
 def test_a_load_where_nothing_pays_decodes_plainly_from_the_first_request_and_says_so(engines):

@@ -142,6 +142,9 @@ class Events(Protocol):
     def break_even(self, loads: str, acceptance: float) -> None:
         """The break-even acceptance at a load range's costs."""
 
+    def calibrated(self, calibration: Calibration) -> None:
+        """The calibration now in use (the adapter exports its table)."""
+
 
 class Deployment:
     """The request-level state a deployment's requests share: costs, governors, the draft breaker, the control file.
@@ -361,6 +364,7 @@ class Deployment:
         def plain(load: int) -> float:  # a range's plain step: at its heaviest load, within the measured batches
             return calibration.plain_at(min(load, calibration.max_batch))
 
+        self.events.calibrated(calibration)
         self.costs.seed({b: (calibration.cost_model(2**b), plain(2**b)) for b in range(top + 1)})
         self.governor.seed_plain(plain)
         k_max = self.settings.max_draft_len

@@ -303,6 +303,9 @@ class TritonPythonModel:
     def break_even(self, loads: str, acceptance: float) -> None:
         self.metrics.break_even(loads, acceptance)
 
+    def calibrated(self, calibration) -> None:
+        self.metrics.calibration(calibration)
+
     def _parse(self, f: _Fields) -> _Plan:
         """A request's fields as a plan, checked in this order (a request with several problems is told the first):
         string inputs are UTF-8, neutral inputs, the prompt, max_tokens, the draft source and length, sampling, end
