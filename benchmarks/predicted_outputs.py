@@ -14,8 +14,9 @@ puts it in the engines' prefix cache:
     predicted       the default speculation with `prediction` = the code in the prompt (the original file)
     unrelated       the default speculation with `prediction` = another prompt's code
 
-Reported per arm: output tokens / summed seconds, its ratio to the target arm, and usage's accepted / rejected
-prediction tokens. Every arm must give the target's text (greedy): a prompt where one does not is counted.
+Reported per arm: output tokens / summed seconds, its ratio to the target arm and to auto, output tokens per target
+call (the BLS's iterations: what the timing's noise does not move), and usage's accepted / rejected prediction tokens.
+Every arm must give the target's text (greedy): a prompt where one does not is counted.
 Goals: predicted >= 2.5x target and above lookup; unrelated >= 0.97x auto.
 """
 
@@ -98,6 +99,7 @@ def main() -> int:
     parser.add_argument("--api-key", help="the front's key, where it asks for one")
     parser.add_argument("--prompts", type=int, default=8, help="how many of the code-edit prompts")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3, help="each prompt's arms this many times, reordered each time")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="write the per-request records here (JSON)")
     args = parser.parse_args()
@@ -105,10 +107,10 @@ def main() -> int:
     front = Front(args.openai_url, args.api_key)
     prompts = code_edit_prompts()[: args.prompts]
     rng = random.Random(args.seed)
-    totals = {arm: [0, 0.0, 0, 0] for arm in ARMS}  # tokens, seconds, accepted, rejected prediction tokens
+    totals = {arm: [0, 0.0, 0, 0, 0] for arm in ARMS}  # tokens, seconds, accepted/rejected prediction tokens, calls
     mismatches = {arm: 0 for arm in ARMS}
     records = []
-    for i, (prompt, code) in enumerate(prompts):
+    for i, (prompt, code) in [(i, p) for _ in range(args.rounds) for i, p in enumerate(prompts)]:
         other = prompts[(i + 1) % len(prompts)][1]
         front.chat(prompt, 1, {"num_draft_tokens": 0})  # the prompt into the prefix cache, for every arm alike
         order = list(ARMS)
@@ -124,6 +126,7 @@ def main() -> int:
             t[1] += seconds
             t[2] += details.get("accepted_prediction_tokens", 0)
             t[3] += details.get("rejected_prediction_tokens", 0)
+            t[4] += (out.get("speculation") or {}).get("iterations") or 0
             records.append(
                 {"prompt": i, "arm": arm, "seconds": seconds, "usage": usage, "speculation": out.get("speculation")}
             )
@@ -132,8 +135,10 @@ def main() -> int:
         print(f"prompt {i}: " + ", ".join(f"{r['arm']} {r['seconds']:.1f}s" for r in records[-len(ARMS) :]))
 
     rate = {arm: t[0] / t[1] for arm, t in totals.items()}
-    table = Table(title=f"Predicted outputs, code edits ({len(prompts)} prompts, max_tokens {args.max_tokens}, C=1)")
-    for col in ("arm", "tokens", "tokens/s", "vs target", "vs auto", "accepted pred.", "rejected pred.", "differs"):
+    title = f"Predicted outputs, code edits ({len(prompts)} prompts x {args.rounds}, max_tokens {args.max_tokens}, C=1)"
+    table = Table(title=title)
+    columns = ("arm", "tokens", "tokens/s", "vs target", "vs auto", "tokens/call", "accepted", "rejected", "differs")
+    for col in columns:
         table.add_column(col, justify="left" if col == "arm" else "right")
     for arm in ARMS:
         t = totals[arm]
@@ -143,11 +148,12 @@ def main() -> int:
             f"{rate[arm]:.1f}",
             f"{rate[arm] / rate['target']:.2f}x",
             f"{rate[arm] / rate['auto']:.2f}x",
+            f"{t[0] / t[4]:.2f}" if t[4] else "-",
             str(t[2]),
             str(t[3]),
             str(mismatches[arm]),
         )
-    Console().print(table)
+    Console(width=140).print(table)
     if args.output:
         Path(args.output).write_text(json.dumps({"args": vars(args), "records": records}, indent=1))
     return 0 if not any(mismatches.values()) else 1

@@ -32,7 +32,7 @@ def server(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("predicted")
     server = served_pair(root, pair=_copying_pair)
-    server.start(timeout=300)
+    server.start(timeout=900)  # generous: the machine may be busy with other work
     server.chat_tokenizer = chat_tokenizer(server.repo, root / "chat-tokenizer")
     yield server
     server.stop()

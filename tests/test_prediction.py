@@ -73,7 +73,8 @@ def test_usage_counts_the_predictions_tokens_that_appear_in_the_completion(predi
 def test_auto_offers_the_prediction_as_a_source_of_its_own():
     lookup = make_drafter("prompt_lookup")
     auto = make_drafter("auto", model=None, lookup=lookup, lookup_k=8, prediction=PredictionDrafter([4, 5, 6], 3))
-    assert auto.offers([1, 2, 3], 8) == {"prompt_lookup": 0, PREDICTION: 3}
+    assert auto.offers([1, 2, 3], 8) == {PREDICTION: 3, "prompt_lookup": 0}
+    assert list(auto.offers([1, 2, 3], 8)) == [PREDICTION, "prompt_lookup"]  # ties go to the prediction
     assert auto.propose([1, 2, 3], 2).tokens == [4, 5]  # no choice made by the policy: the prediction first
     assert auto.propose([1, 2, 3], 2, source="prompt_lookup").tokens == []
     assert [4, 5] in auto.lookup_words([1, 2, 3])  # a plain call may end where the prediction drafts again

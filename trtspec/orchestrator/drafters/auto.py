@@ -48,9 +48,11 @@ class AutoDrafter:
     def offers(self, context: list[int], limit: int) -> dict[str, int]:
         """Source -> the longest draft it can give now, none longer than `limit`."""
         free = limit if self.lookup_k is None else min(self.lookup_k, limit)
-        offers = {LOOKUP: len(self._continuation(context, free))} if self.lookup is not None else {}
-        if self.prediction is not None:
+        offers = {}
+        if self.prediction is not None:  # first: where sources gain alike, the policy keeps the first offered
             offers[PREDICTION] = len(self.prediction.continuation(context, free))
+        if self.lookup is not None:
+            offers[LOOKUP] = len(self._continuation(context, free))
         if self.model is not None:
             offers[MODEL] = min(self.model_k or limit, limit)
         return offers
