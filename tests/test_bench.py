@@ -281,6 +281,9 @@ def test_summary_row_and_why_it_paid():
         "C=1, K=2: the deployment decoded plainly (4 target calls, none verified a draft): more requests were in "
         "flight than the deployment's speculation limit (max_speculative_concurrency); 0.99x."
     )
+    calibrated = dict(plain, fallbacks={"calibration": 4})
+    why = b.summary_rows({"cells": [cells[0], calibrated], "settings": {}}, "x")[0]["why"]
+    assert "decoded plainly" in why and "no draft length can pay on this machine's costs measured at start" in why
     nothing = dict(cells[1], speedup=0.8, drafted=0, fallbacks={})
     assert (
         "nothing was there to draft from"

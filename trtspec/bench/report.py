@@ -267,6 +267,8 @@ FALLBACK_WORDS = {
     "governor": "the deployment's governor had switched speculation off at this load (it measured no gain there)",
     "draft_error": "the draft model failed",
     "load": "more requests were in flight than the deployment's speculation limit (max_speculative_concurrency)",
+    "calibration": "at this load no draft length can pay on this machine's costs measured at start, even with every "
+    "draft token accepted",
 }
 
 
