@@ -330,3 +330,22 @@ def test_promote_under_load_and_back(promoted_server, tmp_path):
     assert {"1", "2"} <= {r["draft_version"] for r in read_records(server.captures)}
     with pytest.raises(P.PromoteError, match="no promotion to go back from"):
         P.previous(repo, url=server.http_url, headers=headers)
+
+
+def test_promote_refuses_a_tensorrt_llm_deployment(tmp_path):
+    """TensorRT-LLM's engines run in a server of model-control mode none (as launch_triton_server.py starts rank 0):
+    promote says so and builds or writes nothing."""
+    from test_trtllm_deploy import deployed as deployed_70b  # the 70B example on engine dirs of NVIDIA's layout
+
+    from trtspec import promote as P
+    from trtspec.config import load_config
+    from trtspec.repository import write_repository
+
+    config, engines, repo = deployed_70b.__wrapped__(tmp_path)  # the fixture's function, called with our tmp_path
+    write_repository(load_config(config), engines, repo)
+    before = sorted(p.relative_to(repo) for p in repo.rglob("*"))
+    with pytest.raises(P.PromoteError, match="model-control mode `none`.*rolling restart"):
+        P.promote(repo, str(tmp_path / "new-draft"), url="127.0.0.1:1", headers={})
+    with pytest.raises(P.PromoteError, match="mpirun"):
+        P.previous(repo, url="127.0.0.1:1", headers={})
+    assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == before
