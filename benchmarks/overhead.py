@@ -57,7 +57,8 @@ from trtspec.bench import (
 )
 from trtspec.client import ClientError, SpecClient
 from trtspec.config import BuildConfig, EngineSpec, ModelSpec, SpeculationSpec
-from trtspec.repository import BLS_MODEL, DRAFT_MODEL, TARGET_MODEL, validate_repository, write_repository
+from trtspec.repository import BLS_MODEL, DRAFT_MODEL, TARGET_MODEL, write_repository
+from trtspec.repository_checks import validate_repository
 from trtspec.server import TritonServer, free_port
 
 HERE = Path(__file__).resolve().parent

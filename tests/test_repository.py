@@ -22,9 +22,9 @@ from trtspec.repository import (
     MODELS,
     RepositoryError,
     render,
-    validate_repository,
     write_repository,
 )
+from trtspec.repository_checks import validate_repository
 
 
 def parse(repo: Path, model: str) -> model_config_pb2.ModelConfig:

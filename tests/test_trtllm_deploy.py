@@ -25,7 +25,8 @@ from trtspec.config import load_config
 from trtspec.engine.validate import Expected, validate_engines
 from trtspec.environment import Package
 from trtspec.launch import Launch, repository_launch
-from trtspec.repository import validate_repository, write_repository
+from trtspec.repository import write_repository
+from trtspec.repository_checks import validate_repository
 from trtspec.serving_settings import CONCURRENT_REQUESTS_PER_BATCH_SLOT
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ def validate_repo(path: str) -> None:
       trtspec validate repo model_repository
       trtspec validate repo demo-output/model_repository
     """
-    from trtspec.repository import validate_repository
+    from trtspec.repository_checks import validate_repository
 
     report_problems(f"repository {path}", validate_repository(path))
     console.print(f"[green]ok[/]: {escape(path)}", highlight=False, soft_wrap=True)

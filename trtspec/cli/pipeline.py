@@ -555,7 +555,8 @@ def deploy(
     from trtspec.compile import default_output
     from trtspec.config import load_config
     from trtspec.engine.validate import validate_for_config
-    from trtspec.repository import validate_repository, write_repository
+    from trtspec.repository import write_repository
+    from trtspec.repository_checks import validate_repository
 
     if inference_pool and not k8s_dir:
         raise click.UsageError("--inference-pool: give --k8s DIR too (the pool is written beside the Deployment)")
