@@ -389,7 +389,15 @@ def _initial_draft(spec: str, target_info, fingerprint: str) -> _Start:
 
 
 def _teach_pairs(target, pairs, work, fingerprint, o, progress, label):
-    key = D.cache_key(kind="captured", target=fingerprint, ids=pairs, top_k=o.top_k, quant=o.target_quantization)
+    # shards are numbered by batch: another batch size is another store
+    key = D.cache_key(
+        kind="captured",
+        target=fingerprint,
+        ids=pairs,
+        top_k=o.top_k,
+        quant=o.target_quantization,
+        batch=o.generate_batch,
+    )
     task = progress.add_task(label, total=None)
     return D.teacher_pairs(
         target,
