@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtspec.client import ClientError, SpecClient, _sse_events, parse_prometheus, request_fields, split_url
+from trtspec.client import ClientError, SpecClient, _sse_events, parse_prometheus, split_url
+from trtspec.generation import request_fields
 from trtspec.validate import (
     DEFAULT_PROMPTS,
     MISMATCH,
@@ -371,7 +372,7 @@ class _FakeSpecClient:
 
     def generate(self, prompt, *, max_tokens, num_draft_tokens, adaptive_draft_length=None, **_):
         assert num_draft_tokens == 0 or adaptive_draft_length is False  # K drafted every iteration (fixed_k)
-        from trtspec.client import Completion
+        from trtspec.generation import Completion
 
         ids = [10, 11, 12, 13][:max_tokens]
         if num_draft_tokens == 3:

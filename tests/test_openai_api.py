@@ -457,7 +457,7 @@ def test_raw_http_errors(front):
 def _record_streams(front, monkeypatch) -> list[tuple[str, float]]:
     """How each of the front's streams from Triton ends, and when: "closed early" (before the final response, which
     closes the connection, on which Triton cancels the request) or "read to the end"."""
-    from trtspec.client import Completion
+    from trtspec.generation import Completion
 
     outcomes = []
     stream_of = front.deployment.upstream.stream

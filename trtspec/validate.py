@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trtspec.client import ClientError, Completion, SpecClient
+from trtspec.client import ClientError, SpecClient
 from trtspec.errors import TrtspecError
+from trtspec.generation import Completion
 
 DEFAULT_TIE_TOLERANCE = 1e-2
 DEFAULT_KS = (1, 4, 8)

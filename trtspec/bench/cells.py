@@ -52,7 +52,7 @@ class RequestRecord:
 def record_from_completion(
     completion, *, concurrency: int, k: int, round: int, prompt: int, streamed: bool, adaptive: bool = False
 ) -> RequestRecord:
-    """A RequestRecord from a client Completion (trtspec.client)."""
+    """A RequestRecord from a client Completion (trtspec.generation)."""
     intervals: list[float] = []
     if streamed:
         with_tokens = [c for c in completion.chunks if c.token_ids]

@@ -23,10 +23,11 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from trtspec.client import ClientError, Completion, SpecClient, request_fields
+from trtspec.client import ClientError, SpecClient
 from trtspec.control import is_loopback
 from trtspec.errors import TrtspecError
 from trtspec.field_metrics import SPEC_DECODE_METRICS_LEVELS, spec_decode_summary
+from trtspec.generation import Completion, request_fields
 from trtspec.keys import API_ENV, Key
 from trtspec.openai_api.guard import AnswerFailures, RequireKey, http_protocol, read_body
 from trtspec.openai_api.liveness import Liveness

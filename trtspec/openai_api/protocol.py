@@ -10,7 +10,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from trtspec.client import ClientError, Completion
+from trtspec.client import ClientError
+from trtspec.generation import Completion
 from trtspec.interfaces import SPECULATION_METHODS
 from trtspec.openai_api.stops import StopText
 
@@ -657,7 +658,7 @@ class Chunks:
         self._offset = 0  # characters sent so far (the completions' text_offset)
 
     def add(self, chunk) -> None:
-        """A response of the BLS (trtspec.client.Chunk): its tokens' log probabilities go with the text sent next."""
+        """A BLS response (trtspec.generation.Chunk): its tokens' log probabilities go with the text sent next."""
         if self.req.logprobs and self.tokenizer is not None:
             self._texts += token_texts(self.tokenizer, chunk.token_ids)
             self._values += chunk.log_probs

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
-from trtspec.client import Chunk, ClientError, Collector, Completion, SpecClient, http_error_message, parse_event
+from trtspec.client import ClientError, SpecClient, http_error_message, parse_event
+from trtspec.generation import Chunk, Collector, Completion
 
 log = logging.getLogger("trtspec.openai")
 
