@@ -61,11 +61,6 @@ class Placement:
         """The GPU ids the deployment uses."""
         return sorted(set(self.target_devices) | set(self.draft_devices or []))
 
-    @property
-    def gpu_count(self) -> int:
-        """GPUs the deployment uses (what a Kubernetes pod requests)."""
-        return len(self.devices)
-
     def participant_ids(self, role: str) -> list[int]:
         """MPI ranks of a model in orchestrator mode without spawned processes (rank 0 is the orchestrator)."""
         draft = list(range(1, 1 + len(self.draft_devices or [])))

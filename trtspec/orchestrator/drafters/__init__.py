@@ -69,10 +69,6 @@ def as_sources(drafter: Drafter | DraftSources | None) -> DraftSources | None:
     return SingleSource(drafter, lookup=drafter if isinstance(drafter, PromptLookupDrafter) else None)
 
 
-def drafter_names() -> tuple[str, ...]:
-    return tuple(_registry())
-
-
 def make_drafter(name: str, **options) -> Drafter:
     registry = _registry()
     if name not in registry:
