@@ -229,7 +229,6 @@ def serve(
       trtspec serve --repo model_repository
       trtspec serve --repo model_repository --openai-port 9000 --openai-host 0.0.0.0 --api-key-file api.key
       trtspec serve --repo model_repository --control-port 8004
-      trtspec serve --repo model_repository --capture captures --capture-rate 0.1
       trtspec serve --repo model_repository --print-command
     """
     import shutil
