@@ -21,7 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from trtspec.compile import run_build
 from trtspec.config import load_config
 from trtspec.repository import write_repository
-from trtspec.server import TritonServer, free_port
+from trtspec.server import TritonServer, free_port, start_timeout_for
+
+DEMO_START_TIMEOUT_S = 900.0
 
 
 def demo_config() -> Path:
@@ -84,8 +86,9 @@ def run_demo(
         metrics_port=free_port(),
         calibration_file=calibration_path(repo),
     )
+    # the demo's own server: a busy machine may take minutes to load it, and a server that fails says so at once
     with console.status("starting tritonserver (loads both engines)…"):
-        server.start()
+        server.start(max(DEMO_START_TIMEOUT_S, start_timeout_for(repo)))
     try:
         calibrate_deployment(repo, server.grpc_url, server.inference_headers, console)
         # each workload's prompts in the target's chat template; numbered only where the bench numbers them
