@@ -36,9 +36,11 @@ from trtspec.stream_sender import MESSAGES_HELP, MESSAGES_METRIC, TOKENS_HELP, T
 from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
 
 REPORT_SECONDS = 0.25  # how stale the metrics may be (the governor reads the KV gauges once a second)
-# Threads that send streamed responses: a send waits for the server process to take the response (about 0.3 ms);
-# two keep one stream's wait from holding up the others' while the server takes another.
-SENDER_THREADS = 2
+# Threads that send streamed responses (a send waits for the server process to take the response, about 0.3 ms): one,
+# so that the stub never has more than this thread and the forward thread's sends in flight at once (Triton's Python
+# backend aborts the server under concurrent sends often enough, boost::interprocess::lock_exception, server#8882),
+# and a stream whose turn comes late has its tokens gathered meanwhile.
+SENDER_THREADS = 1
 
 
 class TritonPythonModel:
