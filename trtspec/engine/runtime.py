@@ -13,7 +13,7 @@ The network is `model.CompactModel` for the architectures trtspec builds (batch-
 kernels.py), or the transformers model itself (`forward="hf"`, the reference and a benchmark variant).
 FP8 weights are dequantized to the compute dtype at load: CPUs have no fast FP8 product, and on an H100 the FP8 product
 `torch._scaled_mm` at the 1-9 rows of a decode or verify pass, with the per-token quantization of its activations,
-was slower than the bfloat16 product on twice the bytes (docs/measurements.md, "On an H100"). So FP8 saves disk and
+was slower than the bfloat16 product on twice the bytes (docs/notes/2026-11-24-h100.md). So FP8 saves disk and
 load I/O and reproduces FP8's rounding; `fp8_matmul=True` runs the FP8 products instead.
 """
 
