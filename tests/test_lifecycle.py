@@ -349,3 +349,22 @@ def test_promote_refuses_a_tensorrt_llm_deployment(tmp_path):
     with pytest.raises(P.PromoteError, match="mpirun"):
         P.previous(repo, url="127.0.0.1:1", headers={})
     assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == before
+
+
+def test_shadow_command_prints_both_drafts_and_a_verdict(target, deployed, captured):
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    args = ["shadow", "--draft", str(deployed), "--against", str(target), "--data", str(captured)]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["records"] == 40 and set(report["drafts"]) == {str(target), str(deployed)}
+    assert set(report["drafts"][str(deployed)]) == {"(all)", "a", "b"}
+    assert report["costs"]["source"].startswith("trtspec's default costs")
+    # the target as its own draft accepts everything: the candidate (a distilled draft) does not beat it
+    assert report["drafts"][str(target)]["(all)"]["by_k"][0]["acceptance"] == 1.0
+    assert report["keep"] == str(target)
+    table = CliRunner().invoke(cli, args, terminal_width=200)
+    assert table.exit_code == 0 and "keep the deployed draft" in table.output
