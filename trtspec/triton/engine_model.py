@@ -6,9 +6,8 @@ every queued call into each forward pass (in-flight batching, trtspec.engine.sch
 answered through its response sender as soon as its call ends, so a short verification never waits for a
 long generation that shares its steps. As TensorRT-LLM's backend: a request of batch size B > 1 needs a decoupled
 model, and becomes B calls, each answered by its own response with its `batch_index`; `streaming` needs a
-decoupled model too, and then each token goes out as it is chosen, from a sender thread (the forward thread never waits
-on a send): a response carries every token chosen since the previous one went, so a stream whose previous response
-is still being handed to the server gets one response for the tokens of several steps (trtspec.stream_sender). A
+decoupled model too, and then each token goes out as it is chosen, one response per step as TensorRT-LLM's backend
+sends them (see `coalesce_streams` for responses that gather several steps, trtspec.stream_sender). A
 request with `stop` true stops the calls of the latest request that carried its request id, as TensorRT-LLM's
 backend maps ids (trtspec.engine.scheduler): they end within one step with the tokens they have. Calls wait for a
 batch slot in a queue bounded as the backend bounds it, by the config's
@@ -36,17 +35,19 @@ from trtspec.stream_sender import MESSAGES_HELP, MESSAGES_METRIC, TOKENS_HELP, T
 from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
 
 REPORT_SECONDS = 0.25  # how stale the metrics may be (the governor reads the KV gauges once a second)
-# Threads that send streamed responses (a send waits for the server process to take the response, about 0.3 ms): one,
-# so that the stub never has more than this thread and the forward thread's sends in flight at once (Triton's Python
-# backend aborts the server under concurrent sends often enough, boost::interprocess::lock_exception, server#8882),
-# and a stream whose turn comes late has its tokens gathered meanwhile.
+# Threads that send streamed responses where coalesce_streams is on (a send waits for the server process to take the
+# response, about 0.3 ms): one, and a stream whose turn comes late has its tokens gathered meanwhile.
 SENDER_THREADS = 1
 
 
 class TritonPythonModel:
-    # a streamed call's responses gather the tokens of the steps its previous response was being sent in; False: one
-    # response per step, sent on the forward thread (TensorRT-LLM's backend: tests/tensorrtllm_standin.py)
-    coalesce_streams = True
+    # True: a streamed call's responses are sent from a sender thread and gather the tokens of the steps its previous
+    # response was being sent in. Off: Triton 2.51's Python backend (the nvidia-pytriton wheel) aborted the server
+    # twice in a row with it on, 8 streams at once (boost::interprocess::lock_exception in libtriton_python.so, then
+    # SIGSEGV; server#8882 reports the same abort under concurrent load), where one response per step sent on the
+    # forward thread, as TensorRT-LLM's backend sends them, ran the same load through. The BLS gathers them instead
+    # (trtspec.triton.engine_client._Stream).
+    coalesce_streams = False
 
     def initialize(self, args):
         import torch
@@ -66,7 +67,11 @@ class TritonPythonModel:
         # checks and queues, so requests join the running batch at every step.
         self.engine = None
         self.metrics = _Metrics(self.name, str(args.get("model_version", "1")))
-        self.senders = ThreadPoolExecutor(max_workers=SENDER_THREADS, thread_name_prefix="trtspec-send")
+        self.senders = (
+            ThreadPoolExecutor(max_workers=SENDER_THREADS, thread_name_prefix="trtspec-send")
+            if self.coalesce_streams
+            else None
+        )
         loaded, failure = threading.Event(), []
         threading.Thread(
             target=self._run, args=(params, device, loaded, failure), name="trtspec-engine", daemon=True
@@ -223,8 +228,7 @@ class TritonPythonModel:
             pb_utils.Logger.log_warn(f"{self.name}: a streamed response of request {request_id} was not sent: {exc}")
 
         # each result is the call's whole output so far: the send takes what the previous response did not carry
-        senders = self.senders if self.coalesce_streams else None
-        out = Coalescer(part, senders, counts=self.metrics.stream, on_error=failed)
+        out = Coalescer(part, self.senders, counts=self.metrics.stream, on_error=failed)
 
         def done(outcome):
             if not isinstance(outcome, BaseException):
@@ -251,7 +255,8 @@ class TritonPythonModel:
         if self.engine is not None:
             self.engine.stop()
         self.engine = None
-        self.senders.shutdown(wait=True)  # the final responses of the calls the engine ended
+        if self.senders is not None:
+            self.senders.shutdown(wait=True)  # the final responses of the calls the engine ended
         self.metrics.stop()
 
 
