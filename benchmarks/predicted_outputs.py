@@ -83,13 +83,16 @@ class Front:
         return time.perf_counter() - start, out
 
 
-def arm_fields(arm: str, code: str, other: str) -> dict:
+def arm_fields(arm: str, code: str, other: str, fixed: int | None = None) -> dict:
+    """`fixed`: lookup, predicted and unrelated draft from prompt lookup (and their prediction) at that fixed K, with
+    no draft model and no cost model: the sources compared alone."""
+    alone = {"speculation": "prompt_lookup", "num_draft_tokens": fixed, "adaptive_draft_length": False} if fixed else {}
     return {
         "target": {"num_draft_tokens": 0},
         "auto": {},
-        "lookup": {"speculation": "prompt_lookup"},
-        "predicted": {"prediction": {"type": "content", "content": code}},
-        "unrelated": {"prediction": {"type": "content", "content": other}},
+        "lookup": alone or {"speculation": "prompt_lookup"},
+        "predicted": alone | {"prediction": {"type": "content", "content": code}},
+        "unrelated": alone | {"prediction": {"type": "content", "content": other}},
     }[arm]
 
 
@@ -100,6 +103,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=8, help="how many of the code-edit prompts")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3, help="each prompt's arms this many times, reordered each time")
+    parser.add_argument("--fixed", type=int, help="K: lookup, predicted and unrelated at this fixed K (see arm_fields)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="write the per-request records here (JSON)")
     args = parser.parse_args()
@@ -117,7 +121,7 @@ def main() -> int:
         rng.shuffle(order)
         texts = {}
         for arm in order:
-            seconds, out = front.chat(prompt, args.max_tokens, arm_fields(arm, code, other))
+            seconds, out = front.chat(prompt, args.max_tokens, arm_fields(arm, code, other, args.fixed))
             usage = out["usage"]
             details = usage.get("completion_tokens_details") or {}
             texts[arm] = out["choices"][0]["message"]["content"]
@@ -135,7 +139,8 @@ def main() -> int:
         print(f"prompt {i}: " + ", ".join(f"{r['arm']} {r['seconds']:.1f}s" for r in records[-len(ARMS) :]))
 
     rate = {arm: t[0] / t[1] for arm, t in totals.items()}
-    title = f"Predicted outputs, code edits ({len(prompts)} prompts x {args.rounds}, max_tokens {args.max_tokens}, C=1)"
+    title = f"Predicted outputs, code edits ({len(prompts)} prompts x {args.rounds}, max_tokens {args.max_tokens}, C=1"
+    title += f", fixed K={args.fixed})" if args.fixed else ")"
     table = Table(title=title)
     columns = ("arm", "tokens", "tokens/s", "vs target", "vs auto", "tokens/call", "accepted", "rejected", "differs")
     for col in columns:
