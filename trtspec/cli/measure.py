@@ -124,7 +124,6 @@ def bench(
       trtspec bench --chat-template engines/demo/target
       trtspec bench --url 127.0.0.1:8001 --protocol grpc --concurrency 1,4 --ks 0,2,4,8 --stream --plot bench.png
       trtspec bench --prompts builtin:code-edit --speculation prompt_lookup --ks 0,8 --apply model_repository
-      trtspec bench --prompts builtin:code-edit --prediction original --ks 0,8 --chat-template engines/demo/target
       trtspec bench --prompts spec-bench:question.jsonl --per-task 10 --chat-template engines/demo/target
     """
     from rich.progress import (
