@@ -1,4 +1,4 @@
-"""The draft-then-verify loop, per request, independent of Triton.
+"""The draft-then-verify loop, per request, independent of Triton (docs/request-life.md: the whole path).
 
 Words trtspec uses in its own sense (here, in adaptive.py and in governor.py):
   num_drafts, num_draft_tokens, num_accepted_tokens: iterations that verified a draft, draft tokens proposed,
