@@ -1,4 +1,4 @@
-"""The deployment's speculation governor: a rollback that is reversible and never silent.
+"""The deployment's speculation governor: a rollback that is reversible and never silent (docs/governor.md).
 
 The adaptive draft length (adaptive.py) decides per request and each request pays to find out; the governor
 decides for the deployment, from the requests that finished lately. It steps down from the full draft length to a
