@@ -5,6 +5,7 @@ docs/runbook.md strings them together."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 from rich.markup import escape
@@ -58,6 +59,11 @@ def shadow(draft, against, data, repo, calibration, as_json) -> None:
         if repo is None:
             raise click.UsageError("--against: give the deployed draft's checkpoint, or --repo to read it from")
         against = deployed_draft_checkpoint(repo)
+        if Path(against).resolve() == Path(draft).resolve():
+            raise click.UsageError(
+                f"--against: the active draft of {repo} is --draft itself (promoted already); give the draft to "
+                "compare with, e.g. the one before: `trtspec promote --previous` names it in promotions.json"
+            )
     report = run_shadow(
         draft,
         against,
