@@ -6,8 +6,9 @@ every queued call into each forward pass (in-flight batching, trtspec.engine.sch
 answered through its response sender as soon as its call ends, so a short verification never waits for a
 long generation that shares its steps. As TensorRT-LLM's backend: a request of batch size B > 1 needs a decoupled
 model, and becomes B calls, each answered by its own response with its `batch_index`; `streaming` needs a
-decoupled model too, and then each token goes out as it is chosen, one response per step as TensorRT-LLM's backend
-sends them (see `coalesce_streams` for responses that gather several steps, trtspec.stream_sender). A
+decoupled model too, and then each token goes out as it is chosen, from a sender thread (the forward thread never waits
+on a send): a response carries every token chosen since the previous one went, so a stream whose previous response is
+still being handed to the server gets one response for the tokens of several steps (trtspec.stream_sender). A
 request with `stop` true stops the calls of the latest request that carried its request id, as TensorRT-LLM's
 backend maps ids (trtspec.engine.scheduler): they end within one step with the tokens they have. Calls wait for a
 batch slot in a queue bounded as the backend bounds it, by the config's
@@ -35,19 +36,16 @@ from trtspec.stream_sender import MESSAGES_HELP, MESSAGES_METRIC, TOKENS_HELP, T
 from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
 
 REPORT_SECONDS = 0.25  # how stale the metrics may be (the governor reads the KV gauges once a second)
-# Threads that send streamed responses where coalesce_streams is on (a send waits for the server process to take the
-# response, about 0.3 ms): one, and a stream whose turn comes late has its tokens gathered meanwhile.
-SENDER_THREADS = 1
+# Threads that send streamed responses (a send waits for the server process to take the response, about 0.3 ms): two
+# keep one stream's wait from holding up the others', and a stream whose turn comes late has its tokens gathered.
+SENDER_THREADS = 2
 
 
 class TritonPythonModel:
-    # True: a streamed call's responses are sent from a sender thread and gather the tokens of the steps its previous
-    # response was being sent in. Off: Triton 2.51's Python backend (the nvidia-pytriton wheel) aborted the server
-    # twice in a row with it on, 8 streams at once (boost::interprocess::lock_exception in libtriton_python.so, then
-    # SIGSEGV; server#8882 reports the same abort under concurrent load), where one response per step sent on the
-    # forward thread, as TensorRT-LLM's backend sends them, ran the same load through. The BLS gathers them instead
-    # (trtspec.triton.engine_client._Stream).
-    coalesce_streams = False
+    # a streamed call's responses are sent from sender threads and gather the tokens of the steps its previous response
+    # was being sent in; False: one response per step, sent on the forward thread, as TensorRT-LLM's backend sends them
+    # (tests/tensorrtllm_standin.py)
+    coalesce_streams = True
 
     def initialize(self, args):
         import torch
