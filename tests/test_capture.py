@@ -168,7 +168,8 @@ def test_the_writer_decodes_the_text_a_record_lacks(tmp_path):
 
 
 def test_the_openai_front_passes_store_false_to_the_bls():
-    from trtspec.openai_api.protocol import CHAT, APIError, parse_request
+    from trtspec.openai_api.errors import APIError
+    from trtspec.openai_api.protocol import CHAT, parse_request
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert parse_request(body | {"store": False}, CHAT).generate_kwargs()["store"] is False

@@ -67,7 +67,8 @@ def test_a_full_engine_queue_refuses_at_once_and_the_server_keeps_serving(server
     server's failure, not the client's: the BLS says the engine is busy (the OpenAI front answers it 503) and counts
     an engine error, not a bad request; once the queue has room it serves again."""
     from trtspec.client import ClientError, SpecClient
-    from trtspec.openai_api.protocol import COMPLETION, Request, bls_error
+    from trtspec.openai_api.errors import bls_error
+    from trtspec.openai_api.protocol import COMPLETION, Request
 
     refusal = _refusal(server)
     batch = engine_call(server, engine_tensors(rows=2, output_len=4), "two-rows")

@@ -22,7 +22,9 @@ openai = pytest.importorskip("openai")
 
 from trtspec.client import SpecClient  # noqa: E402
 from trtspec.keys import Key  # noqa: E402
-from trtspec.openai_api.protocol import CHAT, COMPLETION, APIError, Limits, parse_request  # noqa: E402
+from trtspec.openai_api.errors import APIError  # noqa: E402
+from trtspec.openai_api.limits import Limits  # noqa: E402
+from trtspec.openai_api.protocol import CHAT, COMPLETION, parse_request  # noqa: E402
 from trtspec.openai_api.stops import StopText  # noqa: E402
 
 MODEL = "tiny-target"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from tiny import make_checkpoint, write_config
 
-from trtspec.openai_api.protocol import CHAT, COMPLETION, APIError, parse_request
+from trtspec.openai_api.errors import APIError
+from trtspec.openai_api.protocol import CHAT, COMPLETION, parse_request
 from trtspec.orchestrator.adaptive import PREDICTION, AdaptiveDraftLength, FixedDraftLength
 from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.drafters.prediction import PredictionDrafter, prediction_usage

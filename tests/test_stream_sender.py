@@ -259,7 +259,8 @@ def test_multi_byte_characters_split_across_tokens_come_out_whole_however_groupe
 def test_the_front_frames_a_text_chunk_as_the_chunk_object_would_be():
     from trtspec.generation import Chunk
     from trtspec.openai_api.app import _sse, text_events
-    from trtspec.openai_api.protocol import CHAT, COMPLETION, Chunks, Request
+    from trtspec.openai_api.protocol import CHAT, COMPLETION, Request
+    from trtspec.openai_api.responses import Chunks
     from trtspec.openai_api.upstream import merged
 
     for kind in (CHAT, COMPLETION):

@@ -29,20 +29,12 @@ from trtspec.errors import TrtspecError
 from trtspec.field_metrics import SPEC_DECODE_METRICS_LEVELS, spec_decode_summary
 from trtspec.generation import Completion, request_fields
 from trtspec.keys import API_ENV, Key
+from trtspec.openai_api.errors import APIError, bls_error
 from trtspec.openai_api.guard import AnswerFailures, RequireKey, http_protocol, read_body
+from trtspec.openai_api.limits import Limits
 from trtspec.openai_api.liveness import Liveness
-from trtspec.openai_api.protocol import (
-    CHAT,
-    COMPLETION,
-    APIError,
-    Chunks,
-    Limits,
-    Request,
-    bls_error,
-    finish_reason,
-    parse_request,
-    response,
-)
+from trtspec.openai_api.protocol import CHAT, COMPLETION, Request, parse_request
+from trtspec.openai_api.responses import Chunks, finish_reason, response
 from trtspec.openai_api.stops import StopText
 from trtspec.openai_api.upstream import Upstream
 
@@ -77,7 +69,7 @@ class Deployment:
     `triton_headers`: sent with every request to Triton (`trtspec-api-key` where its inference API asks for it);
     `admin_headers`: sent besides them with the read of the BLS's config (`trtspec-admin-key` where Triton restricts
     its model-config API). Neither given: SpecClient's (the keys in the environment, or of a server this process
-    started). `limits`: the front's (trtspec.openai_api.protocol.Limits), resolved against the BLS's config on
+    started). `limits`: the front's (trtspec.openai_api.limits.Limits), resolved against the BLS's config on
     connect.
 
     `liveness`: what `/health/live` reads besides readiness (trtspec.openai_api.liveness; default: nothing, as for a

@@ -10,7 +10,8 @@ import logging
 import socket
 
 from trtspec.keys import Key
-from trtspec.openai_api.protocol import APIError, Limits, internal
+from trtspec.openai_api.errors import APIError, internal
+from trtspec.openai_api.limits import Limits
 
 log = logging.getLogger("trtspec.openai")
 OPEN_PATHS = {"/health", "/health/live"}  # a load balancer's or kubelet's probe carries no key

@@ -1,75 +1,18 @@
-"""OpenAI's request and response shapes, checked and built without a server: what the front accepts, what it refuses
-(naming the field and the fix), and how a BLS Completion becomes an OpenAI response or stream chunk."""
+"""OpenAI's request shapes, checked without a server: what the front accepts and what it refuses (naming the field
+and the fix), as a `Request` for the BLS. Its limits are in `limits`, its errors in `errors`, the response shapes in
+`responses`."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import re
-import time
-import uuid
 from dataclasses import dataclass, field
 
-from trtspec.client import ClientError
-from trtspec.generation import Completion
 from trtspec.interfaces import SPECULATION_METHODS
-from trtspec.openai_api.stops import StopText
+from trtspec.openai_api.errors import APIError, bad
+from trtspec.openai_api.limits import DEFAULT_LIMITS, Limits
 
-log = logging.getLogger("trtspec.openai")
 COMPLETION, CHAT = "text_completion", "chat.completion"
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may ask of the front, and what the front holds for one client: every refusal names its field
-    and the limit. None: derived from the BLS's config when the front connects (`resolve`)."""
-
-    # The longest accepted prompt (65,536 characters for max_input_len 4096) is at most 786 KB as JSON even with
-    # every character \u-escaped (12 bytes); 4 MiB leaves room and keeps a body's buffer small. Raised by `resolve`
-    # where the deployment's prompts need more.
-    body_bytes: int = 4 * 1024 * 1024
-    # A request's headers must arrive within this (uvicorn waits forever): a connection that sends nothing holds a
-    # slot of `connections`. Headers come in one packet; 10 s covers a slow link's retransmissions.
-    header_seconds: float = 10.0
-    # The whole body must arrive within this: a client that trickles it holds a connection. 4 MiB at 1 Mbit/s: 34 s.
-    body_seconds: float = 60.0
-    # OpenAI allows 4; clients written for vLLM or SGLang send a few more. Each one is matched on every token.
-    stop_strings: int = 16
-    # A stop string is a short marker; longer ones only cost the hold-back and the BLS's tokenizing.
-    stop_chars: int = 256
-    # The prompt cap is this many characters a token of the BLS's max_input_len, checked before tokenizing: text
-    # averages 3-5 characters a token, so a longer prompt would be refused by the BLS after paying for its tokens.
-    chars_per_token: int = 16
-    prompt_chars: int | None = None  # None: chars_per_token x max_input_len (262,144 when the BLS does not say)
-    # Every chat template spends at least one token a message, so more than max_input_len messages cannot fit;
-    # the bound keeps the template's work (a worker thread) in proportion.
-    messages: int | None = None  # None: the BLS's max_input_len (4,096 when it does not say)
-    # uvicorn answers 503 past this many connections (idle keep-alive ones count): the BLS admits
-    # max_concurrent_requests + max_queued_requests and refuses the rest, plus 64 for probes and idle connections.
-    # The pool of connections to Triton is the same size: no more requests than that can be in flight.
-    connections: int | None = None  # None: from the BLS as above (512 when it does not say)
-    # The kernel's send buffer of a client's connection (autotuned, it grows to 4 MiB): what a client that stops
-    # reading pins before the front notices. 256 KiB holds about a thousand streamed tokens.
-    send_buffer_bytes: int | None = 256 * 1024
-    # A response that the client has not read for this long (the send buffers full, nothing drained) ends: its
-    # connection is closed, which ends the stream and cancels its request in Triton, freeing the slot.
-    stall_seconds: float = 30.0
-
-    def resolve(self, max_input_len: int | None = None, capacity: int | None = None) -> Limits:
-        """These limits with every derived one filled in, from the BLS's max_input_len and its admitted requests
-        (max_concurrent_requests + max_queued_requests); None where the BLS does not say."""
-        prompt = self.prompt_chars or self.chars_per_token * (max_input_len or 16384)
-        return dataclasses.replace(
-            self,
-            prompt_chars=prompt,
-            messages=self.messages or max_input_len or 4096,
-            connections=self.connections or (capacity + 64 if capacity else 512),
-            body_bytes=max(self.body_bytes, 12 * prompt + 64 * 1024),
-        )
-
-
-DEFAULT_LIMITS = Limits().resolve()
 
 # Accepted: they change nothing in the generated text (`store` false keeps a request out of `serve --capture`).
 HARMLESS = {
@@ -145,42 +88,6 @@ _FIELDS = {
 }
 
 
-class APIError(Exception):
-    """A request that gets an error in OpenAI's shape: `status`, its message (what and the fix), the field."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-
-def bad(param: str, message: str) -> APIError:
-    return APIError(400, f"{param}: {message}", param=param)
-
-
-def internal(exc: BaseException) -> APIError:
-    """A failure of the front itself: logged with an id, answered with the id alone (no internal detail)."""
-    ref = uuid.uuid4().hex[:12]
-    log.error("request failed (error id %s)", ref, exc_info=exc)
-    return APIError(
-        500,
-        f"the server failed on this request (error id {ref}, in its log); retry it",
-        code="internal_error",
-        headers={"Connection": "close"},  # whatever state the failure left behind goes with the connection
-    )
-
-
 def check_text(body) -> None:
     """Refuse a body holding a string that is not Unicode text: a lone surrogate (JSON allows "\\ud800") or, decoded
     with surrogateescape, bytes that are not UTF-8. The tokenizer would fail on it; the error names the field."""
@@ -240,6 +147,11 @@ class Request:
     stream_interval: int | None = None
     prediction: str | None = None  # the predicted output's text ("" : an empty prediction, which drafts nothing)
     logprobs: bool = False  # each token's log probability (chat: logprobs true; completions: logprobs 0)
+
+    @property
+    def prompt_param(self) -> str:
+        """The field that carries the prompt, for errors."""
+        return "prompt" if self.kind == COMPLETION else "messages"
 
     def generate_kwargs(self) -> dict:
         """SpecClient.generate's keywords (besides the prompt and max_tokens)."""
@@ -503,200 +415,3 @@ def _prediction(value, limits: Limits) -> str:
     if len(content) > limits.prompt_chars:
         raise bad("prediction.content", f"has {len(content)} characters; {_prompt_limit(limits)}")
     return content
-
-
-# ---- the BLS's errors in OpenAI's shape --------------------------------------------------------------------------
-
-# SpecClient's message: "<model> (<protocol> <url>): <the BLS's message>"; a request error reads "<field>: <why>".
-_CLIENT_PREFIX = re.compile(r"^\S+ \((?:grpc|http) [^)]*\): ", re.DOTALL)
-_ADDRESS = re.compile(r" \((?:grpc|http) [^)]*\)")
-_FIELD = re.compile(r"^(\w+): ")
-_UNAVAILABLE = re.compile(
-    r"busy|unavailable|failed to connect|connection refused|not ready|is not found|"
-    r"unknown model|socket closed|deadline exceeded|no final response",
-    re.IGNORECASE,
-)
-
-
-def bls_error(exc: Exception, req: Request) -> APIError:
-    """A failed BLS call as an OpenAI error: the request's fault (400, naming the OpenAI field), the server being
-    unreachable or busy (503), anything else (500)."""
-    if not isinstance(exc, ClientError):
-        return internal(exc)
-    message = _ADDRESS.sub("", _CLIENT_PREFIX.sub("", str(exc), count=1))  # Triton's address is internal
-    names = {
-        "text_input": "prompt" if req.kind == COMPLETION else "messages",
-        "max_tokens": req.max_tokens_param,
-        "stop_words": "stop",
-        "num_draft_tokens": "num_draft_tokens",
-        "speculation": "speculation",
-        "temperature": "temperature",
-        "top_p": "top_p",
-        "seed": "seed",
-        "adaptive_draft_length": "adaptive_draft_length",
-        "min_tokens": "min_tokens",
-        "stream_interval": "stream_interval",
-        "prediction": "prediction",
-    }
-    m = _FIELD.match(message)
-    if m and m.group(1) in names:
-        param = names[m.group(1)]
-        return APIError(400, param + message[len(m.group(1)) :], param=param)
-    if m and m.group(1) == "timeout_ms":  # the deployment's request_timeout_ms ran out
-        return APIError(504, f"the request ran past the deployment's time limit: {message}", code="timeout")
-    if _UNAVAILABLE.search(message):
-        return APIError(503, f"the inference server cannot take the request now: {message}", code="unavailable")
-    return APIError(500, f"the inference server failed: {message}")
-
-
-# ---- responses -----------------------------------------------------------------------------------------------
-
-
-def new_id(kind: str) -> str:
-    return ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex
-
-
-def finish_reason(completion: Completion, stop: StopText) -> str:
-    # The BLS says "length" when max_tokens ran out, "end_id" or "stop_words" otherwise.
-    return "stop" if stop.stopped or completion.finish_reason != "length" else "length"
-
-
-def usage(prompt_tokens: int, completion: Completion) -> dict:
-    """OpenAI's usage; with a prediction, completion_tokens_details counts its tokens that appear in the completion
-    (accepted) and the others (rejected), as the BLS read them off the output. OpenAI bills rejected prediction
-    tokens as completion tokens; here completion_tokens are the tokens generated, which is what they cost."""
-    n = len(completion.token_ids)
-    out = {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n}
-    if completion.accepted_prediction_tokens is not None:
-        out["completion_tokens_details"] = {
-            "accepted_prediction_tokens": completion.accepted_prediction_tokens,
-            "rejected_prediction_tokens": completion.rejected_prediction_tokens or 0,
-        }
-    return out
-
-
-def token_texts(tokenizer, ids: list[int]) -> list[str]:
-    """Each token's own text (a token that holds part of a character decodes to U+FFFD, as OpenAI's do)."""
-    return [tokenizer.decode([i]) for i in ids]
-
-
-def logprobs(kind: str, texts: list[str], values: list[float], offset: int = 0) -> dict:
-    """The choice's `logprobs` in OpenAI's shape for tokens `texts` with log probabilities `values`: chat's content
-    list, or the completions' parallel lists (`offset`: the characters of the completion before these tokens)."""
-    if kind == CHAT:
-        content = [
-            {"token": t, "logprob": v, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-            for t, v in zip(texts, values)
-        ]
-        return {"content": content, "refusal": None}
-    offsets, at = [], offset
-    for t in texts:
-        offsets.append(at)
-        at += len(t)
-    return {"tokens": texts, "token_logprobs": list(values), "top_logprobs": None, "text_offset": offsets}
-
-
-def _kept(texts: list[str], values: list[float], chars: int) -> tuple[list[str], list[float]]:
-    """The tokens whose text lies within the first `chars` characters of the answer (a stop string cut the rest)."""
-    n, at = 0, 0
-    while n < len(texts) and n < len(values) and at + len(texts[n]) <= chars:
-        at += len(texts[n])
-        n += 1
-    return texts[:n], values[:n]
-
-
-def speculation(completion: Completion) -> dict:
-    """The BLS's acceptance figures for this request (trtspec's addition to OpenAI's response)."""
-    return {
-        "acceptance_rate": completion.acceptance_rate,
-        "accepted_draft_tokens": completion.accepted,
-        "draft_tokens": completion.drafted,
-        "iterations": completion.iterations,
-        "tokens_per_iteration": completion.tokens_per_iteration,
-        "fallbacks": dict(completion.fallbacks),
-        "draft_sources": dict(completion.sources),
-    }
-
-
-def response(
-    req: Request, model: str, text: str, reason: str, prompt_tokens: int, completion: Completion, tokenizer=None
-) -> dict:
-    """The whole answer; `tokenizer` (the deployment's) gives each token's text where log probabilities are asked."""
-    lps = None
-    if req.logprobs and tokenizer is not None:
-        lps = logprobs(req.kind, *_kept(token_texts(tokenizer, completion.token_ids), completion.log_probs, len(text)))
-    if req.kind == CHAT:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": lps,
-            "finish_reason": reason,
-        }
-    else:
-        choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": reason}
-    return {
-        "id": new_id(req.kind),
-        "object": req.kind,
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": usage(prompt_tokens, completion),
-        "speculation": speculation(completion),
-    }
-
-
-class Chunks:
-    """The stream of one request: OpenAI's chunk objects, all with the same id and creation time."""
-
-    def __init__(self, req: Request, model: str, tokenizer=None):
-        self.req, self.model, self.tokenizer = req, model, tokenizer
-        self.id, self.created = new_id(req.kind), int(time.time())
-        self.object = "chat.completion.chunk" if req.kind == CHAT else "text_completion"
-        # log probabilities of tokens received but not yet sent (their text may be held back for a stop string)
-        self._texts: list[str] = []
-        self._values: list[float] = []
-        self._offset = 0  # characters sent so far (the completions' text_offset)
-
-    def add(self, chunk) -> None:
-        """A BLS response (trtspec.generation.Chunk): its tokens' log probabilities go with the text sent next."""
-        if self.req.logprobs and self.tokenizer is not None:
-            self._texts += token_texts(self.tokenizer, chunk.token_ids)
-            self._values += chunk.log_probs
-
-    def _logprobs(self, text: str | None, final: bool = False) -> dict | None:
-        """The log probabilities of the tokens whose text is out with `text` (all that are left, when `final` and
-        no stop string cut the answer)."""
-        if not (self.req.logprobs and self.tokenizer is not None):
-            return None
-        chars = len(text or "")
-        texts, values = _kept(self._texts, self._values, sum(map(len, self._texts)) if final else chars)
-        del self._texts[: len(texts)], self._values[: len(values)]
-        out = logprobs(self.req.kind, texts, values, self._offset)
-        self._offset += chars
-        return out
-
-    def _chunk(self, choices: list, **extra) -> dict:
-        out = {"id": self.id, "object": self.object, "created": self.created, "model": self.model, "choices": choices}
-        if self.req.include_usage:
-            out["usage"] = None  # as OpenAI: null on every chunk but the last
-        return out | extra
-
-    def _choice(self, text: str | None, reason: str | None, first: bool = False, lps: dict | None = None) -> dict:
-        if self.req.kind == CHAT:
-            delta = ({"role": "assistant", "content": ""} if first else {}) | ({"content": text} if text else {})
-            return {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": reason}
-        return {"index": 0, "text": text or "", "logprobs": lps, "finish_reason": reason}
-
-    def start(self) -> dict | None:
-        """The chat stream opens with the assistant's role, as OpenAI's does."""
-        return self._chunk([self._choice(None, None, first=True)]) if self.req.kind == CHAT else None
-
-    def text(self, text: str) -> dict:
-        return self._chunk([self._choice(text, None, lps=self._logprobs(text))])
-
-    def finish(self, text: str, reason: str, completion: Completion) -> dict:
-        lps = self._logprobs(text, final=reason != "stop" or not self.req.stop)
-        return self._chunk([self._choice(text, reason, lps=lps)], speculation=speculation(completion))
-
-    def usage(self, prompt_tokens: int, completion: Completion) -> dict:
-        return self._chunk([]) | {"usage": usage(prompt_tokens, completion)}

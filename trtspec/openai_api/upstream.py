@@ -138,7 +138,7 @@ class Upstream:
         return self.client.server_error(self.client.model, http_error_message(resp.status, resp.reason or "", body))
 
     def _failed(self, exc: Exception) -> ClientError:
-        # the words protocol.bls_error reads as "unavailable" (503): the server, not the client, failed. The
+        # the words errors.bls_error reads as "unavailable" (503): the server, not the client, failed. The
         # exception (it names Triton's address) goes to the log, not to the client.
         what = (
             "failed to connect"
