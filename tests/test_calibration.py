@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.request
 
 import pytest
 
@@ -130,7 +131,8 @@ def wide(tmp_path_factory):
 
 
 def _serve(repo, *flags) -> tuple:
-    """`trtspec serve` in a subprocess until it says Triton is ready; (process, its output so far)."""
+    """`trtspec serve` in a subprocess until it says Triton is ready; (process, its output so far, HTTP port,
+    metrics port)."""
     import subprocess
     import sys
     import threading
@@ -141,7 +143,7 @@ def _serve(repo, *flags) -> tuple:
     http, grpc, metrics = free_ports(3)
     proc = subprocess.Popen(
         [sys.executable, "-m", "trtspec.cli", "serve", "--repo", str(repo), "--http-port", str(http)]
-        + ["--grpc-port", str(grpc), "--metrics-port", str(metrics), *flags],
+        + ["--grpc-port", str(grpc), "--metrics-port", str(metrics), "--start-timeout", "840", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=os.environ | {"COLUMNS": "200"},
@@ -150,12 +152,12 @@ def _serve(repo, *flags) -> tuple:
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 900
     while not any("Triton is ready" in line for line in lines):
         assert proc.poll() is None, "".join(lines)
-        assert time.monotonic() < deadline, "trtspec serve was not ready within 600 s:\n" + "".join(lines)
+        assert time.monotonic() < deadline, "trtspec serve was not ready within 900 s:\n" + "".join(lines)
         time.sleep(0.5)
-    return proc, lines
+    return proc, lines, http, metrics
 
 
 def _stop(proc) -> None:
@@ -173,14 +175,24 @@ def _stop(proc) -> None:
 @pytest.mark.server
 def test_serve_measures_the_engines_before_it_is_ready_stores_and_reuses_it(wide):
     from trtspec.bench.calibrate import calibration_path, from_repository
+    from trtspec.client import SpecClient
 
     repo = wide.repo
-    proc, lines = _serve(repo)
+    proc, lines, http, metrics = _serve(repo)
     try:
         path = calibration_path(repo)
         cal = Calibration.load(path)  # stored before "Triton is ready" was printed
         text = "".join(lines)
         assert "engine costs on this machine" in text and f"stored in {path}" in text
+        # the BLS reads the file the server named to it (TRTSPEC_CALIBRATION_FILE) at its next request, and exports it
+        with SpecClient(f"127.0.0.1:{http}", model="tensorrt_llm_bls") as client:
+            client.generate("The quick brown fox", max_tokens=2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=30) as resp:
+            exported = resp.read().decode()
+        plain = [line for line in exported.splitlines() if line.startswith("trtspec_calibration_seconds{")]
+        one = next(line for line in plain if 'kind="plain"' in line and 'batch="1"' in line)
+        assert float(one.split()[-1]) == pytest.approx(cal.plain_seconds[1], rel=1e-3)
+        assert sum('kind="verify"' in line for line in plain) == sum(len(ks) for ks in cal.verify_seconds.values())
     finally:
         _stop(proc)
     # every batch of the engine (1, 2, 4, ...) and draft lengths 1, 2, 4 (max_draft_len 4), each a duration
@@ -205,7 +217,7 @@ def test_serve_measures_the_engines_before_it_is_ready_stores_and_reuses_it(wide
         costs = cal.cost_model(load)
         assert min(costs.draft_cost_ratio, costs.verify_cost_fixed, costs.verify_cost_per_token) >= 0
     # --no-calibrate: the stored one, measured on these engines on this machine, is reused and printed
-    proc, lines = _serve(repo, "--no-calibrate")
+    proc, lines, _, _ = _serve(repo, "--no-calibrate")
     try:
         assert "calibration: reused" in "".join(lines) and Calibration.load(calibration_path(repo)) == cal
     finally:
@@ -228,6 +240,10 @@ def test_calibration_on_the_tensorrtllm_standin(tmp_path):
     server = served_pair(tmp_path / "standin", write=write)
     with server:
         cal, skipped = measure(server.grpc_url, server.inference_headers, from_repository(server.repo))
+        # past its time budget it keeps the batches measured whole (batch 1 always) and names what it left out
+        quick, left_out = measure(server.grpc_url, server.inference_headers, from_repository(server.repo), budget_s=0)
+        assert sorted(quick.plain_seconds) == [1] and sorted(quick.verify_seconds[1]) == [1, 2, 4]
+        assert left_out == ["batch 2 and above (past the 0 s budget)"] and quick.cost_model(4) == quick.cost_model(1)
         # `trtspec bench --apply REPO` measures again into the file the deployment's BLS reads
         console = Console(record=True, width=200)
         refreshed = refresh(server.repo, server.grpc_url, "grpc", console)

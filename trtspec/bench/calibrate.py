@@ -259,8 +259,14 @@ def measure(
                         stream.call(TARGET_MODEL, [request(i, k + 1, drafts[i]) for i in range(batch)])[0]
                     )
 
+                if verify[batch] and batch > 1 and time.monotonic() - began > budget_s:
+                    break  # a batch half measured is left out whole (the table's batches have every k)
                 verify[batch][k] = _least(verifying)
                 tick(f"verify {k} tokens, batch {batch}")
+            if len(verify[batch]) < len(ks):
+                del plain[batch], verify[batch]
+                skipped.append(f"batch {batch} and above (past the {budget_s:.0f} s budget)")
+                break
         drafts: dict[int, float] = {}
         for k in ks if target.has_draft else ():
             drafts[k] = _least(lambda k=k: _whole_call(stream.call(DRAFT_MODEL, [request(0, k)])[0]))
