@@ -10,7 +10,7 @@ part of a 20 ms CPU step. The rotary embedding is still the architecture's own H
 RoPE variant (Llama 3 scaling, YaRN, ...) means what transformers means by it.
 
 `HFModel` runs the transformers model itself, one sequence at a time: the reference the compact forward is
-tested against, and the "eager" variant `benchmarks/engine.py` measures beside it.
+tested against, and the eager forward `benchmarks/engine_speed.py` measures beside it.
 
 Both take `Segment`s and keep their KV in objects only they read (`new_kv`, `copy_kv` or `adopt_prefix`,
 `kv_nbytes`), which trtspec.engine.kv manages.
