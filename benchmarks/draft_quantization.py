@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import torch
+from common import add_num_prompts  # benchmarks/common.py, beside this script
 from rich.console import Console
 from rich.table import Table
 
@@ -30,7 +31,7 @@ def main() -> int:
         "--draft", default="pkg:trtspec/data/drafts/smollm2-135m-instruct", help="a draft made by trtspec distill"
     )
     p.add_argument("--target-quantization", default="fp8", choices=["none", "fp8"], help="the target as built")
-    p.add_argument("--prompts", type=int, default=32, help="held-out prompts")
+    add_num_prompts(p, 32, "held-out prompts")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per held-out answer")
     p.add_argument("--output", type=Path, default=Path("draft-quantization.json"))
     args = p.parse_args()
@@ -39,7 +40,7 @@ def main() -> int:
     draft_info = inspect_checkpoint(resolve_checkpoint_path(args.draft, Path.cwd()))
     target_info = draft_info.shared.target
     tokenizer = load_tokenizer(target_info)
-    prompts, _ = D.tokenize_source(D.read_source(HELDOUT, limit=args.prompts), tokenizer, target_info.vocab_size)
+    prompts, _ = D.tokenize_source(D.read_source(HELDOUT, limit=args.num_prompts), tokenizer, target_info.vocab_size)
     with console.status("the target answers the held-out prompts"):
         target = load_model(target_info, torch.float32)
         round_like_engine(target, args.target_quantization)

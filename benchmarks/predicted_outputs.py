@@ -1,7 +1,7 @@
 """OpenAI's Predicted Outputs on code edits, against target-only and prompt lookup, interleaved in one run.
 
     trtspec serve --repo REPO --openai-port 9000 &
-    python benchmarks/predicted_outputs.py --openai-url http://127.0.0.1:9000 [--prompts 8] [--max-tokens 256]
+    python benchmarks/predicted_outputs.py --openai-url http://127.0.0.1:9000 [--num-prompts 8] [--max-tokens 256]
 
 The prompts are the built-in code-edit set (each asks for an edit of the code it holds and the code back), sent to
 `/v1/chat/completions`, greedy, one request at a time. Each prompt goes through every arm, in a new random order per
@@ -32,6 +32,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from common import add_num_prompts  # benchmarks/common.py, beside this script
 from rich.console import Console
 from rich.table import Table
 
@@ -100,7 +101,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--openai-url", default="http://127.0.0.1:9000")
     parser.add_argument("--api-key", help="the front's key, where it asks for one")
-    parser.add_argument("--prompts", type=int, default=8, help="how many of the code-edit prompts")
+    add_num_prompts(parser, 8, "how many of the code-edit prompts")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3, help="each prompt's arms this many times, reordered each time")
     parser.add_argument("--fixed", type=int, help="K: lookup, predicted and unrelated at this fixed K (see arm_fields)")
@@ -109,7 +110,7 @@ def main() -> int:
     args = parser.parse_args()
 
     front = Front(args.openai_url, args.api_key)
-    prompts = code_edit_prompts()[: args.prompts]
+    prompts = code_edit_prompts()[: args.num_prompts]
     rng = random.Random(args.seed)
     totals = {arm: [0, 0.0, 0, 0, 0] for arm in ARMS}  # tokens, seconds, accepted/rejected prediction tokens, calls
     mismatches = {arm: 0 for arm in ARMS}

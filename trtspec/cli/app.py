@@ -83,6 +83,17 @@ def speculation_option(help: str, *, plain: bool = False):
     return click.option("--speculation", type=click.Choice(choices), help=help)
 
 
+def moved_option(old: str, new: str, why: str):
+    """A hidden `old` option that refuses any value with an error naming `new`: for an option whose name now means
+    something else (a silent rename would read a count as a file, or the reverse)."""
+
+    def refuse(ctx: click.Context, param: click.Parameter, value) -> None:
+        if value is not None:
+            raise click.UsageError(f"{old} {value}: {why}; give {new} {value}", ctx=ctx)
+
+    return click.option(old, hidden=True, expose_value=False, callback=refuse)
+
+
 @click.group(cls=Group)
 @click.version_option(__version__, prog_name="trtspec")
 def cli() -> None:

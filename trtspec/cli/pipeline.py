@@ -11,7 +11,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from trtspec import capture, keys
-from trtspec.cli.app import URL_ENV, cli, console, report_problems, speculation_option, stopped_serving
+from trtspec.cli.app import (
+    URL_ENV,
+    cli,
+    console,
+    moved_option,
+    report_problems,
+    speculation_option,
+    stopped_serving,
+)
 from trtspec.field_metrics import SPEC_DECODE_METRICS_LEVELS
 
 # vLLM's per-request acceptance record in the front's responses (trtspec.field_metrics), on serve and openai alike
@@ -648,7 +656,10 @@ def deploy(
     type=click.IntRange(min=0),
     help="Rows of the draft's output head: the target's most frequent tokens (0: the whole vocabulary).",
 )
-@click.option("--prompts", type=click.IntRange(min=1), help="At most this many prompts from each prompt source.")
+@click.option(
+    "--num-prompts", "prompts", type=click.IntRange(min=1), help="At most this many prompts from each --data source."
+)
+@moved_option("--prompts", "--num-prompts", "in trtspec --prompts names a prompt source (a file or spec), not a count")
 @click.option(
     "--samples",
     default=2,
