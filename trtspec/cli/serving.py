@@ -123,7 +123,7 @@ _spec_decode_metrics_option = click.option(
     "--control-port",
     type=click.IntRange(0, 65535),
     help="Also run the speculation control receiver on this port: POST /control forces plain, reduced or full "
-    "speculation for a time, POST /alertmanager takes Alertmanager's webhook (docs/metrics.md).",
+    "speculation for a time, POST /alertmanager takes Alertmanager's webhook (docs/governor.md).",
 )
 @click.option(
     "--control-host",
