@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from cpu_meter import CpuMeter  # benchmarks/cpu_meter.py, beside this script
+from common import CpuMeter  # benchmarks/common.py, beside this script
 from rich.console import Console
 from rich.table import Table
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import torch
-from cpu_meter import cpu_flags  # benchmarks/cpu_meter.py, beside this script
+from common import cpu_flags  # benchmarks/common.py, beside this script
 from rich.console import Console
 from rich.table import Table
 

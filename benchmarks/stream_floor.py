@@ -40,7 +40,7 @@ from trtspec.server import TritonServer, free_port
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from cpu_meter import ProcessCpu, serving_processes  # noqa: E402  benchmarks/cpu_meter.py, beside this script
+from common import ProcessCpu, serving_processes  # noqa: E402  benchmarks/common.py, beside this script
 
 MODELS = HERE / "stream_floor_models.py"
 SOURCE, RELAY = "floor_source", "floor_relay"

@@ -49,7 +49,7 @@ from trtspec.client import SpecClient
 from trtspec.errors import BenchError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_meter import ProcessCpu, serving_processes  # noqa: E402  benchmarks/cpu_meter.py, beside this script
+from common import ProcessCpu, add_num_prompts, serving_processes  # noqa: E402  benchmarks/common.py, beside this script
 
 PATHS = ("bls", "generate_stream", "grpc_stream", "openai_stream")
 
@@ -183,7 +183,7 @@ def main() -> int:
         "--metrics-url", help="Triton's metrics address (http://HOST:8002): also the messages per token of each hop"
     )
     parser.add_argument("--concurrency", default="1,8")
-    parser.add_argument("--prompts", type=int, default=16)
+    add_num_prompts(parser, 16, "how many of the chat prompts")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--paths", default=",".join(PATHS))
@@ -203,7 +203,7 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    prompts = chat_prompts(args.prompts)
+    prompts = chat_prompts(args.num_prompts)
     templated = {
         p: tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
         for p in prompts

@@ -48,7 +48,7 @@ def test_a_count_given_to_distills_prompts_names_num_prompts(tmp_path):
 
 
 def test_the_benchmark_scripts_take_num_prompts_and_refuse_a_count_in_prompts():
-    for script in ("predicted_outputs.py", "distill_answers.py", "draft_quantization.py"):
+    for script in ("predicted_outputs.py", "distill_answers.py", "draft_quantization.py", "streaming.py"):
         path = ROOT / "benchmarks" / script
         refused = subprocess.run([sys.executable, str(path), "--prompts", "4"], capture_output=True, text=True)
         assert refused.returncode == 2, (script, refused.stderr)
