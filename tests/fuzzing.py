@@ -105,6 +105,9 @@ VALUES = {
     "lora_task_id": _ints(0, 5),
     "guided_decoding_guide_type": st.one_of(st.just(""), st.sampled_from(["json", "regex"])),
     "guided_decoding_guide": st.one_of(st.just(""), st.text(max_size=8)),
+    "store": _bool,
+    "stream_interval": st.one_of(_ints(0, 4), _ints(-3, 10**6), _wrong),
+    "prediction": st.one_of(st.sampled_from(PROMPTS), st.text(max_size=60), st.just(""), _ints(-3, 3)),
 }
 # inputs of more than one dimension (images, prompt tables, LoRA weights) have no JSON form in Triton's generate
 # extension; tests/test_clients.py sends them over gRPC
