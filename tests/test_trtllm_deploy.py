@@ -344,11 +344,15 @@ def test_serve_prints_the_orchestrator_command(deployed, tmp_path):
     line = result.output.strip()
     as_root = " --allow-run-as-root" if os.geteuid() == 0 else ""  # OpenMPI wants it only as root
     # the BLS reads the target's KV-cache blocks from the server's metrics (trtspec.triton.kv_watch)
-    assert line.startswith(
+    # and the costs measured at start from the file the BLS polls (trtspec.calibration)
+    prefix = (
         "TRTLLM_ORCHESTRATOR=1 TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=1 "
-        "TRTSPEC_METRICS_URL=http://127.0.0.1:8002/metrics "
-        f"mpirun{as_root} -n 1 {binary} --model-repository {repo}"
+        "TRTSPEC_METRICS_URL=http://127.0.0.1:8002/metrics TRTSPEC_CALIBRATION_FILE="
     )
+    assert line.startswith(prefix), line
+    calibration, rest = line[len(prefix) :].split(" ", 1)
+    assert calibration.endswith("/calibration.json")
+    assert rest.startswith(f"mpirun{as_root} -n 1 {binary} --model-repository {repo}")
     # launch_triton_server.py's flags for a spawning multi-model server: no memory pools on the engines' GPUs
     assert line.endswith(
         "--pinned-memory-pool-byte-size=0 --enable-peer-access=false "
