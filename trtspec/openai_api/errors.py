@@ -6,12 +6,17 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from trtspec.client import ClientError
 
-if TYPE_CHECKING:
-    from trtspec.openai_api.protocol import Request
+
+class _Named(Protocol):
+    """What an error needs of the request (trtspec.openai_api.protocol.Request): the names its fields came under."""
+
+    prompt_param: str
+    max_tokens_param: str
+
 
 log = logging.getLogger("trtspec.openai")
 
@@ -63,7 +68,7 @@ _UNAVAILABLE = re.compile(
 )
 
 
-def bls_error(exc: Exception, req: Request) -> APIError:
+def bls_error(exc: Exception, req: _Named) -> APIError:
     """A failed BLS call as an OpenAI error: the request's fault (400, naming the OpenAI field), the server being
     unreachable or busy (503), anything else (500)."""
     if not isinstance(exc, ClientError):
