@@ -42,10 +42,13 @@ SENDER_THREADS = 2
 
 
 class TritonPythonModel:
-    # a streamed call's responses are sent from sender threads and gather the tokens of the steps its previous response
-    # was being sent in; False: one response per step, sent on the forward thread, as TensorRT-LLM's backend sends them
-    # (tests/tensorrtllm_standin.py)
-    coalesce_streams = True
+    # True: a streamed call's responses are sent from sender threads and gather the tokens of the steps its previous
+    # response was being sent in. Off: with nine streams filling a small KV cache (tests/test_alerts_live.py), both
+    # sender threads blocked in the Python backend's send for good while the BLS waited on them (Triton 2.51), and a
+    # step here is far longer than a send, so the gathering never had anything to gather on this machine. So one
+    # response per step, sent on the forward thread, as TensorRT-LLM's backend sends them; the BLS still gathers
+    # what the engine sent while it was busy (trtspec.triton.engine_client).
+    coalesce_streams = False
 
     def initialize(self, args):
         import torch
