@@ -156,7 +156,11 @@ VALID = {
     "lora_task_id": st.just(0),
     "guided_decoding_guide_type": st.just(""),
     "guided_decoding_guide": st.just(""),
+    "store": st.booleans(),
+    "stream_interval": _ints(0, 4),
+    "prediction": st.one_of(st.sampled_from(PROMPTS), st.just("")),
 }
+assert set(VALID) == set(VALUES), "every fuzzed input has valid values"
 
 
 @st.composite
