@@ -49,9 +49,8 @@ LOGITS_TYPES = {"TYPE_FP32": "float32", "TYPE_FP16": "float16"}
 class TritonPythonModel(EmbeddedEngineModel):
     # One response per executor response, each sent as it comes: WaitForResponse sends every response
     # awaitResponses returns with its own TRITONBACKEND_ResponseSend (tensorrtllm_backend c2e65b8,
-    # inflight_batcher_llm/src/model_instance_state.cc, WaitForResponse), and a streaming request gets one per step;
-    # kept False here whatever the embedded engine model does.
-    coalesce_streams = False
+    # inflight_batcher_llm/src/model_instance_state.cc, WaitForResponse), and a streaming request gets one per step,
+    # as the embedded engine model sends them too.
 
     def initialize(self, args):
         config = json.loads(args["model_config"])

@@ -111,7 +111,6 @@ def _metric(server, name: str, **labels) -> float:
 def test_a_reader_that_keeps_up_gets_one_message_per_token_from_the_engine_and_the_bls(server):
     fields = {"text_input": PROMPTS[0], "max_tokens": 30, "end_id": -1, "num_draft_tokens": 0}
     whole = _ids(_unary(server.http_base_url, fields)["output_ids"])
-    engine = _metric(server, "trtspec_stream_messages_total", hop="engine", model="tensorrt_llm")
     bls = _metric(server, "trtspec_stream_messages_total", hop="bls")
     seen, path = [0], _seen_file(server)
 
@@ -127,9 +126,8 @@ def test_a_reader_that_keeps_up_gets_one_message_per_token_from_the_engine_and_t
     carrying = [_ids(e.get("output_ids")) for e in events if _ids(e.get("output_ids"))]
     assert [t for ids in carrying for t in ids] == whole and len(whole) == 30
     assert all(len(ids) == 1 for ids in carrying), [len(ids) for ids in carrying]
-    # the engine model's responses: one per token, the last one final; the BLS's: one per token and its final one
-    engine_sent = _metric(server, "trtspec_stream_messages_total", hop="engine", model="tensorrt_llm") - engine
-    assert engine_sent == 30
+    # the BLS's responses: one per token and its final one (the engine model sends one per step, as TensorRT-LLM's
+    # backend does, and counts none)
     assert _metric(server, "trtspec_stream_messages_total", hop="bls") - bls == 31
 
 
@@ -141,8 +139,6 @@ def test_streams_side_by_side_give_the_unstreamed_answers(server, front):
     answers = [_unary(server.http_base_url, f | {"exclude_input_in_output": True}) for f in fields]
     whole = [_ids(a["output_ids"]) for a in answers]
     texts = [_text(a["text_output"]) for a in answers]
-    tokens = _metric(server, "trtspec_stream_tokens_total", hop="engine")
-    messages = _metric(server, "trtspec_stream_messages_total", hop="engine")
 
     def bls(f):
         events = _events(server.http_base_url, f | {"stream": True})
@@ -158,9 +154,6 @@ def test_streams_side_by_side_give_the_unstreamed_answers(server, front):
     assert all(n <= 49 for _, n in streamed)  # never more messages than tokens (and the final one)
     assert [text for text, _ in fronted] == texts
     assert all(n <= 48 for _, n in fronted)
-    streamed_tokens = _metric(server, "trtspec_stream_tokens_total", hop="engine") - tokens
-    assert streamed_tokens == 2 * 8 * 48
-    assert _metric(server, "trtspec_stream_messages_total", hop="engine") - messages <= streamed_tokens
 
 
 def _front_stream(url: str, prompt: str, max_tokens: int, stream_interval: int | None = None) -> tuple[str, int]:

@@ -6,17 +6,14 @@ every queued call into each forward pass (in-flight batching, trtspec.engine.sch
 answered through its response sender as soon as its call ends, so a short verification never waits for a
 long generation that shares its steps. As TensorRT-LLM's backend: a request of batch size B > 1 needs a decoupled
 model, and becomes B calls, each answered by its own response with its `batch_index`; `streaming` needs a
-decoupled model too, and then each token goes out as it is chosen, from a sender thread (the forward thread never waits
-on a send): a response carries every token chosen since the previous one went, so a stream whose previous response is
-still being handed to the server gets one response for the tokens of several steps (trtspec.stream_sender). A
-request with `stop` true stops the calls of the latest request that carried its request id, as TensorRT-LLM's
-backend maps ids (trtspec.engine.scheduler): they end within one step with the tokens they have. Calls wait for a
-batch slot in a queue bounded as the backend bounds it, by the config's
-`dynamic_batching { default_queue_policy { max_queue_size } }` (none: no bound; the repository writes one); a request
-whose rows would take it past that is refused at once, UNAVAILABLE (HTTP 503).
+decoupled model too, and then each token goes out as it is chosen. A request with `stop` true stops the calls
+of the latest request that carried its request id, as TensorRT-LLM's backend maps ids (trtspec.engine.scheduler):
+they end within one step with the tokens they have. Calls wait for a batch slot in a queue bounded as the backend
+bounds it, by the config's `dynamic_batching { default_queue_policy { max_queue_size } }` (none: no bound; the
+repository writes one); a request whose rows would take it past that is refused at once, UNAVAILABLE (HTTP 503).
 Metrics: `trtspec_engine_calls_total` (calls queued, one per row: TensorRT-LLM's executor requests),
-`trtspec_engine_tokens_total` (tokens the calls returned), `trtspec_engine_running_calls` (calls holding a batch
-slot now) and, for streamed calls, `trtspec_stream_messages_total` / `trtspec_stream_tokens_total` with hop "engine".
+`trtspec_engine_tokens_total` (tokens the calls returned) and `trtspec_engine_running_calls` (calls holding a batch
+slot now).
 Parameters: `engine_dir`, `device` ("cpu" or "cuda[:N]"), `enable_kv_cache_reuse`, `forward` (auto, compact, hf).
 """
 
@@ -24,7 +21,6 @@ from __future__ import annotations
 
 import json
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -32,24 +28,12 @@ import triton_python_backend_utils as pb_utils
 from trtspec.contract import KV_TOKENS_PER_BLOCK, tensors_to_request
 from trtspec.errors import EngineError, RequestError
 from trtspec.interfaces import ENGINE_INPUT_NAMES
-from trtspec.stream_sender import MESSAGES_HELP, MESSAGES_METRIC, TOKENS_HELP, TOKENS_METRIC, Coalescer, HopCounts
 from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
 
 REPORT_SECONDS = 0.25  # how stale the metrics may be (the governor reads the KV gauges once a second)
-# Threads that send streamed responses (a send waits for the server process to take the response, about 0.3 ms): two
-# keep one stream's wait from holding up the others', and a stream whose turn comes late has its tokens gathered.
-SENDER_THREADS = 2
 
 
 class TritonPythonModel:
-    # True: a streamed call's responses are sent from sender threads and gather the tokens of the steps its previous
-    # response was being sent in. Off: with nine streams filling a small KV cache (tests/test_alerts_live.py), both
-    # sender threads blocked in the Python backend's send for good while the BLS waited on them (Triton 2.51), and a
-    # step here is far longer than a send, so the gathering never had anything to gather on this machine. So one
-    # response per step, sent on the forward thread, as TensorRT-LLM's backend sends them; the BLS still gathers
-    # what the engine sent while it was busy (trtspec.triton.engine_client).
-    coalesce_streams = False
-
     def initialize(self, args):
         import torch
 
@@ -68,11 +52,6 @@ class TritonPythonModel:
         # checks and queues, so requests join the running batch at every step.
         self.engine = None
         self.metrics = _Metrics(self.name, str(args.get("model_version", "1")))
-        self.senders = (
-            ThreadPoolExecutor(max_workers=SENDER_THREADS, thread_name_prefix="trtspec-send")
-            if self.coalesce_streams
-            else None
-        )
         loaded, failure = threading.Event(), []
         threading.Thread(
             target=self._run, args=(params, device, loaded, failure), name="trtspec-engine", daemon=True
@@ -180,11 +159,10 @@ class TritonPythonModel:
         sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def _stream(self, calls, tensors, sender, request_id: str) -> None:
-        """streaming: each response holds the tokens since the last response, exclude_input_in_output or not, as
-        TensorRT-LLM streams (LlmRequest::createResult): one token per response while each response is taken before
-        the next token (TensorRT-LLM's backend always sends one per token), the tokens of several steps in one
-        response when the previous one was still being sent; the last response has the final flag and the request's
-        other outputs (no token, when the call was stopped between two)."""
+        """streaming: one response per token, each with that token alone (output_ids [1, 1, 1], sequence_length 1),
+        the last one with the final flag and the request's other outputs (no token, when the call was stopped
+        between two), as TensorRT-LLM streams: only the tokens since the last response, exclude_input_in_output or
+        not (LlmRequest::createResult)."""
         if not self.decoupled:  # TensorRT-LLM refuses it: "Streaming is only supported if model is deployed using
             # decoupled mode." (utils.cc createRequestsFromInputTensors, 1.2.0rc8)
             raise RequestError(
@@ -198,16 +176,12 @@ class TritonPythonModel:
             )
         call, streamed = calls[0], [0]
 
-        def part(outcome, final: bool) -> int:
-            """One response (on a sender thread): the tokens since the last response and their logits, the log probs
-            of all so far, the other outputs (perf metrics on every response, as TensorRT-LLM writes them)."""
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-            if isinstance(outcome, BaseException):
-                sender.send(error_response(outcome, self.name), flags=flags)
-                return 0
-            out = self.engine.result_tensors(call, outcome)
-            start, streamed[0] = streamed[0], len(outcome.new_tokens)
-            rest = outcome.new_tokens[start:]
+        def part(result, final: bool):
+            """The tokens since the last response and their logits, the log probs of all so far, the other outputs
+            (perf metrics on every response, as TensorRT-LLM writes them)."""
+            out = self.engine.result_tensors(call, result)
+            start, streamed[0] = streamed[0], len(result.new_tokens)
+            rest = result.new_tokens[start:]
             out["output_ids"] = np.asarray([[rest]], dtype=np.int32)
             out["sequence_length"] = np.asarray([[len(rest)]], dtype=np.int32)
             # output_log_probs stays whole: TensorRT-LLM sends the log probs of every token so far with each
@@ -217,27 +191,23 @@ class TritonPythonModel:
                 out["generation_logits"] = out["generation_logits"][:, :, start:]
             if not final:
                 out.pop("context_logits", None)  # once, with the last response
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
             sender.send(
                 pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor(n, np.ascontiguousarray(v)) for n, v in out.items()]
                 ),
                 flags=flags,
             )
-            return len(rest)
-
-        def failed(exc: BaseException) -> None:
-            pb_utils.Logger.log_warn(f"{self.name}: a streamed response of request {request_id} was not sent: {exc}")
-
-        # each result is the call's whole output so far: the send takes what the previous response did not carry
-        out = Coalescer(part, self.senders, counts=self.metrics.stream, on_error=failed)
 
         def done(outcome):
-            if not isinstance(outcome, BaseException):
+            if isinstance(outcome, BaseException):
+                sender.send(error_response(outcome, self.name), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
                 self.metrics.count("tokens", len(outcome.new_tokens))
-            out.offer(outcome, 0, final=True)
+                part(outcome, True)
 
         def token(result):
-            out.offer(result, 1)
+            part(result, False)
 
         self._submit_all([(call, done, None if call.draft_input_ids else token)], request_id)
 
@@ -256,8 +226,6 @@ class TritonPythonModel:
         if self.engine is not None:
             self.engine.stop()
         self.engine = None
-        if self.senders is not None:
-            self.senders.shutdown(wait=True)  # the final responses of the calls the engine ended
         self.metrics.stop()
 
 
@@ -297,12 +265,6 @@ class _Metrics:
             description="TRT LLM KV cache block metrics",
         )
         self._families.append(kv)
-        hop = {"model": model, "hop": "engine"}
-        self.stream = HopCounts()  # streamed responses and their tokens, reported as increments
-        for name, help_ in ((MESSAGES_METRIC, MESSAGES_HELP), (TOKENS_METRIC, TOKENS_HELP)):
-            family = pb_utils.MetricFamily(name=name, kind=pb_utils.MetricFamily.COUNTER, description=help_)
-            self._families.append(family)
-        self._stream_counters = [f.Metric(labels=hop) for f in self._families[-2:]]
         kv_labels = {"model": model, "version": version}
         self._kv = {
             kind: kv.Metric(labels=kv_labels | {"kv_cache_block_type": kind})
@@ -334,9 +296,6 @@ class _Metrics:
         for kind, n in pending.items():
             if n:
                 self._counters[kind].increment(n)
-        for counter, n in zip(self._stream_counters, self.stream.take()):
-            if n:
-                counter.increment(n)
         if self._state is None:
             return
         running, used = self._state()
