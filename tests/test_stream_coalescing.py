@@ -156,6 +156,25 @@ def test_streams_side_by_side_give_the_unstreamed_answers(server, front):
     assert all(n <= 48 for _, n in fronted)
 
 
+def test_streams_that_end_together_are_all_counted_and_the_server_lives(server):
+    """Every stream adds to the same two counters as it ends, each add a message to the server whose Metric memory
+    Triton 2.51's Python backend rewrites with the GIL released: without one lock over the process's metric calls
+    (trtspec.triton.common.METRIC_CALLS), streams ending together killed tritonserver (SIGSEGV in
+    PbString::LoadFromSharedMemory). Forty-eight short streams, sixteen at a time."""
+    messages = _metric(server, "trtspec_stream_messages_total", hop="bls")
+    tokens = _metric(server, "trtspec_stream_tokens_total", hop="bls")
+    fields = [
+        {"text_input": PROMPTS[i % len(PROMPTS)], "max_tokens": 2, "end_id": -1, "num_draft_tokens": 0, "stream": True}
+        for i in range(48)
+    ]
+    with ThreadPoolExecutor(16) as pool:
+        streams = list(pool.map(lambda f: _events(server.http_base_url, f), fields))
+    assert server.is_running()
+    assert [len([t for e in events for t in _ids(e.get("output_ids"))]) for events in streams] == [2] * 48
+    assert _metric(server, "trtspec_stream_messages_total", hop="bls") - messages == sum(map(len, streams))
+    assert _metric(server, "trtspec_stream_tokens_total", hop="bls") - tokens == 96
+
+
 def _front_stream(url: str, prompt: str, max_tokens: int, stream_interval: int | None = None) -> tuple[str, int]:
     """(text, content events) of one streamed completion from the front."""
     body = {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}

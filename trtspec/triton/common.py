@@ -7,6 +7,7 @@ the Python backend's stub process.
 from __future__ import annotations
 
 import json
+import threading
 import traceback
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,13 @@ from trtspec.errors import EngineBusy, EngineUnavailable, RequestError, TrtspecE
 
 # how every Triton model reads its parameters (re-exported: the BLS reads its own as trtspec.serving_settings)
 from trtspec.serving_settings import bool_parameter, parameter  # noqa: F401
+
+# Every custom-metric call of this stub process (a Metric made, incremented, set or observed) holds this lock. Triton
+# 2.51's Python backend sends an update by rewriting the Metric's own shared-memory message with the GIL released
+# (python_backend r24.10 metric.cc, Metric::SendIncrementRequest and SaveToSharedMemory): two threads updating one
+# Metric free the message the server is reading, and tritonserver dies (SIGSEGV in PbString::LoadFromSharedMemory
+# under StubToParentMQMonitor, then boost::interprocess::lock_exception).
+METRIC_CALLS = threading.RLock()
 
 
 def model_parameters(args: dict) -> dict[str, str]:

@@ -28,7 +28,14 @@ import triton_python_backend_utils as pb_utils
 from trtspec.contract import KV_TOKENS_PER_BLOCK, tensors_to_request
 from trtspec.errors import EngineError, RequestError
 from trtspec.interfaces import ENGINE_INPUT_NAMES
-from trtspec.triton.common import bool_parameter, error_response, input_arrays, model_parameters, parameter
+from trtspec.triton.common import (
+    METRIC_CALLS,
+    bool_parameter,
+    error_response,
+    input_arrays,
+    model_parameters,
+    parameter,
+)
 
 REPORT_SECONDS = 0.25  # how stale the metrics may be (the governor reads the KV gauges once a second)
 
@@ -284,8 +291,9 @@ class _Metrics:
     def watch(self, blocks: int, state) -> None:
         """Report the engine's KV budget (`blocks`) and, from now on, its `state()`, starting with the present."""
         self._blocks, self._state = blocks, state
-        self._kv["max"].set(blocks)
-        self._kv["tokens_per"].set(KV_TOKENS_PER_BLOCK)
+        with METRIC_CALLS:
+            self._kv["max"].set(blocks)
+            self._kv["tokens_per"].set(KV_TOKENS_PER_BLOCK)
         self.flush()
         self._thread = threading.Thread(target=self._run, name="trtspec-metrics", daemon=True)
         self._thread.start()
@@ -293,18 +301,19 @@ class _Metrics:
     def flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, dict.fromkeys(self._counters, 0)
-        for kind, n in pending.items():
-            if n:
-                self._counters[kind].increment(n)
-        if self._state is None:
-            return
-        running, used = self._state()
-        used = min(self._blocks, used)
-        if (running, used) != self._shown:
-            self._shown = (running, used)
-            self._running.set(running)
-            for kind, value in (("free", self._blocks - used), ("used", used), ("fraction", used / self._blocks)):
-                self._kv[kind].set(value)
+        with METRIC_CALLS:  # flushed by the loader's thread once, then by the metrics thread
+            for kind, n in pending.items():
+                if n:
+                    self._counters[kind].increment(n)
+            if self._state is None:
+                return
+            running, used = self._state()
+            used = min(self._blocks, used)
+            if (running, used) != self._shown:
+                self._shown = (running, used)
+                self._running.set(running)
+                for kind, value in (("free", self._blocks - used), ("used", used), ("fraction", used / self._blocks)):
+                    self._kv[kind].set(value)
 
     def stop(self) -> None:
         self._stopped.set()

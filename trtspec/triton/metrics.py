@@ -7,14 +7,13 @@ vLLM's labels instead, `model_name` (the same name) and `engine`, and move with 
 
 from __future__ import annotations
 
-import threading
-
 import triton_python_backend_utils as pb_utils
 
 from trtspec import field_metrics as field
 from trtspec.engine_health import FAILURES, SINCE, Run
 from trtspec.orchestrator.governor import STATES
 from trtspec.orchestrator.stats import RequestStats
+from trtspec.triton.common import METRIC_CALLS
 
 MODES = ("speculative", "plain")
 # what a failed request is counted as: its own fault, past its deadline, refused at the door, or the server's
@@ -46,7 +45,7 @@ class Metrics:
 
     def __init__(self, model: str, build: dict[str, str], draft_version: str = "1"):
         self._families = []  # a family must outlive its metrics, so every family is kept here
-        self._lock = threading.Lock()
+        self._lock = METRIC_CALLS  # shared with every other metric call of the process (see METRIC_CALLS)
         self.labels = {"model": model}
         counter, gauge, histogram = (
             pb_utils.MetricFamily.COUNTER,
