@@ -41,7 +41,7 @@ def _tiny_server(root: Path):
 
     from trtspec.compile import run_build
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
     from trtspec.server import TritonServer, free_port
 
     target = make_checkpoint(root / "target", layers=2, seed=0)

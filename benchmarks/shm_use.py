@@ -40,7 +40,7 @@ def build(root: Path, requests: int):
 
     from trtspec.compile import run_build
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
     from trtspec.server import TritonServer, free_port
 
     engines = root / "engines"

@@ -245,7 +245,7 @@ def ready(server, model: str | None = None) -> bool:
 def serve(args, console: Console):
     from trtspec.compile import run_build
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
     from trtspec.server import TritonServer, free_port, start_timeout_for
 
     repo, tokenizer = args.repo, args.tokenizer

@@ -141,7 +141,7 @@ SERVED_MODELS = ("preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_ll
 def model_repository(built_fp8, tmp_path_factory) -> Path:
     """`trtspec deploy` of the FP8 engines (engine models on CPU). Read-only: tests that break it copy it."""
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
 
     out = tmp_path_factory.mktemp("deploy") / "model_repository"
     return write_repository(load_config(built_fp8.config), built_fp8.engines, out, device="cpu")
@@ -152,7 +152,7 @@ def unary_repository(built_fp8, tmp_path_factory) -> Path:
     """`trtspec deploy --decoupled-mode false` of the same engines: unary engine models, which plain infer over HTTP
     and gRPC reaches (the default, decoupled, is served in test_serving.py, test_clients.py, test_reliability.py)."""
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
 
     out = tmp_path_factory.mktemp("deploy-unary") / "model_repository"
     return write_repository(

@@ -8,8 +8,7 @@ import shutil
 from pathlib import Path
 
 from trtspec.config import load_config
-from trtspec.engine.manifest import read_engine
-from trtspec.repository import (
+from trtspec.deploy.writer import (
     CONFIG_FILE,
     DRAFT_MODEL,
     ENGINE_TEMPLATES,
@@ -21,6 +20,7 @@ from trtspec.repository import (
     template_values,
     write_repository,
 )
+from trtspec.engine.manifest import read_engine
 
 STANDIN = Path(__file__).parent / "tensorrtllm_standin.py"
 

@@ -21,7 +21,7 @@ from test_monitoring import needs_prometheus, prometheus_scraping
 from test_reliability import kills_a_stub
 from test_serving import grpc_generate
 
-from trtspec.monitoring import write_monitoring
+from trtspec.deploy.monitoring import write_monitoring
 
 pytestmark = pytest.mark.server
 

@@ -466,7 +466,7 @@ def bench_server(model_repository, tmp_path_factory):
 
 def test_bench_end_to_end(bench_server, tmp_path):
     from trtspec.cli import cli
-    from trtspec.repository_checks import validate_repository
+    from trtspec.deploy.checks import validate_repository
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(

@@ -22,8 +22,8 @@ import yaml
 from trtllm_layout import engine_config, hf_config, write_engine
 
 from trtspec.config import BuildConfig
+from trtspec.deploy.writer import write_repository
 from trtspec.marker import MARKER_FILE
-from trtspec.repository import write_repository
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = Path(__file__).resolve().parent / "data" / "deploy_output.json"

@@ -173,7 +173,7 @@ def test_the_wheels_tritonserver_stays_on_loopback_unless_told(model_repository)
 
 
 def test_the_command_restricts_every_admin_api_and_prints_no_key(model_repository):
-    from trtspec.launch import server_command_line
+    from trtspec.deploy.launch import server_command_line
 
     srv = TritonServer(model_repository, host="0.0.0.0", api_key=keys.Key("a" * 32, "test"))
     args = srv.restriction_args()

@@ -306,7 +306,7 @@ def _picker_problems(config: dict) -> list[str]:
 @pytest.fixture
 def pool_docs(built_fp8, model_repository, tmp_path):
     from trtspec.config import load_config
-    from trtspec.k8s import write_manifests
+    from trtspec.deploy.k8s import write_manifests
 
     out = tmp_path / "k8s"
     write_manifests(
@@ -343,7 +343,7 @@ def test_the_picker_reads_the_names_trtspec_exports(pool_docs):
         field_metrics.KV_CACHE_USAGE,
     )
     # the picker is told to scrape the metrics port, where those are, and the NetworkPolicy lets it
-    from trtspec.k8s import picker_args
+    from trtspec.deploy.k8s import picker_args
 
     pool = pool_docs["inferencepool.yaml"]["metadata"]["name"]
     assert "--model-server-metrics-port=8002" in picker_args(pool) and f"--pool-name={pool}" in picker_args(pool)

@@ -26,10 +26,11 @@ from click.testing import CliRunner
 from conftest import free_ports
 from test_trtllm_deploy import deployed, no_trtllm  # noqa: F401  (fixtures: the 70B example on layout engines)
 
-from trtspec import k8s, keys
+from trtspec import keys
 from trtspec.cli import cli
 from trtspec.config import load_config
-from trtspec.k8s import (
+from trtspec.deploy import k8s
+from trtspec.deploy.k8s import (
     FRONT_PORT,
     HEALTH_PATH,
     LIVE_PATH,
@@ -350,7 +351,7 @@ def test_mpi_deployments_copy_without_cross_memory_attach(trtllm_docs, torch_doc
 
 
 def test_a_volume_over_the_pods_own_mounts_is_refused():
-    from trtspec.k8s import ManifestError, volume_root
+    from trtspec.deploy.k8s import ManifestError, volume_root
 
     assert volume_root([Path("/engines/model_repository"), Path("/engines/a/target")]) == Path("/engines")
     assert volume_root([Path("/tmp/x/repo"), Path("/tmp/x/target")]) == Path("/tmp/x")  # mounted inside /tmp's
@@ -405,7 +406,7 @@ def test_the_image_runs_the_same_shape(torch_docs):
 def test_mpirun_is_told_it_may_run_as_root_only_as_root(monkeypatch, euid, flag):
     import os
 
-    from trtspec.launch import Launch
+    from trtspec.deploy.launch import Launch
 
     monkeypatch.setattr(os, "geteuid", lambda: euid)
     cmd = Launch(mpi=True, engine_models=["tensorrt_llm"], devices=[0]).command(["tritonserver"])
@@ -450,7 +451,7 @@ def _get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
 @pytest.fixture
 def pod_like(built_fp8, tmp_path):
     """The tiny FP8 pair deployed, and the writable places the pod mounts emptyDirs at: HOME and /tmp."""
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
 
     loaded = load_config(built_fp8.config)
     repo = write_repository(loaded, built_fp8.engines, tmp_path / "model_repository", device="cpu")

@@ -339,7 +339,7 @@ def test_promote_refuses_a_tensorrt_llm_deployment(tmp_path):
 
     from trtspec import promote as P
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
 
     config, engines, repo = deployed_70b.__wrapped__(tmp_path)  # the fixture's function, called with our tmp_path
     write_repository(load_config(config), engines, repo)

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from trtspec.config import BuildConfig
+from trtspec.deploy.writer import CONFIG_FILE, MARKER_FILE, TEMPLATES_DIR, VERSION_DIR, render_models
 from trtspec.engine.manifest import engine_info
-from trtspec.repository import CONFIG_FILE, MARKER_FILE, TEMPLATES_DIR, VERSION_DIR, render_models
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = ROOT / "model_repository"

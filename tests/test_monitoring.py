@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtspec.monitoring import ALERTS, PANELS, RECORDING_RULES, write_monitoring
+from trtspec.deploy.monitoring import ALERTS, PANELS, RECORDING_RULES, write_monitoring
 
 PROMTOOL, PROMETHEUS = shutil.which("promtool"), shutil.which("prometheus")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian: apt install prometheus)")

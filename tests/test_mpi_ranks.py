@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from trtspec.launch import DRAFT_MODEL, TARGET_MODEL, Launch
+from trtspec.deploy.launch import DRAFT_MODEL, TARGET_MODEL, Launch
 from trtspec.server import CPU_ENGINE_ENV, TritonServer
 from trtspec.server_binary import find_tritonserver
 

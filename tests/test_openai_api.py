@@ -212,7 +212,7 @@ def triton(tmp_path_factory):
 
     from trtspec.compile import run_build
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
     from trtspec.server import TritonServer, free_port
 
     root = tmp_path_factory.mktemp("openai")

@@ -39,7 +39,7 @@ def spec_server(tmp_path_factory, request):
 
     from trtspec.compile import run_build
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
     from trtspec.server import TritonServer, free_port
 
     root = tmp_path_factory.mktemp("reenable")

@@ -11,20 +11,20 @@ from click.testing import CliRunner
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from trtspec import repository
 from trtspec.cli import cli
 from trtspec.config import load_config
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS
-from trtspec.engine.manifest import read_engine
-from trtspec.interfaces import MODEL_TENSORS
-from trtspec.repository import (
+from trtspec.deploy import writer as repository
+from trtspec.deploy.checks import validate_repository
+from trtspec.deploy.writer import (
     MARKER_FILE,
     MODELS,
     RepositoryError,
     render,
     write_repository,
 )
-from trtspec.repository_checks import validate_repository
+from trtspec.engine.manifest import read_engine
+from trtspec.interfaces import MODEL_TENSORS
 
 
 def parse(repo: Path, model: str) -> model_config_pb2.ModelConfig:
@@ -186,7 +186,7 @@ def test_every_shipped_template_field_has_a_value(built_fp8):
         config, read_engine(built_fp8.target), read_engine(built_fp8.draft), device="cpu"
     )
     per_model = {"model_name", "engine_dir"}  # each engine model's own
-    # the trtllm engine models' placement (trtspec.launch.engine_model_values)
+    # the trtllm engine models' placement (trtspec.deploy.launch.engine_model_values)
     per_model |= {"gpu_device_ids", "kv_cache_free_gpu_mem_fraction", "trtllm_extra_parameters"}
     templates = sorted(repository.TEMPLATES_DIR.glob("*/config.pbtxt"))
     assert len(templates) == 6

@@ -102,7 +102,7 @@ def spec_server(tmp_path_factory, request):
 
     from trtspec.compile import run_build
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
     from trtspec.server import TritonServer, free_port
 
     root = tmp_path_factory.mktemp("serving")
@@ -602,8 +602,8 @@ def llama3_ends(tmp_path_factory):
 
     from trtspec.config import load_config
     from trtspec.contract import GenerationRequest
+    from trtspec.deploy.writer import write_repository
     from trtspec.engine.runtime import Engine, InProcessClient
-    from trtspec.repository import write_repository
 
     found = {}
 

@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from trtspec import repository
+from trtspec.deploy import writer as repository
 from trtspec.errors import TrtspecError
 from trtspec.orchestrator.adaptive import CostModel
 from trtspec.serving_settings import PER_BUILD, REQUIRED, ServingSettings

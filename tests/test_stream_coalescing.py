@@ -25,7 +25,7 @@ SERVED = "tiny"
 
 def _write(config, engines, repo, overrides):
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
 
     repo = write_repository(load_config(config), engines, repo, overrides=overrides)
     shutil.copy(PACED_ENGINE, repo / "tensorrt_llm" / "1" / "model.py")

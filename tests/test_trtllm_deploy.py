@@ -22,11 +22,11 @@ from trtspec import environment
 from trtspec.cli import cli
 from trtspec.compile import trtllm
 from trtspec.config import load_config
+from trtspec.deploy.checks import validate_repository
+from trtspec.deploy.launch import Launch, repository_launch
+from trtspec.deploy.writer import write_repository
 from trtspec.engine.validate import Expected, validate_engines
 from trtspec.environment import Package
-from trtspec.launch import Launch, repository_launch
-from trtspec.repository import write_repository
-from trtspec.repository_checks import validate_repository
 from trtspec.serving_settings import CONCURRENT_REQUESTS_PER_BATCH_SLOT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -446,7 +446,7 @@ def test_kubernetes_manifests_validate_against_the_schemas(deployed, tmp_path):
             _validate_prometheus_operator(doc)  # not in the core schemas
         else:
             kubernetes_validate.validate(doc, "1.30.0", strict=True)  # raises on any schema error
-    from trtspec.monitoring import dashboard, rules
+    from trtspec.deploy.monitoring import dashboard, rules
 
     service, monitor = docs["service.yaml"], docs["servicemonitor.yaml"]
     assert (
@@ -489,7 +489,7 @@ def _validate_prometheus_operator(doc: dict) -> None:
 def test_the_prometheus_operator_check_finds_what_its_schema_refuses():
     from pydantic import ValidationError
 
-    from trtspec.monitoring import rules
+    from trtspec.deploy.monitoring import rules
 
     good = {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -554,7 +554,7 @@ def test_serve_waits_for_models_as_long_as_their_engines_need(deployed, tmp_path
     assert wait == pytest.approx(START_BASE_SECONDS["trtllm"] + size / START_READ_BYTES_PER_SECOND)
     assert wait > 600 + 199
     assert start_timeout_for(tmp_path) == START_BASE_SECONDS["torch"]  # not a trtspec repository
-    from trtspec.k8s import manifests
+    from trtspec.deploy.k8s import manifests
 
     container = manifests(load_config(config), repo, image="i", pvc="p")["deployment.yaml"]["spec"]["template"]["spec"][
         "containers"

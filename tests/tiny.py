@@ -230,7 +230,7 @@ def served_pair(
     the build config's engine section."""
     from trtspec.compile import run_build
     from trtspec.config import load_config
-    from trtspec.repository import write_repository
+    from trtspec.deploy.writer import write_repository
     from trtspec.server import TritonServer, free_port
 
     if pair is None:

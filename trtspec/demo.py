@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trtspec.compile import run_build
 from trtspec.config import load_config
-from trtspec.repository import write_repository
+from trtspec.deploy.writer import write_repository
 from trtspec.server import TritonServer, free_port, start_timeout_for
 
 DEMO_START_TIMEOUT_S = 900.0

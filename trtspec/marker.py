@@ -1,5 +1,5 @@
 """The marker file `trtspec deploy` writes into a model repository it made: the trtspec version, the build config,
-the engine dirs, the backend and how `trtspec serve` launches it. Written by trtspec.repository; read here by
+the engine dirs, the backend and how `trtspec serve` launches it. Written by trtspec.deploy.writer; read here by
 whatever needs to know a repository (serve's launch plan and start timeout, the Kubernetes manifests)."""
 
 from __future__ import annotations

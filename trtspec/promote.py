@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtspec.deploy.launch import DRAFT_MODEL
 from trtspec.errors import TrtspecError
-from trtspec.launch import DRAFT_MODEL
 
 BLS_MODEL = "tensorrt_llm_bls"
 PROMOTIONS = "promotions.json"

@@ -189,7 +189,7 @@ class TritonServer:
         self.control_file = control_file
         # the file the BLS reads the engines' measured costs from (trtspec.calibration), kept up to date by serve
         self.calibration_file = calibration_file
-        # trtspec.launch.Launch: run under mpirun in TensorRT-LLM's orchestrator mode (trtllm deployments).
+        # trtspec.deploy.launch.Launch: run under mpirun in TensorRT-LLM's orchestrator mode (trtllm deployments).
         self.launch = launch
         self.host = host
         self.metrics_host = metrics_host or host

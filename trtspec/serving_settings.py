@@ -2,7 +2,7 @@
 
 Triton hands a Python model its config.pbtxt `parameters` as strings. A parameter that is empty or still a template
 field (`${...}`) counts as unset and takes the field's default here, as in NVIDIA's models. `trtspec deploy`
-(trtspec.repository) writes the fields marked per build from the build config, the engines and its options, and
+(trtspec.deploy.writer) writes the fields marked per build from the build config, the engines and its options, and
 every other field at its default, so a repository and a BLS without the parameter behave alike.
 
 Pure Python: the repository imports it outside Triton, and the Triton models read their parameters with it.
@@ -85,7 +85,7 @@ class ServingSettings:
     # above this many requests in flight new requests decode plainly (0: no limit; `bench --apply` measures it)
     max_speculative_concurrency: int = 0
     # requests served at once, each on its own thread; deploy writes CONCURRENT_REQUESTS_PER_BATCH_SLOT x the target
-    # engine's max_batch_size (trtspec.repository), so the requests admitted keep their sequences in the KV cache
+    # engine's max_batch_size (trtspec.deploy.writer), so the requests admitted keep their sequences in the KV cache
     max_concurrent_requests: int = _per_build(64)
     # requests allowed to wait beyond those served; more are refused at once with an error
     max_queued_requests: int = 256

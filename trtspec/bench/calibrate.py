@@ -78,7 +78,7 @@ def from_repository(repo: str | Path) -> Target:
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from trtspec.repository import BLS_MODEL, DRAFT_MODEL, ENGINE_DIR_PARAMETER, TARGET_MODEL
+    from trtspec.deploy.writer import BLS_MODEL, DRAFT_MODEL, ENGINE_DIR_PARAMETER, TARGET_MODEL
 
     repo = Path(repo)
 
@@ -198,7 +198,7 @@ def measure(
     timeout: float = 120.0,
 ) -> tuple[Calibration, list[str]]:
     """The deployment's Calibration, and what was left out for the time budget. `progress(what, fraction)`."""
-    from trtspec.repository import DRAFT_MODEL, TARGET_MODEL
+    from trtspec.deploy.writer import DRAFT_MODEL, TARGET_MODEL
 
     began = time.monotonic()
     rng = random.Random(20261127)

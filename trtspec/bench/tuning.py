@@ -99,13 +99,13 @@ def apply_tuning(repo: str | os.PathLike, tuning: Mapping) -> Applied:
     """Write the tuning into a deployed repository's BLS config.pbtxt, in place, and check the repository.
 
     The file is replaced atomically. If the parsed config does not hold the new values, or the edited repository
-    has a problem (trtspec.repository_checks.validate_repository) it did not have before, the old file is put back and
+    has a problem (trtspec.deploy.checks.validate_repository) it did not have before, the old file is put back and
     BenchError says why. A running server keeps its loaded config until it is restarted or the model reloaded."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    from trtspec.repository import BLS_MODEL
-    from trtspec.repository_checks import validate_repository
+    from trtspec.deploy.checks import validate_repository
+    from trtspec.deploy.writer import BLS_MODEL
 
     path = Path(repo) / BLS_MODEL / "config.pbtxt"
     if not path.is_file():

@@ -32,7 +32,7 @@ def validate_repo(path: str) -> None:
       trtspec validate repo model_repository
       trtspec validate repo demo-output/model_repository
     """
-    from trtspec.repository_checks import validate_repository
+    from trtspec.deploy.checks import validate_repository
 
     report_problems(f"repository {path}", validate_repository(path))
     console.print(f"[green]ok[/]: {escape(path)}", highlight=False, soft_wrap=True)
@@ -48,7 +48,7 @@ def validate_monitoring(path: str) -> None:
       trtspec validate monitoring monitoring
       trtspec validate monitoring k8s/monitoring
     """
-    from trtspec.monitoring import stale_monitoring
+    from trtspec.deploy.monitoring import stale_monitoring
 
     stale = stale_monitoring(path)
     if stale:

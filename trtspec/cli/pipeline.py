@@ -195,9 +195,9 @@ def deploy(
     """
     from trtspec.compile import default_output
     from trtspec.config import load_config
+    from trtspec.deploy.checks import validate_repository
+    from trtspec.deploy.writer import write_repository
     from trtspec.engine.validate import validate_for_config
-    from trtspec.repository import write_repository
-    from trtspec.repository_checks import validate_repository
 
     if inference_pool and not k8s_dir:
         raise click.UsageError("--inference-pool: give --k8s DIR too (the pool is written beside the Deployment)")
@@ -219,12 +219,12 @@ def deploy(
     problems = validate_repository(out)
     report_problems(f"repository {out}", problems)
     if k8s_dir:
-        from trtspec.k8s import write_manifests
+        from trtspec.deploy.k8s import write_manifests
 
         for path in write_manifests(loaded, out, k8s_dir, image=image, pvc=pvc, inference_pool_too=inference_pool):
             console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
     if monitoring_dir:
-        from trtspec.monitoring import write_monitoring
+        from trtspec.deploy.monitoring import write_monitoring
 
         for path in write_monitoring(monitoring_dir):
             console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)

@@ -194,7 +194,7 @@ def serve(
     import tempfile
 
     from trtspec.bench.calibrate import calibrate_deployment, calibration_path, stored_for
-    from trtspec.launch import repository_launch
+    from trtspec.deploy.launch import repository_launch
     from trtspec.server import TritonServer, run_foreground
 
     out = Console()
@@ -258,7 +258,7 @@ def serve(
         calibration_file=calibration_path(repo),
     )
     if print_command:
-        from trtspec.launch import server_command_line
+        from trtspec.deploy.launch import server_command_line
 
         click.echo(server_command_line(server))
         return

@@ -52,7 +52,7 @@ from trtspec.orchestrator.adaptive import load_bucket, load_range, nearest_light
 
 LEVELS = ("speculating", "reduced", "plain")
 # The source material's GPU-memory thresholds, applied to the KV-cache blocks in use (the memory that moves: the
-# engines reserve the rest at start); trtspec.monitoring's KV alerts use the same numbers.
+# engines reserve the rest at start); trtspec.deploy.monitoring's KV alerts use the same numbers.
 KV_WARNING, KV_CRITICAL, KV_RELEASE = 0.92, 0.97, 0.85
 STATES = (*LEVELS, "probing")  # probing: plain, with probes running
 

@@ -1,4 +1,4 @@
-"""The Triton model repository, written from the templates in trtspec/model_repository/ for one build.
+"""The Triton model repository, written from the templates in trtspec/deploy/templates/ for one build.
 
 `write_repository` fills each template's `${field}`s from the build config and the engine dirs and writes
 
@@ -9,7 +9,7 @@ generated from the name tables in trtspec.contract, so the configs cannot drift 
 The engine models come from the template set of the config's backend (`ENGINE_TEMPLATES`); every other model
 is the same for all backends.
 
-What reads a repository back and checks it (`trtspec validate repo`) is trtspec.repository_checks.
+What reads a repository back and checks it (`trtspec validate repo`) is trtspec.deploy.checks.
 """
 
 from __future__ import annotations
@@ -28,19 +28,19 @@ from pathlib import Path
 from trtspec import __version__
 from trtspec.config import BuildConfig, LoadedConfig
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, TensorSpec
-from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
-from trtspec.errors import EngineError, TrtspecError
-from trtspec.interfaces import MODEL_TENSORS
-from trtspec.launch import (
+from trtspec.deploy.launch import (
     engine_model_values,
     kv_cache_sequences,
     launch_for,
     planned_gpu_memory_fraction,
 )
+from trtspec.engine.manifest import EngineInfo, read_engine, read_manifest
+from trtspec.errors import EngineError, TrtspecError
+from trtspec.interfaces import MODEL_TENSORS
 from trtspec.marker import MARKER_FILE
 from trtspec.serving_settings import CONCURRENT_REQUESTS_PER_BATCH_SLOT, INPUT_CHARS_PER_TOKEN, ServingSettings
 
-TEMPLATES_DIR = Path(__file__).parent / "model_repository"
+TEMPLATES_DIR = Path(__file__).parent / "templates"
 CONFIG_FILE = "config.pbtxt"
 VERSION_DIR = "1"
 
@@ -222,7 +222,7 @@ def _bls_build_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo
         "max_input_chars": INPUT_CHARS_PER_TOKEN * prompt_limit(target),  # refused untokenized beyond
         "max_seq_len": target.max_output_seq_len,  # prompt + output, as built (without the draft allowance)
         # the GPU-memory alerts fire above it, not at a level TensorRT-LLM's KV-cache reservation reaches at start
-        # (trtspec.monitoring)
+        # (trtspec.deploy.monitoring)
         "gpu_memory_planned_fraction": str(planned_gpu_memory_fraction(config, target, draft) or 0),
         "gather_context_logits": target.gather_context_logits,
         "gather_generation_logits": target.gather_generation_logits,
@@ -265,7 +265,7 @@ def plan_models(config: BuildConfig, target: EngineInfo, draft: EngineInfo | Non
         ModelPlan(PREPROCESSING_MODEL, PREPROCESSING_MODEL, {}),
         ModelPlan(POSTPROCESSING_MODEL, POSTPROCESSING_MODEL, {}),
     ]
-    # The trtllm engine models also get their GPUs and KV-cache share (trtspec.launch).
+    # The trtllm engine models also get their GPUs and KV-cache share (trtspec.deploy.launch).
     extra = engine_model_values(config, target, draft) if config.backend == "trtllm" else {}
     for fields in extra.values():
         fields["trtllm_extra_parameters"] = parameter_lines(fields.pop("extra_parameters"))

@@ -3,7 +3,7 @@
 `validate_repository` lists every problem at once: missing models, unfilled `${field}`s, tensors that differ from
 the contract (trtspec.contract) or from NVIDIA's models of the same name (trtspec.interfaces), broken ensemble
 wiring, the BLS's parameters, what TensorRT-LLM's backend needs, and the engine and tokenizer dirs the configs
-name. What writes a repository is trtspec.repository.
+name. What writes a repository is trtspec.deploy.writer.
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, PERF_OUTPUTS, TensorSpec
-from trtspec.engine.manifest import read_engine
-from trtspec.errors import EngineError, Problem
-from trtspec.interfaces import MODEL_TENSORS, SPECULATION_METHODS
-from trtspec.launch import RECV_POLL_PERIOD_MS, repository_launch
-from trtspec.repository import (
+from trtspec.deploy.launch import RECV_POLL_PERIOD_MS, repository_launch
+from trtspec.deploy.writer import (
     BLS_MODEL,
     CONFIG_FILE,
     DRAFT_MODEL,
@@ -30,6 +27,9 @@ from trtspec.repository import (
     TOKENIZER_FILES,
     VERSION_DIR,
 )
+from trtspec.engine.manifest import read_engine
+from trtspec.errors import EngineError, Problem
+from trtspec.interfaces import MODEL_TENSORS, SPECULATION_METHODS
 from trtspec.serving_settings import ServingSettings
 
 _REGENERATE = "regenerate the repository with `trtspec deploy --force`"

@@ -22,9 +22,9 @@
   metrics trtspec exports under vLLM's names, trtspec.field_metrics); the NetworkPolicy then admits the picker's
   pods to the metrics port, which the picker reads by queue depth and KV-cache use.
 - For the prometheus-operator: servicemonitor.yaml (scrape the metrics port every 15 s), prometheusrule.yaml (the
-  rules of trtspec.monitoring), grafana-dashboard.yaml (the dashboard as a ConfigMap labelled grafana_dashboard: "1",
-  as Grafana's dashboard sidecar finds them) and prometheus-adapter.yaml (the adapter rule that serves the HPA's
-  queue metric as a pods metric).
+  rules of trtspec.deploy.monitoring), grafana-dashboard.yaml (the dashboard as a ConfigMap labelled
+  grafana_dashboard: "1", as Grafana's dashboard sidecar finds them) and prometheus-adapter.yaml (the adapter rule
+  that serves the HPA's queue metric as a pods metric).
 """
 
 from __future__ import annotations
@@ -282,9 +282,9 @@ def inference_pool(name: str, labels: dict[str, str]) -> dict[str, dict]:
 
 
 def manifests(loaded, repo: Path, *, image: str, pvc: str, inference_pool_too: bool = False) -> dict[str, dict]:
-    from trtspec.launch import Launch
+    from trtspec.deploy.launch import Launch
+    from trtspec.deploy.monitoring import dashboard, rules
     from trtspec.marker import MARKER_FILE
-    from trtspec.monitoring import dashboard, rules
     from trtspec.server import start_timeout_for
 
     config = loaded.config
@@ -485,7 +485,9 @@ _HEADERS = {
     "hpa.yaml": f"# Example autoscaler on Triton's queue gauge {QUEUE_METRIC} (requests waiting in the BLS model).\n"
     "# Needs a custom-metrics adapter (e.g. Prometheus Adapter) exposing it as a pods metric.\n",
     "servicemonitor.yaml": "# prometheus-operator: scrape the deployment's metrics port.\n",
-    "prometheusrule.yaml": "# prometheus-operator: trtspec's recording and alerting rules (trtspec/monitoring.py).\n",
+    "prometheusrule.yaml": (
+        "# prometheus-operator: trtspec's recording and alerting rules (trtspec/deploy/monitoring.py).\n"
+    ),
     "grafana-dashboard.yaml": "# The trtspec dashboard, for Grafana's dashboard sidecar (label grafana_dashboard).\n",
     "prometheus-adapter.yaml": f"# Prometheus Adapter rule serving {QUEUE_METRIC} as a pods metric for hpa.yaml; "
     "merge its\n"
@@ -535,8 +537,8 @@ def _headers(name: str) -> dict[str, str]:
 #   curl -s -X POST -H "{keys.ADMIN_HEADER}: $(cat admin-key)" localhost:8000/v2/repository/index
 #
 # Resources: memory is what the deployment holds in host memory (an estimate from the engines and
-# engine.kv_cache_mb, see trtspec/k8s.py); the limit adds the /dev/shm emptyDir's {SHM_GIB}Gi, which counts against
-# it. CPU figures are starting points: measure and adjust.
+# engine.kv_cache_mb, see trtspec/deploy/k8s.py); the limit adds the /dev/shm emptyDir's {SHM_GIB}Gi, which counts
+# against it. CPU figures are starting points: measure and adjust.
 """,
         "service.yaml": f"# The OpenAI front ({FRONT_PORT}) and Prometheus metrics ({METRICS_PORT}) of the deployment; "
         "Triton's own\n# HTTP/gRPC listen on the pod's loopback and are not exposed.\n",

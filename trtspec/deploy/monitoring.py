@@ -465,7 +465,7 @@ def alertmanager() -> dict:
 def files() -> dict[str, str]:
     """The monitoring files by name, as this version of trtspec writes them."""
     return {
-        RULES_FILE: "# Written by `trtspec deploy --monitoring`; thresholds in trtspec/monitoring.py.\n"
+        RULES_FILE: "# Written by `trtspec deploy --monitoring`; thresholds in trtspec/deploy/monitoring.py.\n"
         + yaml.safe_dump(rules(), sort_keys=False, width=120),
         DASHBOARD_FILE: json.dumps(dashboard(), indent=2) + "\n",
         ALERTMANAGER_FILE: "# Written by `trtspec deploy --monitoring`: an example Alertmanager configuration. Alerts\n"
