@@ -24,11 +24,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from fuzzing import OUTPUT_NEUTRAL, PROMPTS, Outcome, bls_requests, send, wrong_json_type  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
+from support.fuzzing import OUTPUT_NEUTRAL, PROMPTS, Outcome, bls_requests, send, wrong_json_type  # noqa: E402
 
 
 class _Endpoints:
@@ -37,7 +37,7 @@ class _Endpoints:
 
 
 def _tiny_server(root: Path):
-    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from support.tiny import make_checkpoint, make_perturbed_copy, write_config
 
     from trtspec.compile import run_build
     from trtspec.config import load_config

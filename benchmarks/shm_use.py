@@ -36,7 +36,7 @@ REGION = "triton_python_backend_shm_region"
 
 def build(root: Path, requests: int):
     """The tiny pair's repository under `root` (built once) and a server for it, not yet started."""
-    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from support.tiny import make_checkpoint, make_perturbed_copy, write_config
 
     from trtspec.compile import run_build
     from trtspec.config import load_config

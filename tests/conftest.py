@@ -32,7 +32,7 @@ torch.set_num_threads(1)
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import make_checkpoint, write_config  # noqa: E402
+from support.tiny import make_checkpoint, write_config  # noqa: E402
 
 MAX_DRAFT_LEN = 4
 MAX_INPUT_LEN = 64
@@ -150,7 +150,8 @@ def model_repository(built_fp8, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def unary_repository(built_fp8, tmp_path_factory) -> Path:
     """`trtspec deploy --decoupled-mode false` of the same engines: unary engine models, which plain infer over HTTP
-    and gRPC reaches (the default, decoupled, is served in test_serving.py, test_clients.py, test_reliability.py)."""
+    and gRPC reaches (the default, decoupled, is served in test_serving.py, test_nvidia_clients.py,
+    test_reliability.py)."""
     from trtspec.config import load_config
     from trtspec.deploy.writer import write_repository
 

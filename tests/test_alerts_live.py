@@ -51,7 +51,7 @@ def scaled_rules(out):
 def serving(tmp_path_factory, name: str, **kwargs):
     """A served pair (tiny.served_pair's `kwargs`) under a folder of its own, started, and stopped afterwards; its
     BLS reads forces from `server.control_file` (as under `trtspec serve --control-port`)."""
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     root = tmp_path_factory.mktemp("alerts")
     server = served_pair(root / name, **kwargs)
@@ -69,7 +69,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def blind_server(tmp_path_factory):
-    from tiny import make_numbers_blind_pair
+    from support.tiny import make_numbers_blind_pair
 
     # a governor that judges 3 s after each change, not 30: the test walks it down two levels and up two
     yield from serving(tmp_path_factory, "blind", pair=make_numbers_blind_pair, overrides={"governor_hold_seconds": 3})

@@ -375,7 +375,7 @@ def test_prompt_file_and_unknown_set(tmp_path):
 
 
 def test_prompts_numbered_and_templated(tmp_path):
-    from tiny import make_tokenizer
+    from support.tiny import make_tokenizer
     from transformers import AutoTokenizer
 
     plain = b.Prompts(["Why?"], numbered=True)
@@ -390,7 +390,7 @@ def test_prompts_numbered_and_templated(tmp_path):
 
 
 def test_random_token_prompts(tmp_path):
-    from tiny import make_tokenizer
+    from support.tiny import make_tokenizer
     from transformers import AutoTokenizer
 
     with pytest.raises(b.BenchError, match="--chat-template"):
@@ -629,7 +629,7 @@ def _bls_requests(server) -> float:
 def test_spec_bench_through_trtspec_bench(bench_server, tmp_path):
     """Every draft source against target-only on each task, greedy outputs compared, the long question skipped;
     each block of questions sent once more first, untimed, to fill the prefix cache for every method alike."""
-    from tiny import chat_tokenizer
+    from support.tiny import chat_tokenizer
 
     from trtspec.cli import cli
 

@@ -16,7 +16,7 @@ from conftest import ENGINE, MAX_DRAFT_LEN, MAX_SEQ_LEN, SPECULATION
 from rich.console import Console
 from safetensors import safe_open
 from safetensors.torch import load_file
-from tiny import write_config
+from support.tiny import write_config
 
 from trtspec.checkpoint import declared_end_ids
 from trtspec.cli import cli

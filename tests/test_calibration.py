@@ -117,7 +117,7 @@ def test_the_watch_reads_the_file_the_environment_names_when_it_changes(tmp_path
 def _wide_pair(root):
     """A target wide enough that a pass's rows cost more than its overhead (the tiny pair's are all overhead), and
     a perturbed copy as its draft."""
-    from tiny import make_checkpoint, make_perturbed_copy
+    from support.tiny import make_checkpoint, make_perturbed_copy
 
     target = make_checkpoint(root / "target", layers=2, hidden=1024, heads=8, kv_heads=2, seed=0)
     return target, make_perturbed_copy(target, root / "draft", noise=0.01)
@@ -125,7 +125,7 @@ def _wide_pair(root):
 
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     return served_pair(tmp_path_factory.mktemp("calibration") / "wide", pair=_wide_pair)
 
@@ -229,8 +229,8 @@ def test_calibration_on_the_tensorrtllm_standin(tmp_path):
     """The same measurement through the strict stand-in of TensorRT-LLM's backend (a batch of rows in one decoupled
     request, perf outputs as the backend writes them)."""
     from rich.console import Console
-    from standin_repo import write_standin_repository
-    from tiny import served_pair
+    from support.standin_repo import write_standin_repository
+    from support.tiny import served_pair
 
     from trtspec.bench.calibrate import calibration_path, from_repository, measure, refresh
 

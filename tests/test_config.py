@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from tiny import make_checkpoint
+from support.tiny import make_checkpoint
 
 from trtspec.config import LoadedConfig, load_config
 from trtspec.errors import ConfigError

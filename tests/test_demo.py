@@ -37,7 +37,7 @@ def test_the_demo_config_ships_in_the_package_and_loads_from_any_folder(tmp_path
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(tmp_path_factory.mktemp("demo-check"))
     server.start(timeout=600)

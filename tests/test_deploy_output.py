@@ -1,10 +1,10 @@
 """What `trtspec deploy` writes, byte for byte, for the demo pair and for every production config in build_configs/.
 
-Each repository is written by `write_repository` (portable, engines at a relative path) from engine dirs that hold
-only a config.json and a tokenizer file: the demo's from the engine configs the checked-in model_repository/ keeps,
-the production pairs' in TensorRT-LLM's layout (tests/trtllm_layout.py) from their published Hugging Face configs
-and the build config's limits. Every written file's SHA-256 is compared with tests/data/deploy_output.json (the
-marker without its time and version). The demo's repository must also equal the checked-in model_repository/.
+Each repository is written by `write_repository` (portable, engines at a relative path) from engine dirs that hold only
+a config.json and a tokenizer file: the demo's from the engine configs the checked-in model_repository/ keeps, the
+production pairs' in TensorRT-LLM's layout (tests/support/trtllm_layout.py) from their published Hugging Face configs
+and the build config's limits. Every written file's SHA-256 is compared with tests/data/deploy_output.json (the marker
+without its time and version). The demo's repository must also equal the checked-in model_repository/.
 
 After an intended change to what deploy writes, regenerate the expectation (and say why in the commit):
     TRTSPEC_UPDATE_DEPLOY_OUTPUT=1 .venv/bin/python -m pytest -q tests/test_deploy_output.py
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trtllm_layout import engine_config, hf_config, write_engine
+from support.trtllm_layout import engine_config, hf_config, write_engine
 
 from trtspec.config import BuildConfig
 from trtspec.deploy.writer import write_repository

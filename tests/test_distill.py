@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny import make_checkpoint, write_config
+from support.tiny import make_checkpoint, write_config
 
 from trtspec.checkpoint import SHARED_FILE, inspect_checkpoint, load_model
 from trtspec.distill import DistillOptions, run_distill

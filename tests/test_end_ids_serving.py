@@ -1,5 +1,5 @@
 """min_tokens and the model's several end tokens on a real server, over the strict stand-in of TensorRT-LLM's
-backend (tests/tensorrtllm_standin.py): the target declares a second end token (as Llama 3.x Instruct declares
+backend (tests/support/tensorrtllm_standin.py): the target declares a second end token (as Llama 3.x Instruct declares
 128001, 128008 and 128009) that its greedy answer reaches early. TensorRT-LLM's min-length rule masks the request's
 one end_id, so the BLS bans the others until min_tokens are out; and min_tokens never reaches an engine with no end
 id (ignore_eos), which the stand-in refuses as kernels without the guard of 3c44cb97 would get it wrong."""
@@ -19,8 +19,8 @@ from trtspec.contract import GenerationRequest, request_to_tensors
 def ends(tmp_path_factory):
     """The served pair on the stand-in, its target declaring a second end token: the first token of its greedy
     answer, from the sixth on, that is not the eos; and the answer held back as min_tokens holds it."""
-    from standin_repo import write_standin_repository
-    from tiny import served_pair
+    from support.standin_repo import write_standin_repository
+    from support.tiny import served_pair
     from transformers import AutoTokenizer
 
     from trtspec.engine.runtime import Engine, InProcessClient

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import MAX_DRAFT_LEN
-from tiny import write_config
+from support.tiny import write_config
 
 from trtspec.contract import GenerationRequest, SamplingParams, request_to_tensors
 from trtspec.engine import kernels

@@ -1,7 +1,7 @@
 """What the BLS's engine calls cost and how they end, on the strict stand-in of TensorRT-LLM's backend through the real
-tritonserver: each call asks for its new tokens alone (TensorRT-LLM's `exclude_input_in_output`), so a response does
-not carry the sequence again; no call or response is kept once read, so many long requests leave the BLS's shared
-memory where it was; and a stop that reaches the engine before its call (tests/late_engine.py takes long calls in late)
+tritonserver: each call asks for its new tokens alone (TensorRT-LLM's `exclude_input_in_output`), so a response does not
+carry the sequence again; no call or response is kept once read, so many long requests leave the BLS's shared memory
+where it was; and a stop that reaches the engine before its call (tests/support/late_engine.py takes long calls in late)
 still ends that call, which would otherwise run its whole budget."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from test_serving import grpc_generate
 from trtspec.client import SpecClient
 from trtspec.contract import GenerationRequest, request_to_tensors
 
-LATE_ENGINE = Path(__file__).parent / "late_engine.py"
+LATE_ENGINE = Path(__file__).parent / "support" / "late_engine.py"
 CALLS = "CALLS"  # late_engine.CALLS (that module runs only inside the server: it needs pb_utils)
 SHORT = 8  # late_engine.SHORT: calls asking for more tokens are taken in late
 PROMPT = "The quick brown fox"
@@ -25,7 +25,7 @@ REGION = "triton_python_backend_shm_region"
 
 
 def _write(config, engines, repo, overrides):
-    from standin_repo import write_standin_repository
+    from support.standin_repo import write_standin_repository
 
     repo = write_standin_repository(config, engines, repo, overrides=overrides)
     version = repo / "tensorrt_llm" / "1"
@@ -36,7 +36,7 @@ def _write(config, engines, repo, overrides):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(tmp_path_factory.mktemp("engine-calls"), write=_write, max_input_len=256)
     server.start(timeout=300)

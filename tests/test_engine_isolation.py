@@ -100,8 +100,8 @@ def test_a_full_engine_queue_refuses_at_once_and_the_server_keeps_serving(server
 
 
 def _served(root, backend: str, decoupled: bool = True):
-    from standin_repo import write_standin_repository
-    from tiny import served_pair
+    from support.standin_repo import write_standin_repository
+    from support.tiny import served_pair
 
     def standin(config, engines, repo, overrides):
         return write_standin_repository(config, engines, repo, overrides=overrides)

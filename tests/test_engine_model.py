@@ -109,7 +109,7 @@ def test_ensemble_returns_the_detokenized_greedy_decode(client, engines, tokeniz
         client, "ensemble", {"text_input": text(prompts[0]), "max_tokens": np.array([[max_tokens[0]]], np.int32)}
     )
     assert out["text_output"].reshape(-1)[0].decode() == expected[0]
-    # a batch of two prompts needs decoupled engine models, as TensorRT-LLM's backend (tests/test_clients.py)
+    # a batch of two prompts needs decoupled engine models, as TensorRT-LLM's backend (tests/test_nvidia_clients.py)
     with pytest.raises(InferenceServerException, match="a batch of 2 requests needs a decoupled model"):
         infer(
             client,

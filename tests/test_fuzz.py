@@ -13,14 +13,14 @@ import urllib.request
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from fuzzing import OUTPUT_NEUTRAL, PROMPTS, Outcome, bls_requests, send, wrong_json_type  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from support.fuzzing import OUTPUT_NEUTRAL, PROMPTS, Outcome, bls_requests, send, wrong_json_type  # noqa: E402
 from test_serving import grpc_generate, ids_of  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(tmp_path_factory.mktemp("fuzz"), max_input_len=64)
     server.start(timeout=300)

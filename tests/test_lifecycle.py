@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny import make_checkpoint, make_perturbed_copy, write_config
+from support.tiny import make_checkpoint, make_perturbed_copy, write_config
 
 from trtspec.capture import Capture, CaptureSettings, make_record, read_records
 from trtspec.distill import DistillOptions, run_distill
@@ -186,7 +186,7 @@ def promoted_server(tmp_path_factory):
     import compileall
     import os
 
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     from trtspec.capture import CAPTURE_ENV
 
@@ -292,8 +292,8 @@ def test_promote_under_load_and_back(promoted_server, tmp_path):
     """A new draft loaded while requests run: none fails, greedy outputs stay the target's own, the acceptance
     metrics carry the draft's version; --previous brings version 1 back the same way."""
 
+    from support.tiny import make_perturbed_copy
     from test_serving import grpc_generate, ids_of
-    from tiny import make_perturbed_copy
 
     from trtspec import promote as P
 

@@ -32,7 +32,7 @@ from trtspec.request_limits import check_prompt_chars, check_returned_logits, ch
 from trtspec.serving_settings import ServingSettings
 
 SETTINGS = ServingSettings.from_parameters({"tokenizer_dir": "/t", "max_input_len": "128", "max_seq_len": "256"})
-VOCAB = 320  # the tiny tokenizer's (tests/tiny.py)
+VOCAB = 320  # the tiny tokenizer's (tests/support/tiny.py)
 REQUEST_TIMEOUT_MS = 1000  # the served deployment's request_timeout_ms
 # The deadline test's own deployment: a plain answer of LONG_ANSWER tokens takes the tiny model 0.6-2.1 s on the
 # 2-core test machines (quiet to busy), so it outlasts DEADLINE_MS (and SHORT_MS) however fast the machine is, and a
@@ -171,7 +171,7 @@ class TritonPythonModel:
 
 @pytest.fixture(scope="module")
 def limits_server(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(
         tmp_path_factory.mktemp("limits"),
@@ -189,7 +189,7 @@ def limits_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def deadline_server(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(
         tmp_path_factory.mktemp("deadline"), max_input_len=MAX_INPUT_LEN, overrides={"request_timeout_ms": DEADLINE_MS}

@@ -1,7 +1,7 @@
-"""Liveness on a real server: a target whose every call fails (TensorRT-LLM's executor after a sticky CUDA error,
-played by tests/failing_engine.py over the backend's stand-in) keeps its model READY, so readiness cannot see it;
-the BLS counts the engine's failures, and the OpenAI front's /health/live answers 503 once the target has failed
-every call for the rule's time, then 200 again after its next answer. A client's bad request is never counted."""
+"""Liveness on a real server: a target whose every call fails (TensorRT-LLM's executor after a sticky CUDA error, played
+by tests/support/failing_engine.py over the backend's stand-in) keeps its model READY, so readiness cannot see it; the
+BLS counts the engine's failures, and the OpenAI front's /health/live answers 503 once the target has failed every call
+for the rule's time, then 200 again after its next answer. A client's bad request is never counted."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import pytest
 
 from trtspec.engine_health import FAILURES, failing_from_scrape
 
-FAILING_MODEL = Path(__file__).parent / "failing_engine.py"
+FAILING_MODEL = Path(__file__).parent / "support" / "failing_engine.py"
 MODEL = "tiny"
 FAILING = "FAILING"  # failing_engine.FAILING (that module runs only inside the server: it needs pb_utils)
 
 
 def _write(config, engines, repo, overrides):
-    from standin_repo import write_standin_repository
+    from support.standin_repo import write_standin_repository
 
     repo = write_standin_repository(config, engines, repo, overrides=overrides)
     version = repo / "tensorrt_llm" / "1"
@@ -33,7 +33,7 @@ def _write(config, engines, repo, overrides):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(tmp_path_factory.mktemp("liveness"), write=_write)
     server.start(timeout=300)

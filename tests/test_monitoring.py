@@ -264,8 +264,8 @@ def scraped(tmp_path_factory):
     the generated rules when Debian's prometheus is installed (else None)."""
     import time
 
+    from support.tiny import served_pair
     from test_serving import grpc_generate
-    from tiny import served_pair
     from tritonclient.utils import InferenceServerException
 
     root = tmp_path_factory.mktemp("monitoring")

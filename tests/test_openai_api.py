@@ -207,7 +207,7 @@ def test_harmless_and_neutral_fields_are_accepted():
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
     """A 2-layer target whose tokenizer has a chat template, a perturbed copy as its draft, served by tritonserver."""
-    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from support.tiny import make_checkpoint, make_perturbed_copy, write_config
     from transformers import AutoTokenizer
 
     from trtspec.compile import run_build

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from tiny import make_checkpoint, make_perturbed_copy, write_config
+from support.tiny import make_checkpoint, make_perturbed_copy, write_config
 
 from trtspec.contract import SamplingParams
 from trtspec.orchestrator.drafters import make_drafter
@@ -329,7 +329,7 @@ def test_orchestrator_imports_neither_triton_nor_the_engine():
 
 
 def test_incremental_detokenizer_streams_valid_utf8(tmp_path):
-    from tiny import make_tokenizer
+    from support.tiny import make_tokenizer
 
     from trtspec.orchestrator.detok import IncrementalDetokenizer
 
@@ -494,7 +494,7 @@ def test_calls_from_before_an_outage_do_not_stretch_its_cool_down():
 @pytest.fixture(scope="module")
 def copier(tmp_path_factory):
     """A target that copies (a bigram model: see tiny.make_bigram_copy) and a draft of its vocabulary."""
-    from tiny import make_bigram_copy
+    from support.tiny import make_bigram_copy
 
     from trtspec.compile import run_build
     from trtspec.engine.runtime import Engine, InProcessClient

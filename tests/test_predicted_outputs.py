@@ -20,7 +20,7 @@ def _copying_pair(root):
     """A target whose greedy text repeats a token (each position's logits depend on its own token alone), so its
     answer is text that tokenizes back to the same tokens: a prediction made of it is exactly right, token for
     token, and the counts are known; and a perturbed copy as its draft."""
-    from tiny import make_bigram_copy, make_checkpoint, make_perturbed_copy
+    from support.tiny import make_bigram_copy, make_checkpoint, make_perturbed_copy
 
     target = make_bigram_copy(make_checkpoint(root / "base", layers=2, seed=0), root / "target")
     return target, make_perturbed_copy(target, root / "draft", noise=0.01)
@@ -28,7 +28,7 @@ def _copying_pair(root):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tiny import chat_tokenizer, served_pair
+    from support.tiny import chat_tokenizer, served_pair
 
     root = tmp_path_factory.mktemp("predicted")
     server = served_pair(root, pair=_copying_pair)
@@ -183,7 +183,7 @@ def test_logprobs_are_the_engines_own(client, bls, tokenizer, stream):
         out = client.chat.completions.create(**kwargs)
         entries, text = out.choices[0].logprobs.content, out.choices[0].message.content
     from jinja2 import Template
-    from tiny import CHAT_TEMPLATE
+    from support.tiny import CHAT_TEMPLATE
 
     prompt = Template(CHAT_TEMPLATE).render(messages=MESSAGES, add_generation_prompt=True)
     reference = bls.generate(prompt, max_tokens=12, temperature=0.0)

@@ -4,7 +4,7 @@ in-process engines (real tiny models, no Triton)."""
 from __future__ import annotations
 
 import pytest
-from tiny import make_checkpoint, write_config
+from support.tiny import make_checkpoint, write_config
 
 from trtspec.openai_api.errors import APIError
 from trtspec.openai_api.protocol import CHAT, COMPLETION, parse_request

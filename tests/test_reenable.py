@@ -34,8 +34,8 @@ TOLERANCE = 0.25
 
 @pytest.fixture(scope="module", params=["embedded", "tensorrtllm-standin"])
 def spec_server(tmp_path_factory, request):
-    from standin_repo import write_standin_repository
-    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from support.standin_repo import write_standin_repository
+    from support.tiny import make_checkpoint, make_perturbed_copy, write_config
 
     from trtspec.compile import run_build
     from trtspec.config import load_config

@@ -29,7 +29,7 @@ SPECULATIVE = {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     # two requests served at once and one more allowed to wait: the queue test below fills both
     server = served_pair(

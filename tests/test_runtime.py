@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import MAX_DRAFT_LEN, MAX_SEQ_LEN
 from safetensors.torch import load_file
-from tiny import hf_generate
+from support.tiny import hf_generate
 
 from trtspec.contract import (
     ENGINE_OUTPUTS,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tiny import hf_generate
+from support.tiny import hf_generate
 
 from trtspec.contract import GenerationRequest, Penalties, SamplingParams, request_to_tensors, tensors_to_request
 from trtspec.engine.runtime import Engine

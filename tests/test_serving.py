@@ -97,8 +97,8 @@ def spec_server(tmp_path_factory, request):
     """A 3-layer target, a perturbed copy as its draft (about half the draft tokens accepted), max_draft_len 8,
     deployed and served by the real tritonserver; every test runs twice: on the embedded engine models, and on
     the strict stand-in of TensorRT-LLM's tensorrtllm backend with the TensorRT deployment's engine configs."""
-    from standin_repo import write_standin_repository
-    from tiny import make_checkpoint, make_perturbed_copy, write_config
+    from support.standin_repo import write_standin_repository
+    from support.tiny import make_checkpoint, make_perturbed_copy, write_config
 
     from trtspec.compile import run_build
     from trtspec.config import load_config
@@ -597,7 +597,7 @@ def test_a_stop_request_needs_the_request_id(spec_server):
 def llama3_ends(tmp_path_factory):
     """A served pair whose target declares a second end token in generation_config.json, as Llama 3.x Instruct
     declares three: a token of the prompt's own greedy answer, so that the answer ends there."""
-    from tiny import served_pair
+    from support.tiny import served_pair
     from transformers import AutoTokenizer
 
     from trtspec.config import load_config

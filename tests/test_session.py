@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from tiny import make_checkpoint, make_perturbed_copy, write_config
+from support.tiny import make_checkpoint, make_perturbed_copy, write_config
 
 from trtspec import control
 from trtspec.calibration import Calibration

@@ -1,6 +1,6 @@
 """Streaming coalescing through the real tritonserver and the OpenAI front, on the embedded engine model paced by the
-test's reader (tests/paced_engine.py): a reader that takes each message before the next token exists gets one message
-per token at every hop; streams side by side give the unstreamed answers however their messages were gathered;
+test's reader (tests/support/paced_engine.py): a reader that takes each message before the next token exists gets one
+message per token at every hop; streams side by side give the unstreamed answers however their messages were gathered;
 stream_interval holds tokens to that many; a client that leaves the front frees the engine's slot within a step."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 BLS = "tensorrt_llm_bls"
-PACED_ENGINE = Path(__file__).parent / "paced_engine.py"
+PACED_ENGINE = Path(__file__).parent / "support" / "paced_engine.py"
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Once upon a time", "1, 2, 3,"]
 SERVED = "tiny"
 
@@ -34,7 +34,7 @@ def _write(config, engines, repo, overrides):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(tmp_path_factory.mktemp("coalescing"), write=_write)
     server.start(timeout=300)

@@ -240,7 +240,7 @@ def _pairs(tokens: list[int], before: int) -> list[list[int]]:
 
 
 def test_multi_byte_characters_split_across_tokens_come_out_whole_however_grouped(tmp_path):
-    from tiny import make_tokenizer
+    from support.tiny import make_tokenizer
 
     from trtspec.orchestrator.detok import IncrementalDetokenizer
 

@@ -312,7 +312,7 @@ def test_a_target_that_dies_twice_costs_time_not_the_request(engine, stream, spe
 def cycling(tmp_path_factory):
     """A target whose next token depends on the last token alone (tiny.make_bigram_copy): its greedy text runs
     into a cycle, which prompt lookup then drafts whole, and until then matches nothing."""
-    from tiny import make_bigram_copy, make_checkpoint, make_perturbed_copy, write_config
+    from support.tiny import make_bigram_copy, make_checkpoint, make_perturbed_copy, write_config
 
     from trtspec.compile import run_build
     from trtspec.engine.runtime import Engine

@@ -1,5 +1,5 @@
 """The rules of TensorRT-LLM's `tensorrtllm` backend that the embedded engine once did not enforce, checked on the
-strict stand-in (tests/tensorrtllm_standin.py) under the engine configs `trtspec deploy` writes for TensorRT
+strict stand-in (tests/support/tensorrtllm_standin.py) under the engine configs `trtspec deploy` writes for TensorRT
 engines, through the real tritonserver: what would have broken the first run on a GPU."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ PROMPT = "The quick brown fox"
 
 
 def _serve(root, name: str, edit=None):
-    from standin_repo import write_standin_repository
-    from tiny import served_pair
+    from support.standin_repo import write_standin_repository
+    from support.tiny import served_pair
 
     def write(config, engines, repo, overrides):
         return write_standin_repository(config, engines, repo, edit=edit, overrides=overrides)
@@ -134,8 +134,8 @@ def test_unary_engine_models_refuse_streaming_and_the_bls_still_streams(root):
     """`trtspec deploy --decoupled-mode false` on the stand-in: the backend refuses `streaming` on a model that is
     not decoupled ("Streaming is only supported if model is deployed using decoupled mode.", utils.cc), so a
     streamed BLS request asks the target for one token per call, and its tokens are the same."""
-    from standin_repo import write_standin_repository
-    from tiny import served_pair
+    from support.standin_repo import write_standin_repository
+    from support.tiny import served_pair
 
     server = served_pair(
         root / "unary",

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from rich.console import Console
-from trtllm_layout import hf_config, write_checkpoint
+from support.trtllm_layout import hf_config, write_checkpoint
 
 from trtspec import environment
 from trtspec.cli import cli
@@ -443,7 +443,7 @@ FAKE_BUILD = """
 import argparse, json, os, sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
-from trtllm_layout import engine_config, write_engine
+from support.trtllm_layout import engine_config, write_engine
 p = argparse.ArgumentParser()
 p.add_argument("--checkpoint_dir"); p.add_argument("--output_dir")
 p.add_argument("--max_batch_size", type=int); p.add_argument("--max_input_len", type=int)

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from google.protobuf import text_format
+from support.trtllm_layout import engine_config, hf_config, write_checkpoint, write_engine
 from tritonclient.grpc import model_config_pb2
-from trtllm_layout import engine_config, hf_config, write_checkpoint, write_engine
 
 from trtspec import environment
 from trtspec.cli import cli

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-HF_DIR = Path(__file__).resolve().parents[1] / "build_configs" / "hf"
+HF_DIR = Path(__file__).resolve().parents[2] / "build_configs" / "hf"
 
 
 def hf_config(name: str) -> dict:

@@ -20,7 +20,7 @@ PROMPT = "The quick brown fox jumps over"
 @pytest.fixture(scope="module")
 def unary_models(tmp_path_factory):
     """`trtspec deploy --decoupled-mode false`: engine models that answer unary calls."""
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(tmp_path_factory.mktemp("clients-unary"), overrides={"decoupled_mode": False})
     server.start(timeout=300)
@@ -31,7 +31,7 @@ def unary_models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def default_models(tmp_path_factory):
     """The default deployment: decoupled engine models, which stream."""
-    from tiny import served_pair
+    from support.tiny import served_pair
 
     server = served_pair(tmp_path_factory.mktemp("clients-default"))
     server.start(timeout=300)

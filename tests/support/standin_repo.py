@@ -1,5 +1,5 @@
 """A repository whose engine models are the strict stand-in of TensorRT-LLM's `tensorrtllm` backend
-(tests/tensorrtllm_standin.py): the embedded engines, configured exactly as `trtspec deploy` configures
+(tests/support/tensorrtllm_standin.py): the embedded engines, configured exactly as `trtspec deploy` configures
 TensorRT engines (the tensorrt_llm_trtllm template), with `backend: "python"` and the stand-in as model.py."""
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ VALUES = {
     "prediction": st.one_of(st.sampled_from(PROMPTS), st.text(max_size=60), st.just(""), _ints(-3, 3)),
 }
 # inputs of more than one dimension (images, prompt tables, LoRA weights) have no JSON form in Triton's generate
-# extension; tests/test_clients.py sends them over gRPC
+# extension; tests/test_nvidia_clients.py sends them over gRPC
 UNFUZZED = {t.name for t in BLS_INPUTS if len(t.dims) > 1 or t.dims == (-1, 2)}
 assert set(VALUES) == set(SPECS) - UNFUZZED, "every BLS input is fuzzed"
 # values a request may carry and still get an answer (so that answers, and their equality with target-only
