@@ -87,7 +87,7 @@ class Result:
     outcome: str  # completed | cancelled | disconnected | failed | lost
     token_ids: list[int] = field(default_factory=list)
     detail: str = ""
-    drafted: int | None = None
+    draft_tokens: int | None = None
     fallbacks: dict[str, int] = field(default_factory=dict)
     started: float = 0.0
     ended: float = 0.0
@@ -147,7 +147,7 @@ def run_one(client: SpecClient, plan: Plan, prompt: str, timeout: float) -> Resu
         plan,
         outcome,
         token_ids=list(done.token_ids),
-        drafted=done.drafted,
+        draft_tokens=done.draft_tokens,
         fallbacks=dict(done.fallbacks),
         started=started,
         ended=time.perf_counter(),
@@ -404,7 +404,7 @@ def soak(server, texts: list[str], plans: list[Plan], args, console: Console) ->
         and r.outcome == "completed"
         and r.plan.num_draft_tokens != 0
     )
-    drafting_after_kill = [t for t, r in after_kill if (r.drafted or 0) > 0]
+    drafting_after_kill = [t for t, r in after_kill if (r.draft_tokens or 0) > 0]
     fell_back = sum(1 for r in results if r.fallbacks.get("draft_error"))
     return {
         "requests": len(plans),

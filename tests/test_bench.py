@@ -145,8 +145,8 @@ def _record(
         seconds=seconds,
         ttft=ttft,
         intervals=list(intervals),
-        accepted=accepted,
-        drafted=drafted,
+        accepted_draft_tokens=accepted,
+        draft_tokens=drafted,
         iterations=iterations,
         draft_ms=draft_ms,
         verify_ms=verify_ms,
@@ -275,7 +275,7 @@ def test_summary_row_and_why_it_paid():
         "paid: 1.25x of a bound of 0.99x."
     )
     # a cell where the deployment decoded plainly says so, and why, in words
-    plain = dict(cells[1], speedup=0.99, drafted=0, fallbacks={"load": 2}, iterations=4)
+    plain = dict(cells[1], speedup=0.99, draft_tokens=0, fallbacks={"load": 2}, iterations=4)
     why = b.summary_rows({"cells": [cells[0], plain], "settings": {}}, "x")[0]["why"]
     assert why == (
         "C=1, K=2: the deployment decoded plainly (4 target calls, none verified a draft): more requests were in "
@@ -284,7 +284,7 @@ def test_summary_row_and_why_it_paid():
     calibrated = dict(plain, fallbacks={"calibration": 4})
     why = b.summary_rows({"cells": [cells[0], calibrated], "settings": {}}, "x")[0]["why"]
     assert "decoded plainly" in why and "no draft length can pay on this machine's costs measured at start" in why
-    nothing = dict(cells[1], speedup=0.8, drafted=0, fallbacks={})
+    nothing = dict(cells[1], speedup=0.8, draft_tokens=0, fallbacks={})
     assert (
         "nothing was there to draft from"
         in b.summary_rows({"cells": [cells[0], nothing], "settings": {}}, "x")[0]["why"]
@@ -528,12 +528,14 @@ def test_bench_end_to_end(bench_server, tmp_path):
         assert 2 <= cell["tokens"] <= 16 and 1 <= cell["ttft_ms"]["n"] <= 2 and cell["e2e_ms"]["p99"] > 0
         assert cell["first_iteration_measured"] == 2 and len(cell["request_records"]) == 2
         if cell["k"] == 0:
-            assert cell["speedup"] == 1.0 and cell["bound"] is None and cell["drafted"] == 0
+            assert cell["speedup"] == 1.0 and cell["bound"] is None and cell["draft_tokens"] == 0
             assert cell["ttft_ratio"] == 1.0
         elif cell["adaptive"]:  # the bound's model is for a fixed K
             assert cell["bound"] is None and cell["ttft_ratio"] > 0 and cell["iterations"] > 0
         else:
-            assert cell["drafted"] > 0 and 0 <= cell["acceptance_rate"] <= 1 and len(cell["position_acceptance"]) == 2
+            assert (
+                cell["draft_tokens"] > 0 and 0 <= cell["acceptance_rate"] <= 1 and len(cell["position_acceptance"]) == 2
+            )
             bound = cell["bound"]
             assert bound["predicted_speedup"] > 0 and bound["efficiency"] > 0 and bound["draft_cost_ratio"] > 0
     tuning = data["tuning"]

@@ -308,7 +308,12 @@ def test_http_generate(fake_server, stream):
     assert result.text == "abc" and result.token_ids == [1, 2, 3]
     assert [c.token_ids for c in chunks] == ([[1], [2, 3]] if stream else [[1, 2, 3]])
     assert result.chunks == chunks
-    assert (result.acceptance_rate, result.accepted, result.drafted, result.iterations) == (0.5, 2, 4, 3)
+    assert (result.acceptance_rate, result.accepted_draft_tokens, result.draft_tokens, result.iterations) == (
+        0.5,
+        2,
+        4,
+        3,
+    )
     assert (result.draft_ms, result.verify_ms, result.finish_reason) == (1.5, 2.5, "length")
     assert result.accepted_per_position == [2, 0] and result.position_acceptance() == [1.0, 0.0]
     assert 0 <= result.time_to_first_token <= result.seconds
@@ -379,7 +384,13 @@ class _FakeSpecClient:
             ids[2] = 20
         elif num_draft_tokens == 4:
             ids[2] = 30
-        return Completion(text="", token_ids=ids, seconds=0.5, accepted=num_draft_tokens, drafted=2 * num_draft_tokens)
+        return Completion(
+            text="",
+            token_ids=ids,
+            seconds=0.5,
+            accepted_draft_tokens=num_draft_tokens,
+            draft_tokens=2 * num_draft_tokens,
+        )
 
     def tokenize(self, text):
         return [1, 2], 0

@@ -453,7 +453,11 @@ def test_vllm_series_after_known_traffic(field_server):
     steps = sum(c.drafted_per_position[0] for c in done if c.drafted_per_position)
     drafted = sum(sum(c.drafted_per_position) for c in done)
     accepted = sum(sum(c.accepted_per_position) for c in done)
-    assert steps > 0 and drafted == sum(c.drafted for c in done) and accepted == sum(c.accepted for c in done)
+    assert (
+        steps > 0
+        and drafted == sum(c.draft_tokens for c in done)
+        and accepted == sum(c.accepted_draft_tokens for c in done)
+    )
     assert moved(field_metrics.SPEC_DRAFTS, **labels) == steps
     assert moved(field_metrics.SPEC_DRAFT_TOKENS, **labels) == drafted
     assert moved(field_metrics.SPEC_ACCEPTED, **labels) == accepted

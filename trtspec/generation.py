@@ -17,8 +17,8 @@ import numpy as np
 # The perf outputs of `tensorrt_llm_bls` (sent with return_perf_metrics) -> Completion fields.
 _PERF_FIELDS = {
     "acceptance_rate": ("acceptance_rate", float),
-    "total_accepted_draft_tokens": ("accepted", int),
-    "total_draft_tokens": ("drafted", int),
+    "total_accepted_draft_tokens": ("accepted_draft_tokens", int),
+    "total_draft_tokens": ("draft_tokens", int),
     "num_iterations": ("iterations", int),
     "draft_time_ms": ("draft_ms", float),
     "verify_time_ms": ("verify_ms", float),
@@ -52,8 +52,8 @@ class Completion:
     time_to_first_token: float | None = None
     seconds: float = 0.0
     acceptance_rate: float | None = None
-    accepted: int | None = None
-    drafted: int | None = None
+    accepted_draft_tokens: int | None = None
+    draft_tokens: int | None = None
     iterations: int | None = None
     draft_ms: float | None = None
     verify_ms: float | None = None

@@ -170,8 +170,8 @@ class KResult:
     k: int
     runs: int = 0
     matches: int = 0
-    accepted: int = 0
-    drafted: int = 0
+    accepted_draft_tokens: int = 0
+    draft_tokens: int = 0
     tokens: int = 0
     seconds: float = 0.0
     baseline_tokens: int = 0
@@ -189,7 +189,7 @@ class KResult:
 
     @property
     def acceptance(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else None
 
     @property
     def tokens_per_second(self) -> float:
@@ -320,8 +320,8 @@ def run_validation(
 
 def _record(result: KResult, base: Completion, spec: Completion) -> None:
     result.runs += 1
-    result.accepted += spec.accepted or 0
-    result.drafted += spec.drafted or 0
+    result.accepted_draft_tokens += spec.accepted_draft_tokens or 0
+    result.draft_tokens += spec.draft_tokens or 0
     result.tokens += len(spec.token_ids)
     result.seconds += spec.seconds
     result.baseline_tokens += len(base.token_ids)

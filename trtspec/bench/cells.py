@@ -33,8 +33,8 @@ class RequestRecord:
     seconds: float = 0.0
     ttft: float | None = None
     intervals: list[float] = field(default_factory=list)  # per token after the first response (streamed)
-    accepted: int = 0
-    drafted: int = 0
+    accepted_draft_tokens: int = 0
+    draft_tokens: int = 0
     iterations: int = 0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
@@ -69,8 +69,8 @@ def record_from_completion(
         seconds=completion.seconds,
         ttft=completion.time_to_first_token if streamed else None,
         intervals=intervals,
-        accepted=completion.accepted or 0,
-        drafted=completion.drafted or 0,
+        accepted_draft_tokens=completion.accepted_draft_tokens or 0,
+        draft_tokens=completion.draft_tokens or 0,
         iterations=completion.iterations or 0,
         draft_ms=completion.draft_ms or 0.0,
         verify_ms=completion.verify_ms or 0.0,
@@ -103,7 +103,7 @@ def summarize_cell(
     """The figures of one cell from its requests and the summed wall time of its blocks (formulas: module doc)."""
     ok = [r for r in records if r.error is None]
     tokens = sum(r.tokens for r in ok)
-    accepted, drafted = sum(r.accepted for r in ok), sum(r.drafted for r in ok)
+    accepted, drafted = sum(r.accepted_draft_tokens for r in ok), sum(r.draft_tokens for r in ok)
     iterations = sum(r.iterations for r in ok)
     draft_ms, verify_ms = sum(r.draft_ms for r in ok), sum(r.verify_ms for r in ok)
     e2e_ms = sum(r.seconds for r in ok) * 1e3
@@ -132,8 +132,8 @@ def summarize_cell(
         "e2e_ms": distribution([r.seconds * 1e3 for r in ok]),
         "tokens_per_s": distribution([r.tokens / r.seconds for r in ok if r.seconds > 0]),
         "tokens_per_s_aggregate": tokens / wall_seconds if wall_seconds > 0 else None,
-        "accepted": accepted,
-        "drafted": drafted,
+        "accepted_draft_tokens": accepted,
+        "draft_tokens": drafted,
         "iterations": iterations,
         "speculative_iterations": speculative,
         "fallbacks": fallbacks,
@@ -200,8 +200,8 @@ def bound(cell: dict, step_ms: float | None) -> dict | None:
         return None
     first = cell["first_iteration_ms"] if cell["first_iteration_measured"] == n else 0.0
     plain_after_first = max(0, cell["iterations"] - spec - n)
-    c = cell["draft_ms"] / (first + step_ms * cell["drafted"])
-    kbar = cell["drafted"] / spec
+    c = cell["draft_ms"] / (first + step_ms * cell["draft_tokens"])
+    kbar = cell["draft_tokens"] / spec
     v = (cell["verify_ms"] - first - plain_after_first * step_ms) / spec / step_ms
     prefill, tokens = first / n / step_ms, cell["tokens"] / n
     predicted = predicted_speedup(alpha, k, c=c, mean_draft_length=kbar, verify_cost=v, prefill=prefill, tokens=tokens)

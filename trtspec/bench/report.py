@@ -283,7 +283,7 @@ def _why(c: dict) -> str:
     b = c.get("bound") or {}
     name = f"C={c['concurrency']}, K={cell_label(c['k'], c.get('adaptive', False))}"
     speed = _fmt(c["speedup"], ".2f", "x")
-    if not c["drafted"]:
+    if not c["draft_tokens"]:
         calls = f"{c['iterations']} target calls, none verified a draft"
         return f"{name}: the deployment decoded plainly ({calls}): {_plain_why(c)}; {speed}."
     drafted_calls = f"{c['speculative_iterations']} of {c['iterations']} target calls verified drafts"

@@ -196,8 +196,8 @@ def run_spec_bench(
                         "task": q.task,
                         "tokens": rec.tokens,
                         "seconds": rec.seconds,
-                        "accepted": rec.accepted,
-                        "drafted": rec.drafted,
+                        "accepted_draft_tokens": rec.accepted_draft_tokens,
+                        "draft_tokens": rec.draft_tokens,
                         "iterations": rec.iterations,
                         "output": rec.output_digest,
                         "sources": rec.sources,
@@ -260,12 +260,12 @@ def summarize(rows: list[dict], walls: dict, concurrencies, methods) -> list[dic
                 if not here:
                     continue
                 base = [base_ok[r["question"]] for r in here]
-                tokens, accepted = sum(r["tokens"] for r in here), sum(r["accepted"] for r in here)
+                tokens, accepted = sum(r["tokens"] for r in here), sum(r["accepted_draft_tokens"] for r in here)
                 entry["tasks"][task] = {
                     "questions": len(here),
                     "speedup": _ratio(_rate(here), _rate(base)),
                     "mean_accepted_tokens": _ratio(tokens, tokens - accepted),
-                    "acceptance": _ratio(accepted, sum(r["drafted"] for r in here)),
+                    "acceptance": _ratio(accepted, sum(r["draft_tokens"] for r in here)),
                 }
             out.append(entry)
     return out

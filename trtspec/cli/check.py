@@ -174,9 +174,9 @@ def _print_completion(result) -> None:
 
     table = Table(show_header=False, box=None, padding=(0, 2))
     rows = [("tokens", f"{len(result.token_ids)} ({result.finish_reason or '?'})")]
-    if result.drafted is not None:
-        acceptance = f"{result.acceptance_rate:.1%}" if result.drafted else "-"
-        rows.append(("acceptance", f"{acceptance} ({result.accepted}/{result.drafted} draft tokens)"))
+    if result.draft_tokens is not None:
+        acceptance = f"{result.acceptance_rate:.1%}" if result.draft_tokens else "-"
+        rows.append(("acceptance", f"{acceptance} ({result.accepted_draft_tokens}/{result.draft_tokens} draft tokens)"))
         if result.drafted_per_position:
             rows.append(("by position", "  ".join(f"{p:.0%}" for p in result.position_acceptance())))
         per_iteration = f" ({result.tokens_per_iteration:.2f} tokens each)" if result.tokens_per_iteration else ""

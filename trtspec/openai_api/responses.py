@@ -68,8 +68,8 @@ def speculation(completion: Completion) -> dict:
     """The BLS's acceptance figures for this request (trtspec's addition to OpenAI's response)."""
     return {
         "acceptance_rate": completion.acceptance_rate,
-        "accepted_draft_tokens": completion.accepted,
-        "draft_tokens": completion.drafted,
+        "accepted_draft_tokens": completion.accepted_draft_tokens,
+        "draft_tokens": completion.draft_tokens,
         "iterations": completion.iterations,
         "tokens_per_iteration": completion.tokens_per_iteration,
         "fallbacks": dict(completion.fallbacks),
