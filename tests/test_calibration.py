@@ -62,6 +62,45 @@ def test_verify_and_draft_beyond_the_measured_k_follow_the_line():
     assert table(draft_seconds={}).cost_model(1).draft_cost_ratio == 0.0
 
 
+def ordered(cal: Calibration) -> bool:
+    """Whether the table keeps the order the work sets (Calibration.monotone)."""
+    batches, ks = sorted(cal.plain_seconds), sorted(cal.verify_seconds[min(cal.verify_seconds)])
+    plain = [cal.plain_seconds[b] for b in batches]
+    rows = [[cal.verify_seconds[b][k] for k in ks] for b in batches]
+    drafts = [cal.draft_seconds[k] for k in sorted(cal.draft_seconds)]
+    return (
+        plain == sorted(plain)
+        and drafts == sorted(drafts)
+        and all(row == sorted(row) for row in rows)
+        and all(list(col) == sorted(col) for col in zip(*rows))
+        and all(min(row) >= p for row, p in zip(rows, plain))
+    )
+
+
+def test_a_noisy_table_is_put_in_the_works_order_moving_each_cell_least():
+    cal = table()
+    assert ordered(cal) and cal.monotone() == cal  # a table already in order is left as it is
+    noisy = table(
+        plain_seconds={1: 0.012, 2: 0.011, 4: 0.028},  # batch 2 measured faster than batch 1
+        verify_seconds={
+            1: {1: 0.011, 2: 0.014, 4: 0.013},  # k=1 below the plain step beside it, k=4 below k=2
+            2: {1: 0.022, 2: 0.028, 4: 0.040},
+            4: {1: 0.020, 2: 0.060, 4: 0.092},  # batch 4 k=1 below batch 2's
+        },
+        draft_seconds={1: 0.004, 2: 0.003, 4: 0.012},
+    )
+    fitted = noisy.monotone()
+    assert not ordered(noisy) and ordered(fitted)
+    # violators pooled to their mean, the rest left as measured
+    assert fitted.plain_seconds == pytest.approx({1: 0.0115, 2: 0.0115, 4: 0.028})
+    assert fitted.draft_seconds == pytest.approx({1: 0.0035, 2: 0.0035, 4: 0.012})
+    assert fitted.verify_seconds[1][2] == fitted.verify_seconds[1][4] == pytest.approx(0.0135)
+    assert fitted.verify_seconds[1][1] == pytest.approx(0.0115)  # lifted to the plain step of its batch
+    assert fitted.verify_seconds[2][4] == pytest.approx(0.040) and fitted.verify_seconds[4][4] == pytest.approx(0.092)
+    assert fitted.verify_seconds[4][1] >= fitted.verify_seconds[2][1] >= 0.0115
+    assert fitted.monotone() == fitted
+
+
 def test_round_trip_through_json_and_a_file(tmp_path):
     cal = table(measured_at=1234.5, took_seconds=3.25)
     again = Calibration.from_json(cal.to_json())
@@ -208,6 +247,7 @@ def test_serve_measures_the_engines_before_it_is_ready_stores_and_reuses_it(wide
     # of 2 rows, and a pass's time grows with its rows over the whole table (a line fitted through every cell: noise
     # moves the points, not the slope's sign)
     assert cal.verify_seconds[top][4] > cal.verify_seconds[1][1]
+    assert ordered(cal)  # as stored: fitted to the work's order (Calibration.monotone)
     cells = [(b * (k + 1), s) for b, ks in cal.verify_seconds.items() for k, s in ks.items()]
     mean_rows = sum(r for r, _ in cells) / len(cells)
     mean_s = sum(s for _, s in cells) / len(cells)
@@ -250,5 +290,5 @@ def test_calibration_on_the_tensorrtllm_standin(tmp_path):
     assert refreshed is not None and Calibration.load(calibration_path(server.repo)) == refreshed
     assert "engine costs on this machine" in console.export_text()
     assert skipped == [] and sorted(cal.plain_seconds) == from_repository(server.repo).batches()
-    assert sorted(cal.draft_seconds) == [1, 2, 4]
+    assert sorted(cal.draft_seconds) == [1, 2, 4] and ordered(cal)
     assert all(s > 0 for name, s in cal.durations() if name != "round_trip_seconds")

@@ -9,6 +9,8 @@ A `Calibration` is a table of seconds, measured through Triton by `trtspec serve
 - draft_seconds {k: s}: one draft-model call producing k tokens, the engine's part;
 - round_trip_seconds: what an engine call costs outside the engine (Triton, the BLS's request and response).
 
+The measured table is put in the order the work sets before it is stored (`Calibration.monotone`).
+
 `cost_model(load)` turns the table into the adaptive policy's `CostModel` (trtspec/orchestrator/adaptive.py) in
 units of one plain step at that load: a speculative iteration of k costs a draft call and a verification call,
 
@@ -29,7 +31,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trtspec.orchestrator.adaptive import CostModel
@@ -66,6 +68,25 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
     sxx = sum((x - mx) ** 2 for x, _ in points)
     slope = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
     return my - slope * mx, slope
+
+
+def _isotonic(values: list[float]) -> list[float]:
+    """The non-decreasing sequence nearest `values` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [mean for mean, count in blocks for _ in range(int(count))]
+
+
+def _cummax(values: list[float]) -> list[float]:
+    out, top = [], float("-inf")
+    for value in values:
+        top = max(top, value)
+        out.append(top)
+    return out
 
 
 def machine_identity() -> str:
@@ -124,6 +145,35 @@ class Calibration:
         yield from ((f"verify_seconds[{b}][{k}]", s) for b, ks in self.verify_seconds.items() for k, s in ks.items())
         yield from ((f"draft_seconds[{k}]", s) for k, s in self.draft_seconds.items())
         yield "round_trip_seconds", self.round_trip_seconds
+
+    def monotone(self) -> Calibration:
+        """The table in the order the work sets, each cell moved as little as it can be: a plain step no cheaper at
+        a larger batch; a verifying pass no cheaper with more requests or more draft tokens, and no cheaper than a
+        plain step of its batch (it computes that step's rows and k more each); a draft call no cheaper for more
+        tokens. Timing noise on a busy machine breaks these orders, and the cost model reads differences between
+        cells: a verification measured cheaper than the plain step beside it would make speculation look free.
+        Least squares under the order (isotonic regression) along each axis in turn, then the order made exact."""
+        batches = sorted(self.plain_seconds)
+        plain = _cummax(_isotonic([self.plain_seconds[b] for b in batches]))
+        ks = sorted(set().union(*self.verify_seconds.values()))
+        verify = {b: dict(ks_) for b, ks_ in self.verify_seconds.items()}
+        if all(sorted(v) == ks for v in verify.values()) and sorted(verify) == batches:
+            grid = [[verify[b][k] for k in ks] for b in batches]
+            for _ in range(8):
+                grid = [_isotonic(row) for row in grid]
+                grid = [list(row) for row in zip(*(_isotonic(list(col)) for col in zip(*grid)))]
+            grid = [_cummax(row) for row in grid]
+            grid = [list(row) for row in zip(*(_cummax(list(col)) for col in zip(*grid)))]
+            verify = {b: {k: max(grid[i][j], plain[i]) for j, k in enumerate(ks)} for i, b in enumerate(batches)}
+        else:  # a table whose batches measured different k (written by hand): each batch along k alone
+            verify = {b: dict(zip(sorted(v), _cummax(_isotonic([v[k] for k in sorted(v)])))) for b, v in verify.items()}
+        dks = sorted(self.draft_seconds)
+        return replace(
+            self,
+            plain_seconds=dict(zip(batches, plain)),
+            verify_seconds=verify,
+            draft_seconds=dict(zip(dks, _cummax(_isotonic([self.draft_seconds[k] for k in dks])))),
+        )
 
     # --- the table at a load ---------------------------------------------------------------------------------
     @property

@@ -282,7 +282,7 @@ def measure(
         engines=target.engines,
         measured_at=time.time(),
         took_seconds=time.monotonic() - began,
-    )
+    ).monotone()
     return calibration, skipped
 
 
