@@ -189,6 +189,17 @@ def test_failed_probes_back_off():
     assert starts[:3] == [4, 8, 16] and set(starts[3:]) == {16}  # doubles after each failed probe, up to the cap
 
 
+def test_where_nothing_could_pay_the_fallback_stretch_is_the_longest_at_once():
+    """At costs where not even every draft token accepted would gain (a loaded batch: what a verification costs the
+    others in the pass), a probe could learn nothing, and each stretch's end is one more engine call."""
+    loaded = AdaptiveDraftLength(k_max=8, costs=CostModel(0.1, 0.05), shared=lambda: (4.0, 0.6))
+    first = loaded.decide(1000)
+    assert first.k == 0 and first.reason == "low_acceptance" and first.plain_tokens == loaded.max_plain_stretch
+    # the same request alone: a draft could pay, so the prior's stretch and its probe stay
+    alone = AdaptiveDraftLength(k_max=8, costs=CostModel(0.1, 0.05), prior_alpha=0.05)
+    assert alone.decide(1000).plain_tokens == alone.plain_stretch
+
+
 def test_request_timings_refine_the_verification_cost():
     ctl = controller()
     # plain step: 10 ms

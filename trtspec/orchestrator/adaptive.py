@@ -13,9 +13,10 @@ The adaptive policy drafts the k in 1..k_max with the largest gain. When no k ga
 request falls back to plain decoding for a stretch of tokens and then decides again from the prior (a probe),
 so a request whose text turns predictable again gets speculation back; a fallback after probes that got
 nothing accepted doubles the stretch (up to max_plain_stretch), so a request that never pays stops paying for
-probes. The acceptance `a` is the geometric model's estimate (accepted / (accepted + rejections)) over recent
-iterations with exponential forgetting, starting from a prior; c, v0 and b start from the deployment's costs
-and follow what this request measures.
+probes; where no k could gain even with every draft token accepted (the costs of a loaded batch), the stretch is
+max_plain_stretch at once. The acceptance `a` is the geometric model's estimate (accepted / (accepted +
+rejections)) over recent iterations with exponential forgetting, starting from a prior; c, v0 and b start from the
+deployment's costs and follow what this request measures.
 
 With `speculation: auto` a request has two draft sources, and each iteration is offered what each can draft now
 (prompt lookup: the continuation it found, if any; the draft model: up to k_max). Each source has its own
@@ -200,6 +201,10 @@ class AdaptiveDraftLength:
             self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
             failed_probe = self._stretch and self._accepted_since_stretch == 0
             self._stretch = min(2 * self._stretch, self.max_plain_stretch) if failed_probe else self.plain_stretch
+            if not self._could_pay(bound):
+                # not even every draft token accepted would pay at these costs (the load now, say): a probe could not
+                # learn otherwise, and each stretch's end is one more engine call
+                self._stretch = self.max_plain_stretch
             self._plain_left = self._stretch
             self._in_stretch = True
             self._accepted_since_stretch = 0
@@ -215,6 +220,13 @@ class AdaptiveDraftLength:
             if k and gain >= 1.0 + self.margin:
                 return longest
         return 0
+
+    def _could_pay(self, bound: int) -> bool:
+        """Whether a draft of at most `bound` tokens could gain were every token accepted, at the costs now (what a
+        verification costs the others in the pass included), drafted by the model or, at no draft cost, by lookup."""
+        costs = self.costs if self.shared is None else with_shared(self.costs, self.shared())
+        free = dataclasses.replace(costs, draft_cost_ratio=0.0)
+        return max(costs.best(1.0, bound)[1], free.best(1.0, bound)[1]) >= 1.0 + self.margin
 
     def _best(self, source: str | None, longest: int, bound: int) -> tuple[int, float]:
         """(k, gain) of the best draft from `source` of at most `longest` tokens (prompt lookup costs no draft)."""
