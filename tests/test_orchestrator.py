@@ -313,6 +313,28 @@ def test_first_token_comes_from_the_target_alone(engines):
     assert len(recorder.asked) == len(chunks) - 1  # no draft before the first token
 
 
+def test_a_request_whose_policy_would_draft_nothing_starts_with_a_plain_stretch(engines):
+    """No first token alone where nothing would be drafted after it: the first call is the stretch, as target-only's
+    one call, and the output is the target's own."""
+    from trtspec.orchestrator.adaptive import AdaptiveDraftLength, CostModel
+
+    target, draft = engines
+    recorder = RecordingDrafter(drafter_for(draft))
+    hopeless = AdaptiveDraftLength(3, costs=CostModel(2.0, 1.0, 3.0), prior_alpha=0.05)
+    assert not hopeless.drafts_soon(12)
+    stats = RequestStats()
+    chunks = list(
+        speculate(
+            SpecRequest(PROMPTS[0], 12, num_draft_tokens=3, end_id=-1), target, recorder, policy=hopeless, stats=stats
+        )
+    )
+    plain = list(speculate(SpecRequest(PROMPTS[0], 12, end_id=-1), target, None))
+    assert [t for c in chunks for t in c] == [t for c in plain for t in c]
+    assert len(chunks[0]) > 1 and recorder.asked == [] and stats.iterations < 12
+    # a policy that would draft keeps the first token alone
+    assert AdaptiveDraftLength(3).drafts_soon(12)
+
+
 def test_streaming_plain_decoding_yields_one_token_per_iteration(engines):
     target, _ = engines
     chunks = list(speculate(SpecRequest(PROMPTS[1], 6, stream=True), target, None))

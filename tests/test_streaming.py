@@ -178,6 +178,9 @@ class Scripted:
     def shortest_lookup_draft(self, remaining):
         return 0  # it drafts from the model alone
 
+    def drafts_soon(self, remaining):
+        return True  # it drafts after its stretches: the first token stays alone
+
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_drafting_coming_back_stops_the_stretch_s_call(engine, stream):

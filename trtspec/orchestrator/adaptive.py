@@ -98,6 +98,9 @@ class DraftLengthPolicy(Protocol):
     def shortest_lookup_draft(self, remaining: int) -> int:
         """The shortest prompt-lookup continuation it would draft now (0: none), without changing its state."""
 
+    def drafts_soon(self, remaining: int) -> bool:
+        """Whether it would draft now from any source offering its longest, without changing its state."""
+
     def observe(
         self,
         *,
@@ -123,6 +126,9 @@ class FixedDraftLength:
 
     def shortest_lookup_draft(self, remaining: int) -> int:
         return 1 if self.k_max > 0 and remaining > 1 else 0
+
+    def drafts_soon(self, remaining: int) -> bool:
+        return self.k_max > 0 and remaining > 1
 
     def observe(
         self,
@@ -220,6 +226,15 @@ class AdaptiveDraftLength:
             if k and gain >= 1.0 + self.margin:
                 return longest
         return 0
+
+    def drafts_soon(self, remaining: int) -> bool:
+        """Whether `decide` would draft now were every source to offer its longest draft (the draft model at its
+        cost, prompt lookup and the prediction at none, each at its own acceptance), without changing any state."""
+        bound = min(self.k_max, remaining - 1)
+        if bound <= 0:
+            return False
+        sources = FREE if self._plain_left > 0 else (None, *FREE)  # within a fallback stretch only the free ones draft
+        return any(self._best(s, bound, bound)[1] >= 1.0 + self.margin for s in sources)
 
     def _could_pay(self, bound: int) -> bool:
         """Whether a draft of at most `bound` tokens could gain were every token accepted, at the costs now (what a

@@ -49,7 +49,8 @@ b35ac1b6), so the call's last response holds no token, and the loop counts on no
 relayed). The step is counted (RequestStats.wasted_steps) and its time, at most the stretch's time per token, goes
 to the cost the policy observes for the draft the stop made way for. A new engine call joins the batch at the next
 forward pass at the earliest, so under load each one costs its request about a step; a request whose drafting never
-pays is one call after its first token, as it would be without speculation.
+pays is one call after its first token, as it would be without speculation; one whose policy would draft nothing
+even were every source to offer its longest draft starts with that call.
 Not streamed to the client, each stretch is one unary call: a response per token would cost every token a trip
 through two Python stubs and the server that nobody reads (on a 2-core CPU, 6% of a request's time). So that
 prompt lookup is not missed, the call carries as stop words the n-grams after which lookup would find a
@@ -305,7 +306,10 @@ class _Speculation:
         governed = cap is not None and cap <= 0  # the deployment decodes plainly at the load this request runs at now
         if governed:
             self.stats.fallbacks["governor"] = 1  # a request's fallback, as the session counts one at admission
-        first = self.generated == 0 and self.speculative and not governed  # the target's first token, alone
+        # the target's first token, alone, so that drafting can start from it; where the policy would draft nothing
+        # even were every source to offer its longest, the request starts with a plain stretch (one call, as
+        # target-only makes, where nothing comes to pay)
+        first = self.generated == 0 and self.speculative and not governed and self.policy.drafts_soon(span)
         offers = None
         if first:
             decision = Decision(0, plain_tokens=1)
