@@ -357,9 +357,13 @@ def test_prompt_lookup_ends_a_plain_stretch_where_it_finds_a_match(cycling, stre
     assert tokens == whole and first > 2  # a stretch of plain tokens first, then the cycle
     assert stats.num_drafts >= (3 if stream else 1) and stats.sources == {"prompt_lookup": stats.num_drafts}
     assert stats.num_accepted_tokens >= 0.8 * stats.num_draft_tokens  # the cycle's continuation: accepted
+    # the policy learns the verifications' cost from their timings: on a busy machine one may look dear enough for a
+    # fallback stretch, one more call (and, streamed, one more stop where drafting comes back)
+    fallbacks = stats.fallbacks.get("low_acceptance", 0)
     if stream:  # the stretch before the cycle, stopped where the first match came
-        assert client.stops == 1
-        assert client.calls == stats.iterations == 2 + stats.num_drafts  # the first token, one stretch, the drafts
+        assert 1 <= client.stops <= 1 + fallbacks
+        # the first token, one stretch, the drafts
+        assert client.calls == stats.iterations and stats.iterations - stats.num_drafts <= 2 + fallbacks
     else:
         # the engine ends a plain call where the text completes an n-gram the call's sequence held at its start;
         # the cycle begins inside the first one, so it is looked up when that call ends (LOOKUP_STRETCH tokens)
