@@ -55,7 +55,12 @@ TRITON_ABORT = (
 )
 
 
-def _aborted_freeing_a_killed_stub(server) -> bool:
+def _aborted_freeing_a_killed_stub(server, wait: float = 30.0) -> bool:
+    """Whether tritonserver aborted so; its clients can see the socket close before the process has ended (it is
+    still printing its stack), so a server still up is given `wait` seconds to end."""
+    deadline = time.monotonic() + wait
+    while server.is_running() and time.monotonic() < deadline:
+        time.sleep(0.2)
     return not server.is_running() and "boost::interprocess::lock_exception" in server.log_path.read_text()
 
 
