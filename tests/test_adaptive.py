@@ -237,6 +237,28 @@ def test_deployment_costs_learn_from_finished_requests():
     assert shared.costs.draft_cost_ratio == pytest.approx(learned.draft_cost_ratio)  # prompt lookup: no draft cost
 
 
+def test_a_long_sequence_starts_from_dearer_costs_and_teaches_them_as_a_short_one_s():
+    from dataclasses import astuple
+
+    from trtspec.orchestrator.adaptive import ContextCost, DeploymentCosts
+
+    shared = DeploymentCosts(CostModel(0.3, 0.1, 0.2), weight=1.0)
+    shared.seed({0: (CostModel(0.3, 0.1, 0.2), 0.010)})
+    longer = ContextCost(draft_cost_ratio=0.05, verify_cost_fixed=0.1, verify_cost_per_token=0.2, step_ratio=1.5)
+    policy = shared.policy(4, model_drafts=True, context=longer)
+    assert astuple(policy.costs) == pytest.approx((0.35, 0.3, 0.3)) and policy.step_seconds == pytest.approx(0.015)
+    # at these costs a long request drafts less than a short one at the same acceptance (prompt lookup: 2 against 4)
+    long, short = shared.policy(4, model_drafts=False, context=longer), shared.policy(4, model_drafts=False)
+    long.prior_alpha = short.prior_alpha = 0.7
+    assert (long.decide(100).k, short.decide(100).k) == (2, 4)
+    # what it measured is learned as a short sequence's: costs exactly the context's leave the deployment's as they were
+    shared.learn(policy, model_drafts=True)
+    assert astuple(shared.costs) == pytest.approx((0.3, 0.1, 0.2))
+    assert shared.policy(4, model_drafts=True).step_seconds == pytest.approx(0.010)
+    # and a context never takes a cost below 0
+    assert ContextCost(verify_cost_fixed=-1.0).add(CostModel(0.3, 0.1, 0.2)).verify_cost_fixed == 0.0
+
+
 def test_deployment_costs_are_kept_per_load():
     """Costs learned while 8 requests share each pass must not judge a lone request, nor the other way round."""
     from trtspec.orchestrator.adaptive import DeploymentCosts, load_bucket, load_range

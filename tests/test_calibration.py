@@ -62,6 +62,38 @@ def test_verify_and_draft_beyond_the_measured_k_follow_the_line():
     assert table(draft_seconds={}).cost_model(1).draft_cost_ratio == 0.0
 
 
+def with_long_context(**changes) -> Calibration:
+    # the table above measured on 48 tokens; at 1048 a plain step takes 12 ms and each verified row 2 ms more than on
+    # the short sequence (attention over 1000 more cached tokens), a draft call 0.5 ms a token more
+    fields = dict(
+        short_context_tokens=48,
+        context_tokens=1048,
+        long_plain_seconds=0.012,
+        long_verify_seconds={1: 0.016, 2: 0.020, 4: 0.028},
+        long_draft_seconds={1: 0.0035, 2: 0.007, 4: 0.014},
+    )
+    return table(**{**fields, **changes})
+
+
+def test_a_long_sequence_costs_its_request_more_plain_steps_per_verified_token():
+    cal = with_long_context()
+    assert cal.cost_model(1, 0) == cal.cost_model(1, 48) == table().cost_model(1)  # as short as the table's
+    assert cal.plain_at(1, 1048) == pytest.approx(0.012) and cal.plain_at(1, 548) == pytest.approx(0.011)
+    long = cal.cost_model(1, 1048)
+    # verification + round trip over the long plain step (12 ms): 17, 21, 29 ms at k = 1, 2, 4: 13/12 + 4/12 k
+    assert long.verify_cost_per_token == pytest.approx(4 / 12)
+    assert long.verify_cost_fixed == pytest.approx(13 / 12 - 1)
+    assert long.verify_cost_per_token > table().cost_model(1).verify_cost_per_token
+    # linear in the context, beyond the long measurement too (attention grows with it)
+    assert cal.plain_at(1, 2048) == pytest.approx(0.014)
+    # each verified token: 2 ms on the short sequence and 2 ms per 1000 tokens of context, over a 14 ms step
+    assert cal.cost_model(1, 2048).verify_cost_per_token == pytest.approx(6 / 14)
+    # under load the request's own rows add the same seconds, the others' rows as measured
+    assert cal.cost_model(4, 1048).verify_cost_per_token > cal.cost_model(4).verify_cost_per_token
+    # no long measurement: the table as it is at any length
+    assert table().cost_model(1, 5000) == table().cost_model(1)
+
+
 def ordered(cal: Calibration) -> bool:
     """Whether the table keeps the order the work sets (Calibration.monotone)."""
     batches, ks = sorted(cal.plain_seconds), sorted(cal.verify_seconds[min(cal.verify_seconds)])
@@ -99,12 +131,19 @@ def test_a_noisy_table_is_put_in_the_works_order_moving_each_cell_least():
     assert fitted.verify_seconds[2][4] == pytest.approx(0.040) and fitted.verify_seconds[4][4] == pytest.approx(0.092)
     assert fitted.verify_seconds[4][1] >= fitted.verify_seconds[2][1] >= 0.0115
     assert fitted.monotone() == fitted
+    # a long sequence costs no less than the short one, cell by cell, in the same order along k
+    noisy_long = with_long_context(long_plain_seconds=0.009, long_verify_seconds={1: 0.018, 2: 0.016, 4: 0.028})
+    fitted = noisy_long.monotone()
+    assert fitted.long_plain_seconds == pytest.approx(0.010)  # not below the short plain step
+    assert fitted.long_verify_seconds == pytest.approx({1: 0.017, 2: 0.017, 4: 0.028})
+    assert fitted.long_draft_seconds == noisy_long.long_draft_seconds
 
 
 def test_round_trip_through_json_and_a_file(tmp_path):
     cal = table(measured_at=1234.5, took_seconds=3.25)
     again = Calibration.from_json(cal.to_json())
     assert again == cal
+    assert Calibration.from_json(with_long_context().to_json()) == with_long_context()
     path = cal.save(tmp_path / "sub" / "calibration.json")
     assert Calibration.load(path) == cal
     assert not (tmp_path / "sub" / "calibration.json.tmp").exists()
@@ -118,10 +157,20 @@ def test_round_trip_through_json_and_a_file(tmp_path):
     [
         ("not json", "not JSON"),
         ('{"format": 99}', "format"),
-        ('{"format": 1, "verify_seconds": {"1": {"1": 0.1}}}', "plain_seconds"),
-        ('{"format": 1, "plain_seconds": {"1": 0.1}, "verify_seconds": {}}', "verify_seconds"),
-        ('{"format": 1, "plain_seconds": {"1": -1}, "verify_seconds": {"1": {"1": 0.1}}}', "plain_seconds[1]"),
-        ('{"format": 1, "plain_seconds": {"x": 1}, "verify_seconds": {"1": {"1": 0.1}}}', "ValueError"),
+        ('{"format": 2, "verify_seconds": {"1": {"1": 0.1}}}', "plain_seconds"),
+        ('{"format": 2, "plain_seconds": {"1": 0.1}, "verify_seconds": {}}', "verify_seconds"),
+        ('{"format": 2, "plain_seconds": {"1": -1}, "verify_seconds": {"1": {"1": 0.1}}}', "plain_seconds[1]"),
+        ('{"format": 2, "plain_seconds": {"x": 1}, "verify_seconds": {"1": {"1": 0.1}}}', "ValueError"),
+        (
+            '{"format": 2, "plain_seconds": {"1": 0.1}, "verify_seconds": {"1": {"1": 0.1}}, "context_tokens": 40, '
+            '"short_context_tokens": 48}',
+            "context_tokens",
+        ),
+        (
+            '{"format": 2, "plain_seconds": {"1": 0.1}, "verify_seconds": {"1": {"1": 0.1}}, "context_tokens": 900, '
+            '"short_context_tokens": 48, "long_plain_seconds": 0.2, "long_verify_seconds": {"2": 0.3}}',
+            "long_verify_seconds",
+        ),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_field(tmp_path, text, names):
@@ -166,7 +215,8 @@ def _wide_pair(root):
 def wide(tmp_path_factory):
     from support.tiny import served_pair
 
-    return served_pair(tmp_path_factory.mktemp("calibration") / "wide", pair=_wide_pair)
+    # prompts up to 512 tokens: the calibration's long context is 512
+    return served_pair(tmp_path_factory.mktemp("calibration") / "wide", pair=_wide_pair, max_input_len=512)
 
 
 def _serve(repo, *flags) -> tuple:
@@ -223,6 +273,7 @@ def test_serve_measures_the_engines_before_it_is_ready_stores_and_reuses_it(wide
         cal = Calibration.load(path)  # stored before "Triton is ready" was printed
         text = "".join(lines)
         assert "engine costs on this machine" in text and f"stored in {path}" in text
+        assert "at 512 tokens (batch 1)" in " ".join(text.split())
         # the BLS reads the file the server named to it (TRTSPEC_CALIBRATION_FILE) at its next request, and exports it
         with SpecClient(f"127.0.0.1:{http}", model="tensorrt_llm_bls") as client:
             client.generate("The quick brown fox", max_tokens=2)
@@ -243,6 +294,11 @@ def test_serve_measures_the_engines_before_it_is_ready_stores_and_reuses_it(wide
     assert sorted(cal.draft_seconds) == [1, 2, 4] and cal.round_trip_seconds > 0
     assert all(0 < s < 10 for name, s in cal.durations() if name != "round_trip_seconds")
     assert cal.matches(target.engines) and cal.took_seconds > 0
+    # and at batch 1 on a 512-token prompt, every k and draft length, each no cheaper than on the short one
+    assert (cal.short_context_tokens, cal.context_tokens) == (48, 512) == (48, target.long_context())
+    assert sorted(cal.long_verify_seconds) == sorted(cal.long_draft_seconds) == [1, 2, 4]
+    assert cal.long_plain_seconds >= cal.plain_seconds[1]
+    assert all(cal.long_verify_seconds[k] >= cal.verify_seconds[1][k] for k in (1, 2, 4))
     # monotone where the work differs tenfold: a pass of 5 rows for each of the largest batch costs more than one
     # of 2 rows, and a pass's time grows with its rows over the whole table (a line fitted through every cell: noise
     # moves the points, not the slope's sign)
@@ -277,13 +333,14 @@ def test_calibration_on_the_tensorrtllm_standin(tmp_path):
     def write(config, engines, repo, overrides):
         return write_standin_repository(config, engines, repo, overrides=overrides)
 
-    server = served_pair(tmp_path / "standin", write=write)
+    server = served_pair(tmp_path / "standin", write=write, max_input_len=256)  # a 256-token long context
     with server:
         cal, skipped = measure(server.grpc_url, server.inference_headers, from_repository(server.repo))
         # past its time budget it keeps the batches measured whole (batch 1 always) and names what it left out
         quick, left_out = measure(server.grpc_url, server.inference_headers, from_repository(server.repo), budget_s=0)
         assert sorted(quick.plain_seconds) == [1] and sorted(quick.verify_seconds[1]) == [1, 2, 4]
-        assert left_out == ["batch 2 and above (past the 0 s budget)"] and quick.cost_model(4) == quick.cost_model(1)
+        assert left_out == ["batch 2 and above (past the 0 s budget)", "the 256-token context (past the 0 s budget)"]
+        assert quick.cost_model(4) == quick.cost_model(1) and quick.context_tokens == 0
         # `trtspec bench --apply REPO` measures again into the file the deployment's BLS reads
         console = Console(record=True, width=200)
         refreshed = refresh(server.repo, server.grpc_url, "grpc", console)
@@ -291,4 +348,5 @@ def test_calibration_on_the_tensorrtllm_standin(tmp_path):
     assert "engine costs on this machine" in console.export_text()
     assert skipped == [] and sorted(cal.plain_seconds) == from_repository(server.repo).batches()
     assert sorted(cal.draft_seconds) == [1, 2, 4] and ordered(cal)
+    assert cal.context_tokens == 256 and sorted(cal.long_verify_seconds) == [1, 2, 4]
     assert all(s > 0 for name, s in cal.durations() if name != "round_trip_seconds")

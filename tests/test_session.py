@@ -253,6 +253,29 @@ def test_the_calibration_seeds_every_load_range_and_the_governors_plain_referenc
     assert d.events.calibration is table  # what the adapter exports (trtspec_calibration_seconds)
 
 
+def test_a_long_prompt_starts_from_the_costs_calibrated_at_its_length():
+    from dataclasses import astuple, replace
+
+    d = deployment(default_num_draft_tokens=4)
+    table = replace(
+        calibration(NOTHING_PAYS_AT_4),
+        short_context_tokens=9,
+        context_tokens=109,
+        long_plain_seconds=0.012,
+        long_verify_seconds={1: 0.016, 4: 0.026},
+        long_draft_seconds={1: 0.0015, 4: 0.003},
+    )
+    d.calibrate(table)
+    short, long = request(adaptive=True), request(adaptive=True)
+    long.spec.prompt = list(PROMPT) * 12  # 108 tokens
+    policies = [d.policy(r, d.admit(r, 1), 1) for r in (short, long)]
+    assert astuple(policies[0].costs) == pytest.approx(astuple(table.cost_model(1)))
+    assert astuple(policies[1].costs) == pytest.approx(astuple(table.cost_model(1, 108)))
+    assert policies[1].step_seconds == pytest.approx(table.plain_at(1, 108))
+    assert policies[1].costs.verify_cost_per_token > policies[0].costs.verify_cost_per_token
+    assert d.context_cost(1, 9) is None and d.context_cost(1, 108).step_ratio > 1.0
+
+
 def test_a_load_where_nothing_pays_decodes_plainly_from_the_first_request_and_says_so(engines):
     target, draft = engines
     d = deployment(default_num_draft_tokens=4)

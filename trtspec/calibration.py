@@ -7,7 +7,11 @@ A `Calibration` is a table of seconds, measured through Triton by `trtspec serve
 - verify_seconds {batch: {k: s}}: one target pass where each of `batch` requests verifies k draft tokens (k + 1
   rows each), the engine's part of the call;
 - draft_seconds {k: s}: one draft-model call producing k tokens, the engine's part;
-- round_trip_seconds: what an engine call costs outside the engine (Triton, the BLS's request and response).
+- round_trip_seconds: what an engine call costs outside the engine (Triton, the BLS's request and response);
+- long_*: the same at batch 1 on a sequence of `context_tokens` tokens (the table's own rows hold
+  `short_context_tokens`): attention reads every cached token, so a verification's k + 1 rows cost more plain steps
+  on a long prompt than on a short one (on the demo target at 1000 tokens, 5 rows cost 1.9 steps where at 100 they
+  cost 1.4). Optional: 0 / empty where the engine could not take a long sequence.
 
 The measured table is put in the order the work sets before it is stored (`Calibration.monotone`).
 
@@ -18,7 +22,9 @@ units of one plain step at that load: a speculative iteration of k costs a draft
 
 with c fitted through the origin on the draft calls (so prompt lookup, c = 0, pays no draft call at all) and
 v0, b fitted as a line over k on the verification calls. The batch B of a load is interpolated between measured
-batches (linear), clamped to the ends.
+batches (linear), clamped to the ends. `cost_model(load, context)` adds what a request's own rows cost more on a
+sequence of `context` tokens: each figure grows linearly with the context (as attention does) from the short
+measurement to the long one, extrapolated beyond it.
 
 The server writes the calibration as JSON to a file whose path is in TRTSPEC_CALIBRATION_FILE (the Python-backend
 stubs inherit it); the BLS re-reads it with `CalibrationWatch` when the file changes (after `trtspec bench --apply`).
@@ -38,7 +44,7 @@ from trtspec.orchestrator.adaptive import CostModel
 
 CALIBRATION_ENV = "TRTSPEC_CALIBRATION_FILE"
 FILE_NAME = "calibration.json"
-FORMAT = 1  # bumped when the JSON's meaning changes; an older file is measured again
+FORMAT = 2  # bumped when the JSON's meaning changes; an older file is measured again
 
 
 class CalibrationError(ValueError):
@@ -127,6 +133,11 @@ class Calibration:
     engines: str = ""  # engine_identity of the engines measured
     measured_at: float = 0.0  # time.time()
     took_seconds: float = 0.0  # how long the measurement took
+    short_context_tokens: int = 0  # the sequence length the table above was measured on
+    context_tokens: int = 0  # the long sequence of the long_* figures (0: not measured)
+    long_plain_seconds: float = 0.0
+    long_verify_seconds: dict[int, float] = field(default_factory=dict)
+    long_draft_seconds: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.plain_seconds:
@@ -138,6 +149,14 @@ class Calibration:
                 raise CalibrationError(f"{name}: {value!r} is not a duration in seconds (finite, at least 0)")
         if min(self.plain_seconds.values()) <= 0.0:
             raise CalibrationError("plain_seconds: a plain step of 0 s cannot be a unit of cost")
+        if self.context_tokens:
+            if self.context_tokens <= self.short_context_tokens or 1 not in self.plain_seconds:
+                raise CalibrationError(
+                    f"context_tokens: {self.context_tokens} must exceed short_context_tokens "
+                    f"({self.short_context_tokens}), with batch 1 measured"
+                )
+            if self.long_plain_seconds <= 0.0 or sorted(self.long_verify_seconds) != sorted(self.verify_seconds[1]):
+                raise CalibrationError("long_plain_seconds, long_verify_seconds: measure every k of batch 1 at length")
 
     def durations(self):
         """(name, seconds) of every figure in the table."""
@@ -145,6 +164,10 @@ class Calibration:
         yield from ((f"verify_seconds[{b}][{k}]", s) for b, ks in self.verify_seconds.items() for k, s in ks.items())
         yield from ((f"draft_seconds[{k}]", s) for k, s in self.draft_seconds.items())
         yield "round_trip_seconds", self.round_trip_seconds
+        if self.context_tokens:
+            yield "long_plain_seconds", self.long_plain_seconds
+            yield from ((f"long_verify_seconds[{k}]", s) for k, s in self.long_verify_seconds.items())
+            yield from ((f"long_draft_seconds[{k}]", s) for k, s in self.long_draft_seconds.items())
 
     def monotone(self) -> Calibration:
         """The table in the order the work sets, each cell moved as little as it can be: a plain step no cheaper at
@@ -168,11 +191,21 @@ class Calibration:
         else:  # a table whose batches measured different k (written by hand): each batch along k alone
             verify = {b: dict(zip(sorted(v), _cummax(_isotonic([v[k] for k in sorted(v)])))) for b, v in verify.items()}
         dks = sorted(self.draft_seconds)
+        drafts = dict(zip(dks, _cummax(_isotonic([self.draft_seconds[k] for k in dks]))))
+        long = {}
+        if self.context_tokens:  # a longer sequence costs no less than the short one, cell by cell, in the same order
+            plain_long = max(self.long_plain_seconds, plain[0])
+            lks = sorted(self.long_verify_seconds)
+            fitted = _cummax(_isotonic([self.long_verify_seconds[k] for k in lks]))
+            lds = sorted(self.long_draft_seconds)
+            fitted_drafts = _cummax(_isotonic([self.long_draft_seconds[k] for k in lds]))
+            long = dict(
+                long_plain_seconds=plain_long,
+                long_verify_seconds={k: max(v, verify[batches[0]][k], plain_long) for k, v in zip(lks, fitted)},
+                long_draft_seconds={k: max(v, drafts.get(k, 0.0)) for k, v in zip(lds, fitted_drafts)},
+            )
         return replace(
-            self,
-            plain_seconds=dict(zip(batches, plain)),
-            verify_seconds=verify,
-            draft_seconds=dict(zip(dks, _cummax(_isotonic([self.draft_seconds[k] for k in dks])))),
+            self, plain_seconds=dict(zip(batches, plain)), verify_seconds=verify, draft_seconds=drafts, **long
         )
 
     # --- the table at a load ---------------------------------------------------------------------------------
@@ -180,9 +213,12 @@ class Calibration:
     def max_batch(self) -> int:
         return max(self.plain_seconds)
 
-    def plain_at(self, batch: float) -> float:
-        """Seconds of one plain step with `batch` requests in the pass."""
-        return _interpolate(self.plain_seconds, batch)
+    def plain_at(self, batch: float, context: int = 0) -> float:
+        """Seconds of one plain step with `batch` requests in the pass, for a request on a sequence of `context`
+        tokens (0: as short as the table's)."""
+        f = self.context_share(context)
+        extra = f * (self.long_plain_seconds - _interpolate(self.plain_seconds, 1)) if f else 0.0
+        return _interpolate(self.plain_seconds, batch) + extra
 
     def verify_at(self, batch: float, k: int) -> float:
         """Seconds of a pass where each of `batch` requests verifies k draft tokens (engine's part of the call);
@@ -206,17 +242,38 @@ class Calibration:
         intercept, slope = _line(sorted(self.draft_seconds.items()))
         return max(intercept + slope * k, 0.0)
 
-    def cost_model(self, load: int) -> CostModel:
-        """The adaptive policy's costs at `load` requests in flight, in plain steps at that load."""
+    def context_share(self, context: int) -> float:
+        """How far a sequence of `context` tokens is from the short measurement toward the long one (0: as short or
+        no long measurement; 1: the long one; beyond it, linear as attention grows)."""
+        if not self.context_tokens or context <= self.short_context_tokens:
+            return 0.0
+        return (context - self.short_context_tokens) / (self.context_tokens - self.short_context_tokens)
+
+    def cost_model(self, load: int, context: int = 0) -> CostModel:
+        """The adaptive policy's costs at `load` requests in flight for a request on a sequence of `context` tokens
+        (0: as short as the table's), in plain steps of that request at that load."""
         batch = min(max(load, 1), self.max_batch)
-        plain = self.plain_at(batch)
+        f = self.context_share(context)
+        plain = self.plain_at(batch, context)
         ks = sorted(set().union(*self.verify_seconds.values()))
         rt = self.round_trip_seconds
-        verify = [(k, (self.verify_at(batch, k) + rt) / plain) for k in ks]
-        intercept, slope = _line(verify)
-        draft = [(k, (self.draft_seconds[k] + rt) / plain) for k in sorted(self.draft_seconds)]
+
+        def verify(k: int) -> float:  # its own k + 1 rows attend over its whole sequence
+            extra = f * (self._verify_k(self.long_verify_seconds, k) - self.verify_at(1, k)) if f else 0.0
+            return self.verify_at(batch, k) + extra
+
+        def draft(k: int) -> float:
+            extra = (
+                f * (self._verify_k(self.long_draft_seconds, k) - self.draft_at(k))
+                if f and self.long_draft_seconds
+                else 0
+            )
+            return self.draft_seconds[k] + extra
+
+        intercept, slope = _line([(k, (verify(k) + rt) / plain) for k in ks])
+        drafts = [(k, (draft(k) + rt) / plain) for k in sorted(self.draft_seconds)]
         # through the origin: a draft call's whole cost is the draft model's (prompt lookup makes none)
-        c = sum(k * y for k, y in draft) / sum(k * k for k, _ in draft) if draft else 0.0
+        c = sum(k * y for k, y in drafts) / sum(k * k for k, _ in drafts) if drafts else 0.0
         return CostModel(
             draft_cost_ratio=max(c, 0.0), verify_cost_per_token=max(slope, 0.0), verify_cost_fixed=max(intercept - 1, 0)
         )
@@ -236,6 +293,11 @@ class Calibration:
                 "engines": self.engines,
                 "measured_at": self.measured_at,
                 "took_seconds": self.took_seconds,
+                "short_context_tokens": self.short_context_tokens,
+                "context_tokens": self.context_tokens,
+                "long_plain_seconds": self.long_plain_seconds,
+                "long_verify_seconds": {str(k): s for k, s in sorted(self.long_verify_seconds.items())},
+                "long_draft_seconds": {str(k): s for k, s in sorted(self.long_draft_seconds.items())},
             },
             indent=1,
         )
@@ -263,6 +325,11 @@ class Calibration:
                 engines=str(data.get("engines", "")),
                 measured_at=float(data.get("measured_at", 0.0)),
                 took_seconds=float(data.get("took_seconds", 0.0)),
+                short_context_tokens=int(data.get("short_context_tokens", 0)),
+                context_tokens=int(data.get("context_tokens", 0)),
+                long_plain_seconds=float(data.get("long_plain_seconds", 0.0)),
+                long_verify_seconds={int(k): float(s) for k, s in data.get("long_verify_seconds", {}).items()},
+                long_draft_seconds={int(k): float(s) for k, s in data.get("long_draft_seconds", {}).items()},
             )
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, CalibrationError):
@@ -314,7 +381,16 @@ class Calibration:
     def summary(self) -> str:
         drafts = ", ".join(f"k={k}: {s * 1e3:.1f} ms" for k, s in sorted(self.draft_seconds.items())) or "none"
         rt = self.round_trip_seconds * 1e3
-        return f"draft calls {drafts}; round trip {rt:.2f} ms; measured in {self.took_seconds:.1f} s"
+        long = ""
+        if self.context_tokens:
+            ks = ", ".join(f"k={k}: {s * 1e3:.1f}" for k, s in sorted(self.long_verify_seconds.items()))
+            costs = self.cost_model(1, self.context_tokens)
+            long = (
+                f"; at {self.context_tokens} tokens (batch 1): plain {self.long_plain_seconds * 1e3:.1f} ms, verify "
+                f"{ks} ms (c {costs.draft_cost_ratio:.2f}, v0 {costs.verify_cost_fixed:.2f}, "
+                f"b {costs.verify_cost_per_token:.2f})"
+            )
+        return f"draft calls {drafts}; round trip {rt:.2f} ms{long}; measured in {self.took_seconds:.1f} s"
 
 
 class CalibrationWatch:

@@ -12,7 +12,9 @@ they share their passes; B separate requests would arrive over several passes.
   does; from their scheduling to their last token (one pass of k + 1 rows each, and its acceptance);
 - draft call of k tokens: one row to the draft model, scheduling to last token;
 - round trip: a one-token call's wall time (send to answer) minus the engine's arrival-to-last-token span: what a
-  call costs outside the engine (measured from this process, so a little above what the BLS pays in-server).
+  call costs outside the engine (measured from this process, so a little above what the BLS pays in-server);
+- at a long context (batch 1, a prompt of `LONG_CONTEXT` tokens or as long as the engines take): the plain step,
+  each verifying pass and each draft call again, for what a long prompt adds (attention reads every cached token).
 
 Prompts are fixed pseudo-random token ids, one per row, sent once first so their prefix is in the KV cache (each
 pass then computes the rows it is measured for, not a prefill). Draft tokens are random: most are rejected, which
@@ -40,6 +42,7 @@ from trtspec.contract import GenerationRequest, SamplingParams, request_to_tenso
 from trtspec.errors import BenchError
 
 PROMPT_TOKENS = 48
+LONG_CONTEXT = 1024  # the long prompt's tokens, where the engines take that many (a summarization or RAG prompt's size)
 PLAIN_TOKENS = 8
 REPEATS = 3  # each figure is the least of its repeats: other work on the machine only ever adds time
 DEFAULT_BUDGET_S = 60.0
@@ -55,6 +58,14 @@ class Target:
     has_draft: bool
     vocab_size: int
     engines: str  # engine_identity
+    max_input_len: int = 0  # the target engine's longest prompt (0: unknown, no long-context measurement)
+    max_output_seq_len: int = 0  # its longest prompt + output
+
+    def long_context(self) -> int:
+        """The long prompt's tokens (0: the engines take none long enough to tell)."""
+        room = min(self.max_input_len, self.max_output_seq_len - max(PLAIN_TOKENS, self.max_draft_len + 1))
+        tokens = min(LONG_CONTEXT, room)
+        return tokens if tokens >= 4 * PROMPT_TOKENS else 0
 
     def batches(self) -> list[int]:
         """1, 2, 4, ... up to the engine's batch, which is measured too."""
@@ -109,12 +120,13 @@ def from_repository(repo: str | Path) -> Target:
             value = next((param(cfg, name) for name in names if param(cfg, name)), "")
             if value:
                 dirs.append(Path(value) if Path(value).is_absolute() else Path.cwd() / value)
-    vocab = 32000
+    vocab, input_len, seq_len = 32000, 0, 0
     for path in dirs[:1]:
         try:
             from trtspec.engine.manifest import read_engine
 
-            vocab = read_engine(path).vocab_size
+            info = read_engine(path)
+            vocab, input_len, seq_len = info.vocab_size, info.max_input_len, info.max_output_seq_len
         except Exception:  # a TensorRT engine dir this machine cannot read: ids below 32000 are in any vocabulary
             pass
     return Target(
@@ -123,6 +135,8 @@ def from_repository(repo: str | Path) -> Target:
         has_draft=draft is not None,
         vocab_size=vocab,
         engines=engine_identity([p for p in dirs if p.is_dir()] + pbtxts),
+        max_input_len=input_len,
+        max_output_seq_len=seq_len,
     )
 
 
@@ -205,8 +219,12 @@ def measure(
     high = min(target.vocab_size, 32000)
     low = min(100, high // 2)  # clear of the special tokens at the start of most vocabularies
     prompts = [[rng.randrange(low, high) for _ in range(PROMPT_TOKENS)] for _ in range(target.max_batch)]
+    long_tokens = target.long_context()
+    if long_tokens:  # the last: batch 1 uses the first
+        prompts.append([rng.randrange(low, high) for _ in range(long_tokens)])
     batches, ks = target.batches(), target.draft_lengths() or [1]
-    steps = len(batches) * (1 + len(ks)) + (len(ks) if target.has_draft else 0) + 2
+    drafted = len(ks) if target.has_draft else 0
+    steps = len(batches) * (1 + len(ks)) + drafted + 2 + (2 + len(ks) + drafted if long_tokens else 0)
     done, skipped = 0, []
     greedy = SamplingParams(temperature=1.0, top_k=1)
 
@@ -271,6 +289,14 @@ def measure(
         for k in ks if target.has_draft else ():
             drafts[k] = _least(lambda k=k: _whole_call(stream.call(DRAFT_MODEL, [request(0, k)])[0]))
             tick(f"draft {k} tokens")
+        long: dict = {}
+        if long_tokens and time.monotonic() - began > budget_s:
+            skipped.append(f"the {long_tokens}-token context (past the {budget_s:.0f} s budget)")
+        elif long_tokens:
+            try:
+                long = _long_context(stream, target, ks, len(prompts) - 1, request, rng, (low, high), tick)
+            except BenchError as exc:  # an engine that refuses the long prompt: the table stands without it
+                skipped.append(f"the {long_tokens}-token context ({exc})")
     finally:
         stream.close()
     calibration = Calibration(
@@ -282,8 +308,36 @@ def measure(
         engines=target.engines,
         measured_at=time.time(),
         took_seconds=time.monotonic() - began,
+        **long,
     ).monotone()
     return calibration, skipped
+
+
+def _long_context(stream: _Stream, target: Target, ks: list[int], i: int, request, rng, ids, tick) -> dict:
+    """The long_* figures of a Calibration, at batch 1 on prompt `i` (the long one)."""
+    from trtspec.deploy.writer import DRAFT_MODEL, TARGET_MODEL
+
+    tokens = target.long_context()
+    models = [TARGET_MODEL, *([DRAFT_MODEL] if target.has_draft else [])]
+    for model in models:  # its prefill, once
+        stream.call(model, [request(i, 1)])
+    tick(f"{tokens}-token context")
+    long = {"short_context_tokens": PROMPT_TOKENS, "context_tokens": tokens}
+    long["long_plain_seconds"] = _least(lambda: _plain_step(stream.call(TARGET_MODEL, [request(i, PLAIN_TOKENS)])[0]))
+    tick(f"plain step, {tokens} tokens")
+
+    def verifying(k: int) -> float:
+        draft = [rng.randrange(*ids) for _ in range(k)]
+        return _whole_call(stream.call(TARGET_MODEL, [request(i, k + 1, draft)])[0])
+
+    long["long_verify_seconds"], long["long_draft_seconds"] = {}, {}
+    for k in ks:
+        long["long_verify_seconds"][k] = _least(lambda k=k: verifying(k))
+        tick(f"verify {k} tokens, {tokens} tokens")
+    for k in ks if target.has_draft else ():
+        long["long_draft_seconds"][k] = _least(lambda k=k: _whole_call(stream.call(DRAFT_MODEL, [request(i, k)])[0]))
+        tick(f"draft {k} tokens, {tokens} tokens")
+    return long
 
 
 def _least(measure_once: Callable[[], float]) -> float:

@@ -74,6 +74,26 @@ class CostModel:
         return high
 
 
+@dataclass(frozen=True)
+class ContextCost:
+    """What a request's sequence adds to the costs a short one starts from (trtspec.calibration measures it): each
+    term in plain steps, and how many short plain steps its own plain step takes. Attention reads every cached token,
+    so on a long prompt a verification's extra rows cost more plain steps than on a short one."""
+
+    draft_cost_ratio: float = 0.0
+    verify_cost_fixed: float = 0.0
+    verify_cost_per_token: float = 0.0
+    step_ratio: float = 1.0
+
+    def add(self, costs: CostModel, sign: float = 1.0) -> CostModel:
+        """`costs` with this added (sign -1: taken away, never below 0)."""
+        return CostModel(
+            draft_cost_ratio=max(costs.draft_cost_ratio + sign * self.draft_cost_ratio, 0.0),
+            verify_cost_per_token=max(costs.verify_cost_per_token + sign * self.verify_cost_per_token, 0.0),
+            verify_cost_fixed=max(costs.verify_cost_fixed + sign * self.verify_cost_fixed, 0.0),
+        )
+
+
 @dataclass
 class Decision:
     k: int  # tokens to draft; 0 = plain decoding this iteration
@@ -164,6 +184,7 @@ class AdaptiveDraftLength:
     # token); added to the costs each decision weighs and never learned from this request's own timings (they do not
     # show it). None: a request alone, or no calibrated table to tell
     shared: Callable[[], tuple[float, float]] | None = None
+    context: ContextCost | None = None  # what the request's sequence added to the costs it started from
     fallbacks: dict = field(default_factory=dict)
     _plain_left: int = 0
     _stretch: int = 0  # the length of the last stretch (0: none yet)
@@ -382,26 +403,33 @@ class DeploymentCosts:
         model_drafts: bool,
         load: int = 1,
         shared: Callable[[], tuple[float, float]] | None = None,
+        context: ContextCost | None = None,
     ) -> AdaptiveDraftLength:
         """A request's adaptive policy at `load`; `shared`: what its verifications cost the others in their passes
-        (AdaptiveDraftLength.shared)."""
+        (AdaptiveDraftLength.shared); `context`: what its sequence's length adds to the costs learned here."""
         with self._lock:
             costs, step = self._entry(load)
-            costs = dataclasses.replace(costs, **({} if model_drafts else {"draft_cost_ratio": 0.0}))
-            return AdaptiveDraftLength(k_max, costs=costs, step_seconds=step, shared=shared)
+        if context is not None:
+            costs = context.add(costs)
+            step = step * context.step_ratio if step is not None else None
+        costs = dataclasses.replace(costs, **({} if model_drafts else {"draft_cost_ratio": 0.0}))
+        return AdaptiveDraftLength(k_max, costs=costs, step_seconds=step, shared=shared, context=context)
 
     def learn(self, policy: AdaptiveDraftLength, *, model_drafts: bool, load: int = 1) -> None:
         if policy.step_seconds is None:  # the request measured nothing to compare with
             return
         w = self._weight
+        theirs, their_step = policy.costs, policy.step_seconds
+        if policy.context is not None:  # learned here as a short sequence's
+            theirs, their_step = policy.context.add(theirs, -1.0), their_step / policy.context.step_ratio
         with self._lock:
             mine, step = self._entry(load)
-            mine, theirs = dataclasses.replace(mine), policy.costs
+            mine = dataclasses.replace(mine)
             mine.verify_cost_fixed = _ewma(mine.verify_cost_fixed, theirs.verify_cost_fixed, w)
             mine.verify_cost_per_token = _ewma(mine.verify_cost_per_token, theirs.verify_cost_per_token, w)
             if model_drafts:
                 mine.draft_cost_ratio = _ewma(mine.draft_cost_ratio, theirs.draft_cost_ratio, w)
-            self._loads[load_bucket(load)] = (mine, _ewma(step, policy.step_seconds, w))
+            self._loads[load_bucket(load)] = (mine, _ewma(step, their_step, w))
 
     def drafted(self, *, load: int, lookup_tokens: int, draft_tokens: int) -> None:
         """A finished request's draft tokens at its load, `lookup_tokens` of them from prompt lookup."""

@@ -53,6 +53,7 @@ from trtspec.orchestrator.adaptive import (
     LOOKUP,
     PREDICTION,
     AdaptiveDraftLength,
+    ContextCost,
     CostModel,
     DeploymentCosts,
     DraftLengthPolicy,
@@ -211,7 +212,9 @@ class Deployment:
         the costs are a prior, not this hardware's: the adaptive policy finds out."""
         if self.calibration is None:
             return True
-        costs = with_shared(self.costs.costs_at(load), self.shared_cost(load))
+        costs = self.costs.costs_at(load)
+        context = self.context_cost(load, len(request.spec.prompt))
+        costs = with_shared(costs if context is None else context.add(costs), self.shared_cost(load))
         margin = AdaptiveDraftLength.margin
         if self.model_drafts(request) and costs.best(1.0, k)[1] >= 1.0 + margin:
             return True
@@ -242,6 +245,21 @@ class Deployment:
             per_token = (lost(high) - lost(low)) / (high - low) if high > low else 0.0
             self._shared[load] = (max(lost(low) - per_token * low, 0.0), max(per_token, 0.0))
         return self._shared[load]
+
+    def context_cost(self, load: int, context: int) -> ContextCost | None:
+        """What a sequence of `context` tokens adds to the costs at `load` (ContextCost), from the calibration's long
+        measurement; None where it adds nothing or nothing was measured."""
+        calibration = self.calibration
+        if calibration is None or not calibration.context_share(context):
+            return None
+        short, long = calibration.cost_model(load), calibration.cost_model(load, context)
+        batch = min(max(load, 1), calibration.max_batch)
+        return ContextCost(
+            draft_cost_ratio=long.draft_cost_ratio - short.draft_cost_ratio,
+            verify_cost_fixed=long.verify_cost_fixed - short.verify_cost_fixed,
+            verify_cost_per_token=long.verify_cost_per_token - short.verify_cost_per_token,
+            step_ratio=calibration.plain_at(batch, context) / calibration.plain_at(batch),
+        )
 
     def _say_plain(self, load: int) -> None:
         label = load_range(load_bucket(load))
@@ -319,7 +337,11 @@ class Deployment:
         bound = max(admission.k, self.lookup_k(admission)) if free else admission.k
         load_now = load_now or (lambda: load)
         return self.costs.policy(
-            bound, model_drafts=self.model_drafts(request), load=load, shared=lambda: self.shared_cost(load_now())
+            bound,
+            model_drafts=self.model_drafts(request),
+            load=load,
+            shared=lambda: self.shared_cost(load_now()),
+            context=self.context_cost(load, len(request.spec.prompt)),
         )
 
     def lookup_k(self, admission: Admission) -> int:

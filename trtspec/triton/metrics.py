@@ -118,7 +118,8 @@ class Metrics:
         self._calibration = family(
             "trtspec_calibration_seconds",
             "The engines' costs measured at start (trtspec.calibration), by kind: plain (a step, by batch), verify (a "
-            "pass verifying k draft tokens per request, by batch and k), draft (a call of k tokens), round_trip",
+            "pass verifying k draft tokens per request, by batch and k), draft (a call of k tokens), round_trip; "
+            "plain_long, verify_long, draft_long: the same at batch 1 on the long context (context_tokens)",
             gauge,
         )
         self._info = family(
@@ -308,6 +309,12 @@ class Metrics:
             for k, seconds in calibration.draft_seconds.items():
                 self._child(self._calibration, kind="draft", batch="1", k=str(k)).set(seconds)
             self._child(self._calibration, kind="round_trip", batch="1", k="0").set(calibration.round_trip_seconds)
+            if calibration.context_tokens:
+                long = [("plain_long", 0, calibration.long_plain_seconds)]
+                long += [("verify_long", k, s) for k, s in calibration.long_verify_seconds.items()]
+                long += [("draft_long", k, s) for k, s in calibration.long_draft_seconds.items()]
+                for kind, k, seconds in long:
+                    self._child(self._calibration, kind=kind, batch="1", k=str(k)).set(seconds)
 
     def break_even(self, load: str, value: float) -> None:
         """Set the break-even acceptance of a load range (when it changed)."""
