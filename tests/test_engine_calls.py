@@ -147,6 +147,29 @@ def test_a_stop_that_reaches_the_engine_before_its_call_still_stops_it(server, s
     _assert_stopped(server, before)
 
 
+def test_a_call_that_reaches_the_engine_after_the_request_stopped_waiting_is_still_stopped(server):
+    import re
+
+    from tritonclient.utils import InferenceServerException
+
+    # engine_client.STOP_TIMEOUT_SECONDS, read from its source (the module imports pb_utils, which lives in the server)
+    source = (Path(__file__).parents[1] / "trtspec" / "triton" / "engine_client.py").read_text()
+    STOP_TIMEOUT_SECONDS = float(re.search(r"^STOP_TIMEOUT_SECONDS = ([\d.]+)", source, re.M).group(1))
+    before = len(_calls(server))
+    late = server.repo / "tensorrt_llm" / "1" / "LATE"
+    late.write_text(str(STOP_TIMEOUT_SECONDS + 2.0))  # past the request's wait for its stopped call
+    try:
+        fields = {"text_input": PROMPT, "max_tokens": 480, "min_tokens": 480, "speculation": "none"}
+        started = time.monotonic()
+        with pytest.raises(InferenceServerException, match="timeout_ms"):
+            grpc_generate(server.grpc_url, {**fields, "timeout_ms": 500})
+        # the client had its answer without waiting for the call to arrive
+        assert time.monotonic() - started < STOP_TIMEOUT_SECONDS + 2.0
+        _assert_stopped(server, before)
+    finally:
+        late.unlink(missing_ok=True)
+
+
 def test_a_cancelled_request_whose_stop_reaches_the_engine_before_its_call_still_stops_it(server):
     from test_engine_isolation import bls_call
 

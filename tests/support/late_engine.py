@@ -1,5 +1,6 @@
 """A test engine model: the stand-in of TensorRT-LLM's backend (tensorrtllm_standin.py, copied beside this file) that
-takes each call asking for more than SHORT tokens into its engine only LATE seconds after the call arrived, while stop
+takes each call asking for more than SHORT tokens into its engine only LATE seconds (or what the file LATE beside this
+file says) after the call arrived, while stop
 requests (and short calls) are handled at once. So a stop sent when such a call was sent reaches the engine first, as a
 stop can on a busy server where the two travel side by side: the backend's handleStopRequest then finds no call with
 that id and answers it all the same (model_instance_state.cc at 0c8de69a), and the call, taken in afterwards, runs
@@ -18,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 from trtspec.triton.common import error_response
 
 SHORT = 8
-LATE = 1.0
+LATE = 1.0  # unless the file LATE beside this file holds another number of seconds
 CALLS = "CALLS"
 _here = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("tensorrtllm_standin", _here / "tensorrtllm_standin.py")
@@ -51,7 +52,10 @@ class TritonPythonModel(_standin.TritonPythonModel):
         counted = _Counted(sender, budget)
         if budget <= SHORT:
             return super()._queue(tensors, counted, request_id)
-        threading.Timer(LATE, self._take, (tensors, counted, request_id)).start()
+        late = _here / "LATE"
+        threading.Timer(
+            float(late.read_text()) if late.exists() else LATE, self._take, (tensors, counted, request_id)
+        ).start()
 
     def _take(self, tensors, sender, request_id):
         try:

@@ -37,6 +37,10 @@ STOP_TIMEOUT_SECONDS = 2.0
 # at once, and a stop that reaches the engine first finds nothing to stop (TensorRT-LLM's handleStopRequest cancels
 # only ids it has enqueued, model_instance_state.cc at 0c8de69a), so the call would run its whole budget.
 RESTOP_SECONDS = 0.1
+# A unary call given up on that has not ended when the request stops waiting for it (STOP_TIMEOUT_SECONDS: on a busy
+# server it may not have reached its engine yet) gets its stop again from a thread of its own, less and less often,
+# for at most this long, so that it still ends within a step of arriving instead of running its whole budget.
+LATE_STOP_SECONDS = 60.0
 # A call silent this long asks whether its model is still alive (see BlsEngineClient.lost).
 SILENT_SECONDS = 1.0
 # How much of the client's request id an engine call's id keeps (for the engine's logs; the rest is random).
@@ -242,15 +246,29 @@ class BlsEngineClient:
     def _give_up(self, flight: _Flight, future: Future, started: float) -> None:
         """Stop a unary call the request no longer waits for and wait (STOP_TIMEOUT_SECONDS at most) until it has
         ended, which it does within an engine step of a stop that finds it; the stop goes again every RESTOP_SECONDS,
-        for the one that overtook its call. A call not sent yet is not sent."""
+        for the one that overtook its call, and after that wait from a thread of its own (`_stop_late`). A call not sent
+        yet is not sent."""
         if not flight.stop():
             return
         until = time.monotonic() + STOP_TIMEOUT_SECONDS
         while not future.done():
             self.send_stop(flight.cid)
             wait_for([future], timeout=RESTOP_SECONDS)
-            if time.monotonic() >= until or self.lost(started, started):
+            if self.lost(started, started):
                 return
+            if time.monotonic() >= until:
+                late = threading.Thread(target=self._stop_late, args=(flight.cid, future, started), daemon=True)
+                late.start()
+                return
+
+    def _stop_late(self, cid: str, future: Future, started: float) -> None:
+        """Send the stop of a call the request no longer waits for until it ends (at most LATE_STOP_SECONDS), at
+        doubling intervals: a call that reaches its engine after its stops is stopped when it does."""
+        until, interval = time.monotonic() + LATE_STOP_SECONDS, RESTOP_SECONDS
+        while not future.done() and time.monotonic() < until and not self.lost(started, started):
+            self.send_stop(cid)
+            wait_for([future], timeout=interval)
+            interval = min(2 * interval, STOP_TIMEOUT_SECONDS)
 
     def check(self, stop) -> None:
         """Raise Cancelled (or the watch's own error) when the request is over, after `stop()` (of its call)."""
