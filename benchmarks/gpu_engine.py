@@ -8,16 +8,19 @@ quantized to FP8 per tensor by trtspec's own quantizer (trtspec.engine.fp8), run
 same weights dequantized, in bfloat16.
 
 For each: the pass of one row (a decode step) and of k+1 rows (a verification of k draft tokens, k = 1..8) at a
-cached context of --context tokens, timed (a) as the engine runs it (`forward`: inputs made on the host, the
-network, logits copied back) and (b) as one CUDA graph replayed (the network captured once for that pass's shape
-and position, logits copied back), which leaves out the host's launch overhead. The bound is the bytes one pass
-must read (every linear, the output head and the norms; `weight_bytes`) over the device-to-device copy bandwidth
+cached context of --context tokens, timed (a) eagerly (the compact forward, `CompactModel.forward`: inputs made on
+the host, the network, logits copied back), (b) as one CUDA graph replayed (the network captured once for that
+pass's shape and position, logits copied back), which leaves out the host's launch overhead, and (c) as the served
+engine runs it on CUDA (`PagedModel.forward`: the static-shape path, its bucket's graph replayed after the host
+writes the pass's inputs, logits copied back), at --batches sequences of k+1 rows each. The bound is the bytes one
+pass must read (every linear, the output head and the norms; `weight_bytes`) over the device-to-device copy bandwidth
 measured in the same run (bytes read + written, as STREAM counts). Medians of --reps timings after warm-ups.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import statistics
@@ -31,6 +34,7 @@ from rich.table import Table
 
 from trtspec.engine import fp8
 from trtspec.engine.model import CompactModel, Segment
+from trtspec.engine.paged import PagedModel
 from trtspec.engine.runtime import Engine
 
 KS = list(range(0, 9))
@@ -164,6 +168,32 @@ def measure(model: CompactModel, context: int, reps: int, graphs: bool) -> dict:
     return out
 
 
+@torch.inference_mode()
+def measure_served(model: PagedModel, context: int, reps: int, batches: list[int]) -> dict:
+    """Seconds of the served engine's pass of `b` sequences of k+1 rows each at position `context`, per (b, k)."""
+    vocab = model.vocab_size
+    gen = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, vocab, (context + max(KS) + 1,), generator=gen).tolist() for _ in range(max(batches))]
+    kvs = [model.new_kv(context + max(KS) + 1) for _ in seqs]
+    for ids, kv in zip(seqs, kvs):
+        model.forward([Segment(ids[:context], 0, kv, 1)])
+    out = {}
+    for b in batches:
+        for k in KS:
+            segments = [Segment(ids[context : context + k + 1], context, kv, k + 1) for ids, kv in zip(seqs, kvs)][:b]
+            for _ in range(3):
+                model.forward(segments)
+            out[b, k] = _wall_median(lambda: model.forward(segments), reps)
+    return out
+
+
+def as_compact(model: PagedModel) -> CompactModel:
+    """The same weights under the compact model's own forward and caches (no second copy on the device)."""
+    compact = copy.copy(model)
+    compact.__class__ = CompactModel
+    return compact
+
+
 LLAMA8B_PRODUCTS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
@@ -204,7 +234,7 @@ def products(reps: int) -> list[dict]:
     return out
 
 
-def report_rows(name: str, model: CompactModel, times: dict, bandwidth: float) -> list[dict]:
+def report_rows(name: str, model: CompactModel, times: dict, served: dict, bandwidth: float) -> list[dict]:
     bound = model.weight_bytes / bandwidth
     rows = []
     for k in KS:
@@ -225,6 +255,10 @@ def report_rows(name: str, model: CompactModel, times: dict, bandwidth: float) -
                 "graph_x_decode": times["graph"][k] / times["graph"][0],
                 "graph_max_abs_diff": times["graph_max_abs_diff"][k],
             }
+        for (b, kk), seconds in served.items():
+            if kk == k:
+                row[f"served_b{b}_ms"] = seconds * 1e3
+                row[f"served_b{b}_x_decode"] = seconds / served[b, 0]
         rows.append(row)
     return rows
 
@@ -245,6 +279,7 @@ def table(rows: list[dict], bandwidth: float) -> Table:
         "graph ms",
         "x bound",
         "x decode",
+        "served ms (x decode) at batch " + ", ".join(str(b) for b in batches(rows)),
     ):
         t.add_column(col, justify="right")
     for r in rows:
@@ -262,8 +297,20 @@ def table(rows: list[dict], bandwidth: float) -> Table:
             f"{r['eager_x_bound']:.2f}",
             f"{r['eager_x_decode']:.3f}",
             *graph,
+            "; ".join(f"{r[f'served_b{b}_ms']:.3f} ({r[f'served_b{b}_x_decode']:.2f})" for b in batches(rows)),
         )
     return t
+
+
+def batches(rows: list[dict]) -> list[int]:
+    return sorted(
+        {
+            int(key[len("served_b") : -len("_ms")])
+            for r in rows
+            for key in r
+            if key.endswith("_ms") and key.startswith("served_b")
+        }
+    )
 
 
 def main(argv=None) -> int:
@@ -273,13 +320,16 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--batches", default="1,4,8", help="sequences per served pass, e.g. 1,4,8 (the engine's batch)")
     p.add_argument(
         "--products",
         action="store_true",
         help="also time one 8B layer's products alone: bf16, FP8, FP8 as the engine calls it",
     )
     p.add_argument("--output", type=Path, default=Path("gpu-engine.json"))
+    p.add_argument("--bf16-only", action="store_true", help="leave out the FP8-product variants")
     args = p.parse_args(argv)
+    served_batches = [int(b) for b in args.batches.split(",")]
     console = Console()
     if not torch.cuda.is_available():
         console.print("no CUDA device: this benchmark measures the engine on a GPU")
@@ -330,15 +380,26 @@ def main(argv=None) -> int:
                 ),
             ),
         ]
+        models = [m for m in models if not args.bf16_only or "bf16" in m[0]]
     if args.llama8b:
 
         def llama(fp8_matmul: bool):
             config, state = llama8b_state(device)
-            model = CompactModel(config, state, dtype=torch.bfloat16, device=device, fp8_matmul=fp8_matmul)
+            model = PagedModel(
+                config,
+                state,
+                dtype=torch.bfloat16,
+                device=device,
+                fp8_matmul=fp8_matmul,
+                max_positions=args.context + 2 * max(KS) + 2,
+                graphs=not args.no_graphs,
+            )
             del state
+            model.reserve(2 << 30, max(served_batches), max(KS) + 1)  # 2 GiB of KV: 16k positions of this shape
             return model
 
         models += [("llama-3-8b-shape fp8", lambda: llama(True)), ("llama-3-8b-shape bf16", lambda: llama(False))]
+        models = [m for m in models if not args.bf16_only or "bf16" in m[0]]
     for name, load in models:
         started = time.perf_counter()
         model = load()
@@ -346,11 +407,14 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         console.print(
             f"{name}: loaded in {time.perf_counter() - started:.1f} s, {model.weight_bytes / 1e9:.2f} GB of weights "
-            "read "
-            f"per pass, linears {type(model.layers[0]['gate_up']).__name__}",
+            f"read per pass; {model.kernel_summary}",
             highlight=False,
         )
-        rows += report_rows(name, model, measure(model, args.context, args.reps, not args.no_graphs), bandwidth)
+        served = measure_served(
+            model, args.context, args.reps, [b for b in served_batches if b <= model.buckets.sequences[-1]]
+        )
+        eager = measure(as_compact(model), args.context, args.reps, not args.no_graphs)
+        rows += report_rows(name, model, eager, served, bandwidth)
         console.print(table([r for r in rows if r["model"] == name], bandwidth))
         del model
         gc.collect()

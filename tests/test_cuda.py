@@ -10,6 +10,8 @@ and every difference is classified with the target's own logits (trtspec.validat
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from test_engine_batching import ARCHITECTURES, _hf_model, _ids
 from trtspec.contract import GenerationRequest, SamplingParams
 from trtspec.engine import fp8, kernels
 from trtspec.engine.model import CompactModel, Segment
+from trtspec.engine.paged import PagedModel
 from trtspec.engine.runtime import Engine, InProcessClient
 from trtspec.errors import RequestError
 from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
@@ -146,11 +149,12 @@ def test_greedy_speculative_equals_target_only_on_cuda(built_fp8, dtype):
         assert len(verdicts) <= 1, verdicts
 
 
-def test_kv_budget_holds_on_cuda(built_fp8):
+@pytest.mark.parametrize("static", [False, True], ids=["compact", "static"])
+def test_kv_budget_holds_on_cuda(built_fp8, static):
     """The pool's byte accounting is what the device holds: running and kept caches stay within the budget, a
     call that cannot fit alone is refused naming engine.kv_cache_mb, and calls that fit only one after another
-    still all finish."""
-    engine = Engine.load(built_fp8.target, device="cuda", check_invariance=False)
+    still all finish. On static shapes the arena is allocated at load: what the kept caches hold is its blocks."""
+    engine = Engine.load(built_fp8.target, device="cuda", static=static, check_invariance=False)
     pool = engine.cache
     pool.budget_bytes = pool.bytes_for(100)  # room for one 96-token call at a time
     pool.reuse_bytes = pool.bytes_for(64)
@@ -163,6 +167,64 @@ def test_kv_budget_holds_on_cuda(built_fp8):
     held = torch.cuda.memory_allocated() - before
     assert pool.running_bytes == 0 and pool.kept_bytes <= pool.reuse_bytes
     assert held <= pool.kept_bytes + 2**20, (held, pool.kept_bytes)  # what stays is the kept caches (+ allocator slack)
+    if static:
+        gc.collect()  # a finished call's lease goes with its job
+        arena, per_block = engine.model.arena, pool.bytes_for(1)
+        assert arena.blocks - arena.free_blocks == pool.kept_bytes // per_block
     pool.budget_bytes = pool.bytes_for(64)
     with pytest.raises(RequestError, match="kv_cache_mb"):
         engine.generate(GenerationRequest(input_ids=_ids(30, 9), request_output_len=60, end_id=-1))
+
+
+def _passes(model, steps) -> list[torch.Tensor]:
+    """Prefills of three sequences, then the grid passes `steps` [(sequence, rows), ...]: every pass's logits."""
+    prompts = [_ids(70, 1), _ids(9, 2), _ids(130, 3)]
+    kvs = [model.new_kv(200) for _ in prompts]
+    seen = [len(p) for p in prompts]
+    out = model.forward([Segment(p, 0, kv, 2) for p, kv in zip(prompts, kvs)])
+    for n, step in enumerate(steps):
+        rows = {i: _ids(k, 100 + 10 * n + i) for i, k in step}
+        out += model.forward([Segment(rows[i], seen[i], kvs[i], k) for i, k in step])
+        for i, k in step:
+            seen[i] += k
+    return out
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
+def test_static_shapes_replayed_as_graphs_give_the_passes_run_eagerly(kind, dtype, tolerance):
+    """The static-shape path with its passes replayed from CUDA graphs: the same logits as the same path run eagerly
+    (the same kernels: within float rounding of nothing), and as the compact forward within the dtype's tolerance;
+    the argmax agrees wherever the compact forward's top two are apart by more than the tolerance."""
+    hf = _hf_model(kind)
+    state = {k: v.float() for k, v in hf.state_dict().items()}
+    cuda = torch.device("cuda")
+    compact = CompactModel(hf.config, state, dtype=dtype, device=cuda)
+    static = {}
+    for graphs in (False, True):
+        static[graphs] = PagedModel(hf.config, state, dtype=dtype, device=cuda, max_positions=512, graphs=graphs)
+        static[graphs].reserve(64 * 2**20, max_batch=4, max_rows=9)
+    assert len(static[True]._graphs) == len(static[True].buckets.all())
+    steps = [[(0, 1), (1, 1), (2, 1)], [(0, 9), (1, 1), (2, 3)], [(0, 1), (2, 2)], [(1, 4)]]
+    with torch.inference_mode():
+        want, eager, replayed = (_passes(m, steps) for m in (compact, static[False], static[True]))
+    for w, e, r in zip(want, eager, replayed, strict=True):
+        assert _relative(r, e) < tolerance / 10  # the same kernels; a replay that read stale inputs is off by ~1
+        assert _relative(r, w) < tolerance
+        top2 = w.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > tolerance * w.abs().max()
+        assert torch.equal(r.argmax(-1)[clear], w.argmax(-1)[clear])
+
+
+def test_the_engine_on_cuda_runs_static_shapes_from_graphs_and_gives_its_blocks_back(built_fp8):
+    engine = Engine.load(built_fp8.target, device="cuda", dtype="bfloat16")
+    model = engine.model
+    assert isinstance(model, PagedModel) and model.graphs
+    assert len(model._graphs) == len(model.buckets.all()) and "CUDA graphs" in model.kernel_summary
+    free = model.arena.free_blocks
+    requests = [GenerationRequest(input_ids=_ids(20 + i, 300 + i), request_output_len=24, end_id=-1) for i in range(6)]
+    results = engine.generate_many(requests)
+    assert all(len(r.new_tokens) == 24 for r in results)
+    engine.cache.clear()
+    gc.collect()
+    assert model.arena.free_blocks == free

@@ -40,6 +40,7 @@ from trtspec.engine import fp8, subset_head
 from trtspec.engine.kv import KVPool, KVStats
 from trtspec.engine.manifest import EngineInfo, read_engine
 from trtspec.engine.model import COMPACT_ARCHITECTURES, CompactModel, HFModel, Segment
+from trtspec.engine.paged import PagedModel
 from trtspec.engine.scheduler import BatchStats, Job, Scheduler
 from trtspec.errors import EngineError, RequestError
 
@@ -70,9 +71,12 @@ class Engine:
         extra = info.raw.get("trtspec", {})
         self.eos_token_id: int | None = extra.get("eos_token_id")
         self.pad_token_id: int | None = extra.get("pad_token_id")
+        budget = int(extra.get("kv_cache_mb", DEFAULT_KV_CACHE_MB)) * 2**20
+        if isinstance(model, PagedModel):  # its caches are blocks of an arena allocated once, graphs captured then
+            model.reserve(budget, max(1, info.max_batch_size), info.max_draft_len + 1)
         self.cache = KVPool(
             model,
-            int(extra.get("kv_cache_mb", DEFAULT_KV_CACHE_MB)) * 2**20,
+            budget,
             int(extra.get("kv_cache_reuse_mb", DEFAULT_KV_REUSE_MB)) * 2**20,
         )
         self.scheduler = Scheduler(model, self.cache, max(1, info.max_batch_size))
@@ -90,11 +94,15 @@ class Engine:
         *,
         forward: str = "auto",
         fp8_matmul: bool = False,
+        static: bool | None = None,
+        graphs: bool | None = None,
         check_invariance: bool = True,
     ) -> Engine:
         """Load an embedded-backend engine dir. `dtype` overrides the built compute dtype; `forward` picks the
         network (auto: compact where supported); `fp8_matmul` (off by default, see the module docstring; CUDA
-        SM89+, or torch's CPU `_scaled_mm`) multiplies FP8 weights in FP8 instead of dequantizing them."""
+        SM89+, or torch's CPU `_scaled_mm`) multiplies FP8 weights in FP8 instead of dequantizing them. `static`
+        (default: on CUDA) runs the compact forward with static shapes (trtspec.engine.paged), its decode and verify
+        passes replayed as CUDA graphs where `graphs` (default: on CUDA)."""
         from transformers import AutoConfig
 
         if forward not in FORWARDS:
@@ -122,7 +130,18 @@ class Engine:
         if compact:
             _check_state(hf_config, state, weights, info)
             try:
-                model = CompactModel(hf_config, state, dtype=compute, device=dev, fp8_matmul=fp8_matmul)
+                if static if static is not None else dev.type == "cuda":
+                    model = PagedModel(
+                        hf_config,
+                        state,
+                        dtype=compute,
+                        device=dev,
+                        fp8_matmul=fp8_matmul,
+                        max_positions=info.max_seq_len + info.max_draft_len + 1,
+                        graphs=graphs if graphs is not None else dev.type == "cuda",
+                    )
+                else:
+                    model = CompactModel(hf_config, state, dtype=compute, device=dev, fp8_matmul=fp8_matmul)
             except (KeyError, RuntimeError) as exc:
                 raise EngineError(
                     f"{weights} does not match {info.architecture} as configured in {engine_dir}: {exc}"
