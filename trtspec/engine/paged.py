@@ -286,6 +286,8 @@ class PagedModel(CompactModel):
     # ---- CUDA graphs -----------------------------------------------------------------------------------------
     def _capture(self) -> None:
         """One graph per bucket, sharing one memory pool (they run one at a time, on one stream)."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # as torch.cuda.graph does on entry: what stays reserved after is the graphs' pool
         began, before = time.perf_counter(), torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(self.device)

@@ -74,6 +74,7 @@ class Engine:
         budget = int(extra.get("kv_cache_mb", DEFAULT_KV_CACHE_MB)) * 2**20
         if isinstance(model, PagedModel):  # its caches are blocks of an arena allocated once, graphs captured then
             model.reserve(budget, max(1, info.max_batch_size), info.max_draft_len + 1)
+            budget = max(0, budget - model.graph_bytes)  # the graphs' memory is counted in the KV budget
         self.cache = KVPool(
             model,
             budget,
