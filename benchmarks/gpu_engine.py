@@ -184,6 +184,9 @@ def measure_served(model: PagedModel, context: int, reps: int, batches: list[int
             for _ in range(3):
                 model.forward(segments)
             out[b, k] = _wall_median(lambda: model.forward(segments), reps)
+            # the host copy of the pass's logits alone (every row's, float32), which grows with rows x vocabulary
+            rows = b * (k + 1)
+            out["copy", b, k] = _wall_median(lambda: model._logits[:rows].to("cpu", torch.float32, copy=True), reps)
     return out
 
 
@@ -255,8 +258,11 @@ def report_rows(name: str, model: CompactModel, times: dict, served: dict, bandw
                 "graph_x_decode": times["graph"][k] / times["graph"][0],
                 "graph_max_abs_diff": times["graph_max_abs_diff"][k],
             }
-        for (b, kk), seconds in served.items():
-            if kk == k:
+        for key, seconds in served.items():
+            if key[0] == "copy" and key[2] == k:
+                row[f"logits_copy_b{key[1]}_ms"] = seconds * 1e3
+            elif key[0] != "copy" and key[1] == k:
+                b = key[0]
                 row[f"served_b{b}_ms"] = seconds * 1e3
                 row[f"served_b{b}_x_decode"] = seconds / served[b, 0]
         rows.append(row)
