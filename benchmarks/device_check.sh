@@ -11,9 +11,8 @@
 #   engine8b benchmarks/gpu_engine.py on the Llama-3-8B shape (random weights)
 #   gguf     keep the .carry*/gguf.xz.* pieces a call brings (the demo target's GGUF, xz-compressed and split)
 #   build    build the demo pair from the GGUF; benchmarks/gpu_engine.py on its target
-#   probe    one engine call through Triton on a repository whose engines run on the CPU, then on one whose engines
-#            run on CUDA, each with the machine's protobuf and with the carried one (.carry1/protobuf-6.*.whl, the
-#            major tritonclient's generated code was made for): which of them answers with every output's contents
+#   probe    engine calls through Triton on a repository whose engines run on the CPU, then on one whose engines
+#            run on CUDA: whether an answer's outputs arrive with their contents depends on where the engine runs
 #   demo     deploy on cuda, serve, `trtspec bench` (target-only against the defaults, C = 1, 4, 16, chat and code
 #            editing) and benchmarks/engine_calls.py through the server
 #
@@ -118,13 +117,13 @@ stop_server() {
 part_probe() {
     "$PY" -c 'import google.protobuf, grpc; print("protobuf", google.protobuf.__version__, "grpcio", grpc.__version__)' |
         tee -a "$LOG"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$STATE/pb" .carry1/protobuf-*.whl
     for device in cpu cuda; do
         run trtspec deploy -c trtspec/data/demo.yaml --engines "$ENGINES" --repo "$WORK/repo-$device" \
             --device "$device" --force || continue
         start_server "$WORK/repo-$device" "$OUT/probe-$device.txt" --no-calibrate || continue
         run "$PY" benchmarks/engine_calls.py --url 127.0.0.1:8001 --rounds 1 --tokens 8
-        PYTHONPATH=$STATE/pb:$PYTHONPATH run "$PY" benchmarks/engine_calls.py --url 127.0.0.1:8001 --rounds 1 --tokens 8
+        run curl -s -m 60 127.0.0.1:8000/v2/models/tensorrt_llm_bls/generate_stream \
+            -d '{"text_input": "The capital of France is", "max_tokens": 8, "stream": false}'
         stop_server
     done
 }
