@@ -125,3 +125,12 @@ def test_the_engine_on_static_shapes_gives_the_same_calls_as_on_the_compact_forw
 def test_graphs_are_refused_off_cuda(built_fp8):
     with pytest.raises(EngineError, match="CUDA graphs need a CUDA device"):
         Engine.load(built_fp8.target, static=True, graphs=True)
+
+
+def test_a_rotary_embedding_that_depends_on_the_length_is_refused_by_name():
+    hf = _hf_model("llama")
+    config = hf.config
+    config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    assert "rope_type 'dynamic'" in PagedModel.unsupported(config)
+    with pytest.raises(EngineError, match="rope_type 'dynamic'"):
+        PagedModel(config, hf.state_dict(), dtype=torch.float32, device=CPU, max_positions=64, graphs=False)

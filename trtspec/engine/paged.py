@@ -115,13 +115,10 @@ class PagedModel(CompactModel):
     (called by the engine once it knows its KV budget and limits) allocates the arena and captures the graphs."""
 
     def __init__(self, config, state, *, dtype, device, fp8_matmul=False, max_positions: int, graphs: bool):
+        why = self.unsupported(config)
+        if why:
+            raise EngineError(why)
         super().__init__(config, state, dtype=dtype, device=device, fp8_matmul=fp8_matmul)
-        rope = (getattr(config, "rope_scaling", None) or {}).get("rope_type")
-        if rope not in STATIC_ROPE:
-            raise EngineError(
-                f"rope_type {rope!r} depends on the sequence's length; the static-shape path needs one "
-                "that depends on the position alone"
-            )
         if graphs and device.type != "cuda":
             raise EngineError("CUDA graphs need a CUDA device")
         self.graphs = graphs
@@ -137,6 +134,17 @@ class PagedModel(CompactModel):
         self._graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self.graph_bytes = 0
         self.capture_seconds = 0.0
+
+    @staticmethod
+    def unsupported(config) -> str | None:
+        """Why this architecture's configuration cannot run with static shapes, or None."""
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        if rope.get("rope_type") not in STATIC_ROPE:
+            return (
+                f"rope_type {rope.get('rope_type')!r} depends on the sequence's length; the static-shape path needs "
+                "one that depends on the position alone"
+            )
+        return None
 
     # ---- KV caches: blocks of the arena ----------------------------------------------------------------------
     def reserve(self, kv_budget_bytes: int, max_batch: int, max_rows: int) -> None:

@@ -131,7 +131,9 @@ class Engine:
         if compact:
             _check_state(hf_config, state, weights, info)
             try:
-                if static if static is not None else dev.type == "cuda":
+                if static is None:  # on CUDA where the configuration allows it; on request elsewhere
+                    static = dev.type == "cuda" and PagedModel.unsupported(hf_config) is None
+                if static:
                     model = PagedModel(
                         hf_config,
                         state,
