@@ -15,7 +15,8 @@ import gc
 import numpy as np
 import pytest
 import torch
-from test_engine_batching import ARCHITECTURES, _hf_model, _ids
+from test_engine_batching import ARCHITECTURES, MAX_DRAFT_LEN, _hf_model, _ids
+from test_paged import passes
 
 from trtspec.contract import GenerationRequest, SamplingParams
 from trtspec.engine import fp8, kernels
@@ -176,20 +177,6 @@ def test_kv_budget_holds_on_cuda(built_fp8, static):
         engine.generate(GenerationRequest(input_ids=_ids(30, 9), request_output_len=60, end_id=-1))
 
 
-def _passes(model, steps) -> list[torch.Tensor]:
-    """Prefills of three sequences, then the grid passes `steps` [(sequence, rows), ...]: every pass's logits."""
-    prompts = [_ids(70, 1), _ids(9, 2), _ids(130, 3)]
-    kvs = [model.new_kv(200) for _ in prompts]
-    seen = [len(p) for p in prompts]
-    out = model.forward([Segment(p, 0, kv, 2) for p, kv in zip(prompts, kvs)])
-    for n, step in enumerate(steps):
-        rows = {i: _ids(k, 100 + 10 * n + i) for i, k in step}
-        out += model.forward([Segment(rows[i], seen[i], kvs[i], k) for i, k in step])
-        for i, k in step:
-            seen[i] += k
-    return out
-
-
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
 def test_static_shapes_replayed_as_graphs_give_the_passes_run_eagerly(kind, dtype, tolerance):
@@ -203,11 +190,9 @@ def test_static_shapes_replayed_as_graphs_give_the_passes_run_eagerly(kind, dtyp
     static = {}
     for graphs in (False, True):
         static[graphs] = PagedModel(hf.config, state, dtype=dtype, device=cuda, max_positions=512, graphs=graphs)
-        static[graphs].reserve(64 * 2**20, max_batch=4, max_rows=9)
+        static[graphs].reserve(64 * 2**20, max_batch=4, max_rows=MAX_DRAFT_LEN + 1)
     assert len(static[True]._graphs) == len(static[True].buckets.all())
-    steps = [[(0, 1), (1, 1), (2, 1)], [(0, 9), (1, 1), (2, 3)], [(0, 1), (2, 2)], [(1, 4)]]
-    with torch.inference_mode():
-        want, eager, replayed = (_passes(m, steps) for m in (compact, static[False], static[True]))
+    want, eager, replayed = (passes(m) for m in (compact, static[False], static[True]))
     for w, e, r in zip(want, eager, replayed, strict=True):
         assert _relative(r, e) < tolerance / 10  # the same kernels; a replay that read stale inputs is off by ~1
         assert _relative(r, w) < tolerance

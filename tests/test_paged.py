@@ -27,34 +27,38 @@ def _pair(kind: str):
     return compact, paged
 
 
-@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
-def test_static_shape_passes_give_the_compact_forward_s_logits(kind):
-    """Three sequences: prefills of different lengths (one ragged pass, past the row buckets), then passes that fit
-    the grid: one row each, a verify pass of max_draft_len + 1 rows beside one-row steps, a pass of two sequences
-    (padded to the bucket of 2) after the third ended. float32 on both: the attention sums in another order only."""
-    compact, paged = _pair(kind)
-    prompts = [_ids(70, 1), _ids(9, 2), _ids(130, 3)]  # 130 crosses two key blocks and, for mistral, the window
-    steps = [
-        [(0, 1), (1, 1), (2, 1)],
-        [(0, MAX_DRAFT_LEN + 1), (1, 1), (2, 3)],
-        [(0, 1), (2, 2)],
-    ]
+STEPS = [  # after the prefills: one row each; a verify pass of max_draft_len + 1 rows beside one-row steps; two
+    [(0, 1), (1, 1), (2, 1)],  # sequences, padded to the bucket of 2; one sequence of 4 rows
+    [(0, MAX_DRAFT_LEN + 1), (1, 1), (2, 3)],
+    [(0, 1), (2, 2)],
+    [(1, 4)],
+]
+
+
+def passes(model, steps=STEPS) -> list[torch.Tensor]:
+    """Prefills of three sequences of different lengths (one ragged pass, past the row buckets; 130 tokens cross two
+    key blocks and, for mistral, the window), then the passes `steps` [(sequence, rows), ...]: every pass's logits."""
+    prompts = [_ids(70, 1), _ids(9, 2), _ids(130, 3)]
+    kvs = [model.new_kv(200) for _ in prompts]
+    seen = [len(p) for p in prompts]
     with torch.inference_mode():
-        kvs = {m: [m.new_kv(200) for _ in prompts] for m in (compact, paged)}
-        seen = [len(p) for p in prompts]
-        got = {m: [m.forward([Segment(p, 0, kv, 2) for p, kv in zip(prompts, kvs[m])])] for m in (compact, paged)}
+        out = model.forward([Segment(p, 0, kv, 2) for p, kv in zip(prompts, kvs)])
         for n, step in enumerate(steps):
             rows = {i: _ids(k, 100 + 10 * n + i) for i, k in step}
-            for m in (compact, paged):
-                segs = [Segment(rows[i], seen[i], kvs[m][i], len(rows[i])) for i, _ in step]
-                got[m].append(m.forward(segs))
+            out += model.forward([Segment(rows[i], seen[i], kvs[i], k) for i, k in step])
             for i, k in step:
                 seen[i] += k
-    assert paged.buckets.fit([Segment([0] * 70, 0, None, 1)]) is None  # the prefill ran ragged
-    for want, have in zip(got[compact], got[paged], strict=True):
-        for a, b in zip(want, have, strict=True):
-            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-5)
-            assert torch.equal(a.argmax(-1), b.argmax(-1))
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(ARCHITECTURES))
+def test_static_shape_passes_give_the_compact_forward_s_logits(kind):
+    """float32 on both: the attention sums in another order only."""
+    compact, paged = _pair(kind)
+    assert paged.buckets.fit([Segment([0] * 70, 0, None, 1)]) is None  # the prefill runs ragged
+    for a, b in zip(passes(compact), passes(paged), strict=True):
+        torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-5)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
 def test_buckets_cover_the_engine_s_limits_and_nothing_beyond():
