@@ -12,7 +12,8 @@
 #   gguf     keep the .carry*/gguf.xz.* pieces a call brings (the demo target's GGUF, xz-compressed and split)
 #   build    build the demo pair from the GGUF; benchmarks/gpu_engine.py on its target
 #   probe    engine calls through Triton on a repository whose engines run on the CPU, then on one whose engines
-#            run on CUDA: whether an answer's outputs arrive with their contents depends on where the engine runs
+#            run on CUDA, then on that one again with Triton's CUDA memory pool off (the Python backend then maps
+#            no pool into the stubs): which of them answers with its outputs' contents
 #   demo     deploy on cuda, serve, `trtspec bench` (target-only against the defaults, C = 1, 4, 16, chat and code
 #            editing) and benchmarks/engine_calls.py through the server
 #
@@ -117,15 +118,32 @@ stop_server() {
 part_probe() {
     "$PY" -c 'import google.protobuf, grpc; print("protobuf", google.protobuf.__version__, "grpcio", grpc.__version__)' |
         tee -a "$LOG"
-    for device in cpu cuda; do
+    local device
+    for device in ${PROBE_DEVICES:-cpu cuda}; do
         run trtspec deploy -c trtspec/data/demo.yaml --engines "$ENGINES" --repo "$WORK/repo-$device" \
             --device "$device" --force || continue
-        start_server "$WORK/repo-$device" "$OUT/probe-$device.txt" --no-calibrate || continue
-        run "$PY" benchmarks/engine_calls.py --url 127.0.0.1:8001 --rounds 1 --tokens 8
-        run curl -s -m 60 127.0.0.1:8000/v2/models/tensorrt_llm_bls/generate_stream \
-            -d '{"text_input": "The capital of France is", "max_tokens": 8, "stream": false}'
+        start_server "$WORK/repo-$device" "$OUT/probe-$device.txt" --no-calibrate && probe_calls
         stop_server
     done
+    say "repo-$device with --cuda-memory-pool-byte-size=0:0"
+    TRTSPEC_ADMIN_KEY=probe
+    export TRTSPEC_ADMIN_KEY
+    local cmd
+    cmd=$(trtspec serve --repo "$WORK/repo-$device" --print-command) || return 1
+    eval "$cmd --cuda-memory-pool-byte-size=0:0" > "$STATE/pool-off.log" 2>&1 &
+    for _ in $(seq 1 240); do
+        curl -sf -m 2 127.0.0.1:8000/v2/health/ready && break
+        sleep 0.5
+    done
+    probe_calls
+    grep -E "^[EW][0-9]" "$STATE/pool-off.log" | tail -n 20 >> "$LOG"
+    stop_server
+}
+
+probe_calls() {
+    run "$PY" benchmarks/engine_calls.py --url 127.0.0.1:8001 --rounds 1 --tokens 8
+    run curl -s -m 60 127.0.0.1:8000/v2/models/tensorrt_llm_bls/generate_stream \
+        -d '{"text_input": "The capital of France is", "max_tokens": 8, "stream": false}'
 }
 
 part_demo() {

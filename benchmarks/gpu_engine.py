@@ -185,8 +185,7 @@ def measure_served(model: PagedModel, context: int, reps: int, batches: list[int
                 model.forward(segments)
             out[b, k] = _wall_median(lambda: model.forward(segments), reps)
             # the host copy of the pass's logits alone (every row's, float32), which grows with rows x vocabulary
-            rows = b * (k + 1)
-            out["copy", b, k] = _wall_median(lambda: model._logits[:rows].to("cpu", torch.float32, copy=True), reps)
+            out["copy", b, k] = _wall_median(lambda: model.logits_to_host(b * (k + 1)), reps)
     return out
 
 

@@ -167,7 +167,8 @@ class Engine:
             whole = m.forward([Segment(ids, 0, m.new_kv(70), 6)])[0]
             kv = m.new_kv(70)
             m.forward([Segment(ids[:64], 0, kv, 1)])
-            single = torch.cat([m.forward([Segment([ids[p]], p, kv, 1)])[0] for p in range(64, 70)])
+            # cloned: the static-shape path's logits are a buffer the next pass reuses
+            single = torch.cat([m.forward([Segment([ids[p]], p, kv, 1)])[0].clone() for p in range(64, 70)])
             batched = m.forward([Segment(other, 0, m.new_kv(13), 2), Segment(ids, 0, m.new_kv(70), 6)])[1]
         return torch.equal(whole, single) and torch.equal(whole, batched)
 

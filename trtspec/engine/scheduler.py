@@ -123,7 +123,7 @@ class Job:
         self.computed += len(self.pending)
         self.first_token_ns = self.first_token_ns or time.monotonic_ns()
         if self.request.return_context_logits and self.context_logits is None:
-            self.context_logits = logits[: len(self.seq)]
+            self.context_logits = logits[: len(self.seq)].clone()  # a step's logits may be a reused buffer
             logits = logits[len(logits) - self.step_rows :]
         if self.draft:
             return self._verified(logits)
@@ -137,7 +137,7 @@ class Job:
             return True
         self.new.append(token)
         if r.return_generation_logits:
-            self.kept_logits.append(logits[-1])
+            self.kept_logits.append(logits[-1].clone())
         if len(self.new) >= r.request_output_len or (
             self.stop_words and self.stop_words.completed_by(self.seq + self.new)
         ):
@@ -191,7 +191,7 @@ class Job:
         accepted = min(accepted, len(emitted))
         self.new, self.num_accepted_tokens = emitted, accepted
         if r.return_generation_logits:
-            self.kept_logits = list(raw[: len(emitted)])
+            self.kept_logits = list(raw[: len(emitted)].clone())
         if r.return_log_probs:
             self.log_probs = [log_prob(logits[i], t) for i, t in enumerate(emitted)]
         return True
