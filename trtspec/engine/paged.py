@@ -153,19 +153,16 @@ class PagedModel(CompactModel):
         self.arena = BlockArena(self.num_layers, self.hkv, self.head_dim, blocks, self.kv_dtype, self.device)
         self.buckets = Buckets.plan(max_batch, max_rows, self.cos_table.shape[0])
         s, r, nb = (b[-1] for b in (self.buckets.sequences, self.buckets.rows, self.buckets.key_blocks))
-        # one buffer for every grid input (see _grid_layout), written by one copy per pass; one for the logits
+        # one buffer for every grid input (see _grid_layout), written by one copy per pass
         self._inputs = torch.zeros(5 * s * r + s * nb, dtype=torch.long, device=self.device)
-        # the host's copy of the inputs (pinned on CUDA, so that its copy to the device is asynchronous)
-        self._host = torch.zeros_like(self._inputs, device="cpu")
-        if self.graphs:
-            self._host = self._host.pin_memory()
         # float32 logits (the graph converts them), copied to a host buffer that every pass reuses: a fresh host
-        # tensor per pass costs its page faults, 40 ms for the 74 MB of 144 rows x 128k tokens on a CPU
+        # tensor per pass costs its page faults (docs/notes/2026-11-27-h200.md)
         self._logits = torch.zeros(s * r, self.vocab_size, dtype=torch.float32, device=self.device)
+        # the host's side of both: pinned with graphs, so that the inputs' copy is asynchronous and the logits' fast
+        self._host = torch.zeros_like(self._inputs, device="cpu")
         self._host_logits = self._logits if self.device.type == "cpu" else torch.zeros_like(self._logits, device="cpu")
         if self.graphs:
-            self._host_logits = self._host_logits.pin_memory()
-        if self.graphs:
+            self._host, self._host_logits = self._host.pin_memory(), self._host_logits.pin_memory()
             self._capture()
 
     def new_kv(self, tokens: int) -> PagedKV:
