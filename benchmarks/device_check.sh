@@ -126,7 +126,7 @@ part_probe() {
         stop_server
     done
     say "repo-$device with --cuda-memory-pool-byte-size=0:0"
-    TRTSPEC_ADMIN_KEY=probe
+    TRTSPEC_ADMIN_KEY=probe-key-for-this-check-only
     export TRTSPEC_ADMIN_KEY
     local cmd
     cmd=$(trtspec serve --repo "$WORK/repo-$device" --print-command) || return 1
