@@ -229,9 +229,10 @@ class PagedModel(CompactModel):
         """The network on the grid inputs in `_inputs`; the wanted rows' logits into `_logits` (device memory
         only, so that CUDA can capture it)."""
         ids, pos, slots, rows, qpos, table = _grid_layout(self._inputs, s, r, nb)
+        keys, mask = self._visible(table, qpos)
 
         def attend(i, q):
-            return self._attend(i, q.view(s, r, self.hq, self.head_dim), table, qpos).view(s * r, -1)
+            return self._attend(i, q.view(s, r, self.hq, self.head_dim), keys, mask).view(s * r, -1)
 
         logits = self._layers(ids, pos, slots, attend, rows)
         self._logits[: s * r].copy_(logits)
@@ -250,15 +251,21 @@ class PagedModel(CompactModel):
         ids_t = torch.tensor(ids + [0] * pad, device=dev)
         pos_t = torch.tensor(pos + [0] * pad, device=dev)
         slots_t = torch.tensor(slots + [SCRATCH] * pad, device=dev)
-        tables = [
-            (at, n, torch.tensor([seg.kv.blocks[: -(-(seg.start + n) // BLOCK)]], device=dev), pos_t[at : at + n][None])
+        visible = [
+            (
+                at,
+                n,
+                *self._visible(
+                    torch.tensor([seg.kv.blocks[: -(-(seg.start + n) // BLOCK)]], device=dev), pos_t[at : at + n][None]
+                ),
+            )
             for at, n, seg in spans
         ]
 
         def attend(i, q):
             out = q.new_zeros(q.shape[0], self.hq * self.head_dim)
-            for at, n, table, qpos in tables:
-                out[at : at + n] = self._attend(i, q[at : at + n][None], table, qpos)[0]
+            for at, n, keys, mask in visible:
+                out[at : at + n] = self._attend(i, q[at : at + n][None], keys, mask)[0]
             return out
 
         wanted = torch.tensor([at + n - j for at, n, seg in spans for j in range(seg.n_logits, 0, -1)], device=dev)
@@ -285,20 +292,27 @@ class PagedModel(CompactModel):
         x = x + mlp
         return self._head(self._norm(x[rows], self.norm))
 
-    def _attend(self, layer: int, q: torch.Tensor, table: torch.Tensor, qpos: torch.Tensor) -> torch.Tensor:
-        """q [S, R, Hq, d] of S sequences whose keys are in the arena's blocks `table` [S, NB], rows at positions
-        `qpos` [S, R]; each row attends to its sequence's positions up to its own (inside the window). [S, R, Hq*d]"""
-        s, r = q.shape[:2]
-        hkv, g, d = self.hkv, self.groups, self.head_dim
-        slots = (table[:, :, None] * BLOCK + self.block_offsets).reshape(s, -1)  # [S, M]
-        keys = self.arena.data[layer, 0][slots].to(q.dtype).transpose(1, 2)  # [S, Hkv, M, d]
-        values = self.arena.data[layer, 1][slots].to(q.dtype).transpose(1, 2)
-        key_pos = torch.arange(slots.shape[1], device=q.device)
+    def _visible(self, table: torch.Tensor, qpos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What every layer's attention reads of a pass (computed once, not per layer): the arena slots of each
+        sequence's keys [S, M] for its blocks `table` [S, NB], and the additive mask [S, 1, G*R, M] that lets each row,
+        at its position in `qpos` [S, R], see its sequence's positions up to its own (inside the window)."""
+        s, r = qpos.shape
+        slots = (table[:, :, None] * BLOCK + self.block_offsets).reshape(s, -1)
+        key_pos = torch.arange(slots.shape[1], device=qpos.device)
         allowed = key_pos <= qpos[:, :, None]  # [S, R, M]
         if self.window is not None:
             allowed &= key_pos > qpos[:, :, None] - self.window
+        allowed = allowed[:, None, None].expand(s, 1, self.groups, r, slots.shape[1]).reshape(s, 1, self.groups * r, -1)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=qpos.device).masked_fill_(~allowed, float("-inf"))
+        return slots, mask
+
+    def _attend(self, layer: int, q: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q [S, R, Hq, d] of S sequences attending over their keys (`_visible`); [S, R, Hq*d]."""
+        s, r = q.shape[:2]
+        hkv, g, d = self.hkv, self.groups, self.head_dim
+        keys = self.arena.data[layer, 0][slots].to(q.dtype).transpose(1, 2)  # [S, Hkv, M, d]
+        values = self.arena.data[layer, 1][slots].to(q.dtype).transpose(1, 2)
         queries = q.view(s, r, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(s, hkv, g * r, d)
-        mask = allowed[:, None, None].expand(s, 1, g, r, slots.shape[1]).reshape(s, 1, g * r, -1)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale)
         return out.view(s, hkv, g, r, d).permute(0, 3, 1, 2, 4).reshape(s, r, hkv * g * d)
 
