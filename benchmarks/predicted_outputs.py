@@ -13,6 +13,9 @@ puts it in the engines' prefix cache:
     lookup          speculation prompt_lookup: prompt lookup alone
     predicted       the default speculation with `prediction` = the code in the prompt (the original file)
     unrelated       the default speculation with `prediction` = another prompt's code
+    exact           the default speculation with `prediction` = the target's own answer (from a first pass): the
+                    ceiling of any drafter here, since every draft it makes is accepted until the engine's
+                    max_draft_len
 
 Reported per arm: output tokens / summed seconds, its ratio to the target arm and to auto, output tokens per target
 call (the BLS's iterations: what the timing's noise does not move), and usage's accepted / rejected prediction tokens.
@@ -37,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 CODE = re.compile(r"```[a-z]*\n(.*?)```", re.DOTALL)
-ARMS = ("target", "auto", "lookup", "predicted", "unrelated")
+ARMS = ("target", "auto", "lookup", "predicted", "unrelated", "exact")
 
 
 def code_edit_prompts() -> list[tuple[str, str]]:
@@ -84,7 +87,7 @@ class Front:
         return time.perf_counter() - start, out
 
 
-def arm_fields(arm: str, code: str, other: str, fixed: int | None = None) -> dict:
+def arm_fields(arm: str, code: str, other: str, answer: str, fixed: int | None = None) -> dict:
     """`fixed`: lookup, predicted and unrelated draft from prompt lookup (and their prediction) at that fixed K, with
     no draft model and no cost model: the sources compared alone."""
     alone = {"speculation": "prompt_lookup", "num_draft_tokens": fixed, "adaptive_draft_length": False} if fixed else {}
@@ -94,6 +97,7 @@ def arm_fields(arm: str, code: str, other: str, fixed: int | None = None) -> dic
         "lookup": alone or {"speculation": "prompt_lookup"},
         "predicted": alone | {"prediction": {"type": "content", "content": code}},
         "unrelated": alone | {"prediction": {"type": "content", "content": other}},
+        "exact": alone | {"prediction": {"type": "content", "content": answer}},
     }[arm]
 
 
@@ -115,6 +119,11 @@ def main() -> int:
     totals = {arm: [0, 0.0, 0, 0, 0] for arm in ARMS}  # tokens, seconds, accepted/rejected prediction tokens, calls
     mismatches = {arm: 0 for arm in ARMS}
     records = []
+    # the target's answers, for the exact arm (greedy: every arm must give them again)
+    answers = [
+        front.chat(prompt, args.max_tokens, {"num_draft_tokens": 0})[1]["choices"][0]["message"]["content"]
+        for prompt, _ in prompts
+    ]
     for i, (prompt, code) in [(i, p) for _ in range(args.rounds) for i, p in enumerate(prompts)]:
         other = prompts[(i + 1) % len(prompts)][1]
         front.chat(prompt, 1, {"num_draft_tokens": 0})  # the prompt into the prefix cache, for every arm alike
@@ -122,7 +131,7 @@ def main() -> int:
         rng.shuffle(order)
         texts = {}
         for arm in order:
-            seconds, out = front.chat(prompt, args.max_tokens, arm_fields(arm, code, other, args.fixed))
+            seconds, out = front.chat(prompt, args.max_tokens, arm_fields(arm, code, other, answers[i], args.fixed))
             usage = out["usage"]
             details = usage.get("completion_tokens_details") or {}
             texts[arm] = out["choices"][0]["message"]["content"]
