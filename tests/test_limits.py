@@ -176,7 +176,12 @@ def limits_server(tmp_path_factory):
     server = served_pair(
         tmp_path_factory.mktemp("limits"),
         max_input_len=MAX_INPUT_LEN,
-        overrides={"request_timeout_ms": REQUEST_TIMEOUT_MS, "max_returned_logits": LOGITS_ROWS * VOCAB},
+        overrides={
+            "request_timeout_ms": REQUEST_TIMEOUT_MS,
+            "max_returned_logits": LOGITS_ROWS * VOCAB,
+            # as deploy writes it for a TensorRT-LLM release without promptIgnoreLength
+            "engine_prompt_ignore_length": False,
+        },
     )
     edge = server.repo / EDGE_MODEL
     (edge / "1").mkdir(parents=True)
@@ -254,6 +259,11 @@ def http_status(server, fields: dict | bytes) -> tuple[int, str]:
         ({"frequency_penalty": -math.inf}, r"frequency_penalty: must be a finite number, got -inf"),
         ({"timeout_ms": -1}, r"timeout_ms: must be >= 0"),
         (
+            {"frequency_penalty": 0.5, "prompt_ignore_length": 3},
+            r"frequency_penalty: cannot skip the prompt's tokens \(prompt_ignore_length 3\): .* takes no "
+            r"promptIgnoreLength .* send prompt_ignore_length 0",
+        ),
+        (
             {"return_generation_logits": True, "max_tokens": LOGITS_ROWS + 1},
             rf"return_generation_logits: .* {(LOGITS_ROWS + 1) * VOCAB} logits .* at most {LOGITS_ROWS * VOCAB} "
             r"\(max_returned_logits\)",
@@ -285,6 +295,9 @@ def test_words_and_logits_within_the_limits_are_served(limits_server, reference)
     )
     assert ids_of(logits) == reference[:LOGITS_ROWS]
     assert np.asarray(logits[-1]["generation_logits"]).shape[-2:] == (LOGITS_ROWS, VOCAB)
+    # prompt_ignore_length is neutral where no presence or frequency penalty counts, or at 0
+    for fields in ({"prompt_ignore_length": 3}, {"prompt_ignore_length": 0, "presence_penalty": 0.5}):
+        assert len(ids_of(grpc_generate(limits_server.grpc_url, {"text_input": PROMPT, "max_tokens": 8} | fields)))
 
 
 def _grpc_bytes(server, values: dict[str, bytes]) -> InferenceServerException:

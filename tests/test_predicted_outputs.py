@@ -203,11 +203,37 @@ def test_logprobs_are_the_engines_own(client, bls, tokenizer, stream):
 
 
 @pytest.mark.server
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_fronts_penalties_count_the_answer_alone(client, bls, stream):
+    """OpenAI's presence and frequency penalties count the tokens generated so far, not the prompt's: the front asks
+    the BLS to skip the whole prompt (prompt_ignore_length), so its answer is the BLS's with that input, with the
+    deployment's speculation as with the target alone, and not the answer of penalties that count the prompt."""
+    from jinja2 import Template
+    from support.tiny import CHAT_TEMPLATE
+
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.75}
+    kwargs = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16, "temperature": 0} | penalties
+    if stream:
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        text = client.chat.completions.create(**kwargs).choices[0].message.content
+    prompt = Template(CHAT_TEMPLATE).render(messages=MESSAGES, add_generation_prompt=True)
+
+    def bls_text(**more) -> str:
+        return bls.generate(prompt, max_tokens=16, temperature=0.0, **more).text
+
+    skip = {"prompt_ignore_length": 2**31 - 1}
+    assert text == bls_text(**penalties, **skip) == bls_text(**penalties, **skip, num_draft_tokens=0)
+    assert text != bls_text(**penalties)  # the prompt's tokens counted: another answer on this prompt
+    assert text != bls_text()  # and the penalties changed the answer
+
+
+@pytest.mark.server
 @pytest.mark.parametrize(
     "kwargs, param",
     [
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),  # OpenAI's range: -2 to 2
         ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
         ({"extra_body": {"prediction": {"type": "content", "content": 5}}}, "prediction.content"),
     ],

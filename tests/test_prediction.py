@@ -121,14 +121,17 @@ def test_logprobs_and_the_penalties_at_the_front():
     for body, kind, param in [
         (chat | {"logprobs": True, "top_logprobs": 2}, CHAT, "top_logprobs"),
         ({"model": "m", "prompt": "x", "logprobs": 3}, COMPLETION, "logprobs"),
-        (chat | {"presence_penalty": 0.5}, CHAT, "presence_penalty"),
-        ({"model": "m", "prompt": "x", "frequency_penalty": 0.5}, COMPLETION, "frequency_penalty"),
+        (chat | {"presence_penalty": 2.5}, CHAT, "presence_penalty"),
+        ({"model": "m", "prompt": "x", "frequency_penalty": "1"}, COMPLETION, "frequency_penalty"),
     ]:
         with pytest.raises(APIError) as err:
             parse_request(body, kind)
         assert err.value.status == 400 and err.value.param == param
-        if "penalty" in param:  # why: the engine counts the prompt's tokens, OpenAI's penalty does not
-            assert "prompt" in err.value.message
+    # OpenAI's penalties count the answer's tokens alone: the BLS is told to skip the whole prompt
+    kw = parse_request(chat | {"presence_penalty": 0.5, "frequency_penalty": -0.25}, CHAT).generate_kwargs()
+    assert (kw["presence_penalty"], kw["frequency_penalty"], kw["prompt_ignore_length"]) == (0.5, -0.25, 2**31 - 1)
+    kw = parse_request(chat | {"presence_penalty": 0, "frequency_penalty": 0}, CHAT).generate_kwargs()
+    assert kw["presence_penalty"] is kw["frequency_penalty"] is kw["prompt_ignore_length"] is None
 
 
 # ---- the loop, with in-process engines ------------------------------------------------------------------------

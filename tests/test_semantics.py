@@ -68,32 +68,45 @@ def test_min_tokens_match_hugging_face(engine, hf):
 
 
 def _penalty_reference(
-    logits: np.ndarray, history: list[int], temperature: float, rep: float, pres: float, freq: float
+    logits: np.ndarray,
+    history: list[int],
+    temperature: float,
+    rep: float,
+    pres: float,
+    freq: float,
+    ignore: int = 0,
 ):
     """TensorRT-LLM's batchApplyPenalty for one position, transcribed: temperature, then for each token seen:
-    repetition (x or / by sign), presence once, frequency times its count."""
+    repetition (x or / by sign), presence once, frequency times its count; presence and frequency count the
+    tokens after the first `ignore` (promptIgnoreLength), repetition every token."""
     out = logits.astype(np.float64) / temperature
-    counts = np.bincount(np.asarray(history), minlength=len(out))
-    for token in np.nonzero(counts)[0]:
+    seen = np.bincount(np.asarray(history), minlength=len(out))
+    counts = np.bincount(np.asarray(history[ignore:], dtype=np.int64), minlength=len(out))
+    for token in np.nonzero(seen)[0]:
         v = out[token]
-        v = v * rep if v < 0 else v / rep
-        out[token] = v - pres - freq * counts[token]
+        out[token] = v * rep if v < 0 else v / rep
+    for token in np.nonzero(counts)[0]:
+        out[token] = out[token] - pres - freq * counts[token]
     return out
 
 
-def test_presence_and_frequency_penalties_follow_tensorrt_llm(engine):
-    pen = Penalties(repetition=1.2, presence=0.5, frequency=0.7)
-    out = engine.generate(
-        GenerationRequest(
-            input_ids=list(PROMPT), request_output_len=12, end_id=-1, penalties=pen, return_log_probs=True
-        )
+@pytest.mark.parametrize("ignore", [0, 4, len(PROMPT)])
+def test_presence_and_frequency_penalties_follow_tensorrt_llm(engine, ignore):
+    """Through the tensors, as the engine model takes them: `ignore` (promptIgnoreLength) travels as len_penalty,
+    where TensorRT-LLM 1.2's backend puts it."""
+    pen = Penalties(repetition=1.2, presence=0.5, frequency=0.7, prompt_ignore=ignore)
+    request = GenerationRequest(
+        input_ids=list(PROMPT), request_output_len=12, end_id=-1, penalties=pen, return_log_probs=True
     )
+    tensors = request_to_tensors(request)
+    assert ("len_penalty" in tensors) == (ignore > 0) and tensors_to_request(tensors).penalties.prompt_ignore == ignore
+    out = engine.generate(tensors_to_request(tensors))
     seq = list(PROMPT)
     for i, token in enumerate(out.new_tokens):
         raw = engine.generate(
             GenerationRequest(input_ids=seq, request_output_len=1, end_id=-1, return_generation_logits=True)
         ).generation_logits[0]
-        ref = _penalty_reference(raw, seq, 1.0, 1.2, 0.5, 0.7)
+        ref = _penalty_reference(raw, seq, 1.0, 1.2, 0.5, 0.7, ignore)
         assert token == int(np.argmax(ref)), f"position {i}"
         log_p = ref - np.logaddexp.reduce(ref)
         assert out.log_probs[i] == pytest.approx(log_p[token], abs=1e-4)
@@ -105,6 +118,7 @@ def test_presence_and_frequency_penalties_follow_tensorrt_llm(engine):
     "rules",
     [
         dict(penalties=Penalties(repetition=1.5, presence=0.3, frequency=0.4)),
+        dict(penalties=Penalties(repetition=1.5, presence=0.3, frequency=0.4, prompt_ignore=len(PROMPT))),
         dict(bad_words="plain"),
         dict(min_tokens=6),
         dict(stop_words="plain"),
@@ -233,7 +247,9 @@ def test_word_lists_round_trip_in_tensorrt_llm_layout():
         ("beam_width", np.int32(2), False),
         ("num_return_sequences", np.int32(1), True),
         ("num_return_sequences", np.int32(3), False),
-        ("len_penalty", np.float32(0.3), True),
+        ("len_penalty", np.float32(0.3), True),  # promptIgnoreLength 0 in 1.2's backend: no effect
+        ("len_penalty", np.float32(np.nan), False),  # converted to int32 there: undefined
+        ("len_penalty", np.float32(3e9), False),
         ("early_stopping", np.bool_(True), True),
         ("embedding_bias", np.zeros((1, 0), np.float32), True),
         ("embedding_bias", np.ones((1, 320), np.float32), False),

@@ -11,6 +11,7 @@ Tensors carry the batch dim first (one request: [1, ...]), as the Python backend
 
 from __future__ import annotations
 
+import math
 from dataclasses import KW_ONLY, dataclass, field
 
 import numpy as np
@@ -53,11 +54,15 @@ class SamplingParams:
 class Penalties:
     """TensorRT-LLM's repetition, presence and frequency penalties. They count every token of the sequence, the
     prompt's too (penaltyKernels.cu: the context phase counts the input), and apply after the temperature:
-    logit/T, then x rp (negative) or / rp (positive), minus presence once, minus frequency x count."""
+    logit/T, then x rp (negative) or / rp (positive), minus presence once, minus frequency x count.
+    `prompt_ignore`: SamplingConfig's promptIgnoreLength, the first tokens of the call's input that presence and
+    frequency do not count (repetition still does); 0 counts them all, and more than the input counts none of it.
+    A request that counts only its answer, as OpenAI's penalties do, ignores its prompt's length."""
 
     repetition: float = 1.0
     presence: float = 0.0
     frequency: float = 0.0
+    prompt_ignore: int = 0
 
     @property
     def active(self) -> bool:
@@ -172,6 +177,8 @@ def request_to_tensors(r: GenerationRequest) -> dict[str, np.ndarray]:
     ):
         if value != neutral:
             t[name] = np.asarray([[value]], dtype=np.float32)
+    if pen.prompt_ignore > 0 and (pen.presence or pen.frequency):
+        t[PROMPT_IGNORE_WIRE] = np.asarray([[pen.prompt_ignore]], dtype=np.float32)
     for name, words in (("stop_words_list", r.stop_words), ("bad_words_list", r.bad_words)):
         if words:
             t[name] = word_list_tensor(words)
@@ -262,6 +269,31 @@ def check_retention(t: dict[str, np.ndarray]) -> None:
             raise RequestError(_RETENTION + "starts", "token ranges must be non-overlapping")
 
 
+# The tensorrt_llm input that carries promptIgnoreLength in TensorRT-LLM 1.2.x. Its Triton backend builds the
+# SamplingConfig positionally with 17 arguments, and PR #8127 (1.2.0rc) had put promptIgnoreLength 14th of 20, so
+# len_penalty lands there, converted to an int, and each argument after it one slot on (utils.cc
+# getSamplingConfigFromTensors against executor.h's constructor, as NVIDIA's PR #13633 describes it for 1.2.0rc4 and
+# 1.2.0; 1.2.1 was released on 2026-04-20, before that fix was merged on 2026-05-01). After the fix a
+# `prompt_ignore_length` input carries it and len_penalty is a length penalty again (nothing at beam width 1).
+PROMPT_IGNORE_WIRE = "len_penalty"
+# The releases whose backend is known to do so (1.2.0 by NVIDIA's PR, 1.2.1 by its date); the embedded engine
+# follows the pinned one.
+PROMPT_IGNORE_RELEASES = ("1.2.0", "1.2.1")
+
+
+def takes_prompt_ignore(backend: str, version: str) -> bool:
+    """Whether an engine of this backend and TensorRT-LLM version (its config.json's) reads PROMPT_IGNORE_WIRE as
+    promptIgnoreLength."""
+    return backend == "torch" or version in PROMPT_IGNORE_RELEASES
+
+
+def _prompt_ignore(t: dict[str, np.ndarray]) -> int:
+    value = _scalar(t, PROMPT_IGNORE_WIRE, float, 0.0)
+    if not (math.isfinite(value) and abs(value) < 2**31):  # C++ converts it to int32: beyond that, undefined
+        raise RequestError(PROMPT_IGNORE_WIRE, f"must be a finite number of tokens below 2**31, got {value}")
+    return max(0, int(value))  # toward zero, as C++ converts; <= 0: no effect
+
+
 def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
     """Tensors of one request (batch dim 1) -> GenerationRequest; raises RequestError naming the tensor."""
     check_neutral(t)
@@ -304,6 +336,7 @@ def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
             repetition=_scalar(t, "repetition_penalty", float, 1.0),
             presence=_scalar(t, "presence_penalty", float, 0.0),
             frequency=_scalar(t, "frequency_penalty", float, 0.0),
+            prompt_ignore=_prompt_ignore(t),
         ),
         stop_words=word_lists(t, "stop_words_list") if "stop_words_list" in t else [],
         bad_words=word_lists(t, "bad_words_list") if "bad_words_list" in t else [],

@@ -93,7 +93,10 @@ ENGINE_INPUTS = (
     _scalar("runtime_top_p_min", "FP32", NEUTRAL_EMPTY),
     _scalar("runtime_top_p_decay", "FP32", 1.0),
     _scalar("runtime_top_p_reset_ids", "INT32", NEUTRAL_EMPTY),
-    _scalar("len_penalty", "FP32", IGNORED),
+    # USED, but not as a length penalty: 1.2.x's backend passes it to SamplingConfig's promptIgnoreLength (the
+    # prompt tokens presence and frequency penalties skip; contract.PROMPT_IGNORE_WIRE), early_stopping to
+    # lengthPenalty: both beam-search knobs change nothing at beam width 1
+    _scalar("len_penalty", "FP32"),
     _scalar("early_stopping", "BOOL", IGNORED),
     _scalar("repetition_penalty", "FP32"),
     _scalar("min_tokens", "INT32"),
@@ -246,6 +249,9 @@ BLS_INPUTS = (
     _opt("final_perf_metrics_only", "BOOL", extension=True),  # true: perf metrics with the final response only
     _opt("stream_interval", "INT32", extension=True),  # tokens per streamed response (0: as they come)
     _opt("prediction", "STRING", extension=True),  # the text the answer is expected to repeat: a draft source
+    # the prompt's tokens presence_penalty and frequency_penalty skip (<= 0: none; more than the prompt: all of it,
+    # so that they count the answer alone, as OpenAI's do); NVIDIA's BLS has it after 1.2.1 (PR #13633)
+    _opt("prompt_ignore_length", "INT32", extension=True),
 )
 BLS_OUTPUTS = (
     _out("text_output", "STRING", (-1,)),

@@ -141,6 +141,9 @@ class ServingSettings:
     max_returned_logits: int = 1 << 24
     # a request that does not say drafts with the draft model's logits (rejection sampling) or token matching
     use_draft_logits_default: bool = _per_build(False)
+    # whether the target engine model takes promptIgnoreLength (contract.takes_prompt_ignore): a request's
+    # prompt_ignore_length is refused where it would change its penalties and the engine cannot honour it
+    engine_prompt_ignore_length: bool = _per_build(False)
     # whether the engine models are decoupled: the BLS then reads their response streams (template field
     # ${decoupled_mode}, which the engine models share)
     engine_decoupled_mode: bool = _per_build(False)

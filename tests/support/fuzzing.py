@@ -108,6 +108,7 @@ VALUES = {
     "store": _bool,
     "stream_interval": st.one_of(_ints(0, 4), _ints(-3, 10**6), _wrong),
     "prediction": st.one_of(st.sampled_from(PROMPTS), st.text(max_size=60), st.just(""), _ints(-3, 3)),
+    "prompt_ignore_length": st.one_of(_ints(-3, 2**31 - 1), _wrong),
 }
 # inputs of more than one dimension (images, prompt tables, LoRA weights) have no JSON form in Triton's generate
 # extension; tests/test_nvidia_clients.py sends them over gRPC
@@ -140,6 +141,7 @@ VALID = {
     "presence_penalty": st.sampled_from([0.0, 0.5]),
     "frequency_penalty": st.sampled_from([0.0, 0.3]),
     "length_penalty": st.just(1.0),
+    "prompt_ignore_length": st.sampled_from([0, 3, 2**31 - 1]),
     "return_log_probs": st.booleans(),
     "return_context_logits": st.booleans(),
     "return_generation_logits": st.booleans(),

@@ -27,7 +27,14 @@ from pathlib import Path
 
 from trtspec import __version__
 from trtspec.config import BuildConfig, LoadedConfig
-from trtspec.contract import BLS_INPUTS, BLS_OUTPUTS, ENGINE_INPUTS, ENGINE_OUTPUTS, TensorSpec
+from trtspec.contract import (
+    BLS_INPUTS,
+    BLS_OUTPUTS,
+    ENGINE_INPUTS,
+    ENGINE_OUTPUTS,
+    TensorSpec,
+    takes_prompt_ignore,
+)
 from trtspec.deploy.launch import (
     engine_model_values,
     kv_cache_sequences,
@@ -226,6 +233,7 @@ def _bls_build_values(config: BuildConfig, target: EngineInfo, draft: EngineInfo
         "gpu_memory_planned_fraction": str(planned_gpu_memory_fraction(config, target, draft) or 0),
         "gather_context_logits": target.gather_context_logits,
         "gather_generation_logits": target.gather_generation_logits,
+        "engine_prompt_ignore_length": takes_prompt_ignore(target.backend, target.version),
         "use_draft_logits_default": config.speculation.use_draft_logits,
         # trtspec_build_info's labels: what is deployed, by name (not by path, which differs between machines)
         "build_target": os.path.basename(config.target.checkpoint.rstrip("/")),

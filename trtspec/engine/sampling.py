@@ -76,16 +76,25 @@ def prepare(
         params = dataclasses.replace(params, temperature=1.0)
     pen = rules.penalties
     if pen.active and history:
-        ids = torch.as_tensor(history, dtype=torch.long)
-        counts = torch.bincount(ids[ids < out.shape[-1]], minlength=out.shape[-1])[: out.shape[-1]]
+        counts = _counts(history, out.shape[-1])
         seen = counts > 0
         values = out[seen]
-        values = torch.where(values < 0, values * pen.repetition, values / pen.repetition)
-        out[seen] = values - pen.presence - pen.frequency * counts[seen].float()
+        out[seen] = torch.where(values < 0, values * pen.repetition, values / pen.repetition)
+        # presence and frequency count the tokens after the ignored prefix, repetition the whole sequence
+        # (penaltyKernels.cu since PR #8127: numOccurences against ifPresenceInFullSeq)
+        if pen.prompt_ignore:
+            counts = _counts(history[pen.prompt_ignore :], out.shape[-1])
+            seen = counts > 0
+        out[seen] = out[seen] - pen.presence - pen.frequency * counts[seen].float()  # in the kernel's order
     if blocked is not None:
         out[blocked] = float("-inf")
     rules.banned.ban(out, history)
     return out, params
+
+
+def _counts(tokens: list[int], vocab: int) -> torch.Tensor:
+    ids = torch.as_tensor(tokens, dtype=torch.long)
+    return torch.bincount(ids[ids < vocab], minlength=vocab)[:vocab]
 
 
 def log_prob(logits: torch.Tensor, token: int) -> float:

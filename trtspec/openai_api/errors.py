@@ -87,6 +87,8 @@ def bls_error(exc: Exception, req: _Named) -> APIError:
         "min_tokens": "min_tokens",
         "stream_interval": "stream_interval",
         "prediction": "prediction",
+        "presence_penalty": "presence_penalty",
+        "frequency_penalty": "frequency_penalty",
     }
     m = _FIELD.match(message)
     if m and m.group(1) in names:

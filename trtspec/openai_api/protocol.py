@@ -25,11 +25,6 @@ HARMLESS = {
     "prompt_cache_retention",
     "parallel_tool_calls",
 }
-_PENALTY_FIX = (
-    "leave it out or send 0: OpenAI's penalty counts the tokens generated so far, and TensorRT-LLM's counts the "
-    "prompt's tokens too, so this server cannot honour OpenAI's meaning (the BLS's own presence_penalty and "
-    "frequency_penalty inputs take TensorRT-LLM's)"
-)
 # OpenAI fields this front cannot honour: refused unless they hold their neutral value (so clients that send
 # the defaults explicitly still work). field -> (is the value neutral?, the fix).
 _UNSUPPORTED = {
@@ -42,10 +37,6 @@ _UNSUPPORTED = {
     "best_of": (lambda v: v == 1 and not isinstance(v, bool), "leave it out or send 1"),
     "suffix": (lambda v: v == "", "leave it out: insertion is not supported"),
     "logit_bias": (lambda v: v == {}, "leave it out: logit biases are not supported"),
-    # OpenAI counts the tokens generated so far; TensorRT-LLM 1.2's penalties count the prompt's as well (its Triton
-    # backend has no prompt_ignore_length), and so does the embedded engine, which follows it
-    "presence_penalty": (lambda v: v == 0 and not isinstance(v, bool), _PENALTY_FIX),
-    "frequency_penalty": (lambda v: v == 0 and not isinstance(v, bool), _PENALTY_FIX),
     "tools": (lambda v: v == [], "leave it out: tool calls are not supported"),
     "tool_choice": (lambda v: v == "none", "leave it out: tool calls are not supported"),
     "functions": (lambda v: v == [], "leave it out: function calls are not supported"),
@@ -78,10 +69,11 @@ _COMMON = {
     "stream_interval",  # tokens per streamed message, as vLLM's and SGLang's --stream-interval
     # OpenAI's Predicted Outputs: a draft source (trtspec.orchestrator.drafters.prediction)
     "prediction",
+    "presence_penalty",
+    "frequency_penalty",
 }
 _FIELDS = {
-    COMPLETION: _COMMON
-    | {"prompt", "echo", "best_of", "suffix", "logprobs", "logit_bias", "presence_penalty", "frequency_penalty"},
+    COMPLETION: _COMMON | {"prompt", "echo", "best_of", "suffix", "logprobs", "logit_bias"},
     CHAT: _COMMON
     | {"messages", "max_completion_tokens", "logprobs"}
     | (set(_UNSUPPORTED) - {"echo", "best_of", "suffix"}),
@@ -122,6 +114,10 @@ def _utf8(text: str, param: str) -> None:
         ) from None
 
 
+# prompt_ignore_length that skips the whole prompt, whatever its length (the BLS clamps it to the prompt's)
+WHOLE_PROMPT = 2**31 - 1
+
+
 @dataclass
 class Request:
     """A checked OpenAI request: what the BLS is asked for (None: the BLS's or the front's default)."""
@@ -147,6 +143,8 @@ class Request:
     stream_interval: int | None = None
     prediction: str | None = None  # the predicted output's text ("" : an empty prediction, which drafts nothing)
     logprobs: bool = False  # each token's log probability (chat: logprobs true; completions: logprobs 0)
+    presence_penalty: float | None = None  # OpenAI's: counting the answer's tokens alone, not the prompt's
+    frequency_penalty: float | None = None
 
     @property
     def prompt_param(self) -> str:
@@ -174,6 +172,10 @@ class Request:
             "stream_interval": self.stream_interval,
             "prediction": self.prediction,
             "return_log_probs": self.logprobs or None,
+            "presence_penalty": self.presence_penalty or None,
+            "frequency_penalty": self.frequency_penalty or None,
+            # the BLS skips this many of the prompt's tokens, at most all of them: the answer's alone count
+            "prompt_ignore_length": WHOLE_PROMPT if self.presence_penalty or self.frequency_penalty else None,
         }
 
 
@@ -373,6 +375,8 @@ def parse_request(body, kind: str, limits: Limits = DEFAULT_LIMITS) -> Request:
     req.adaptive_draft_length = _bool(body, "adaptive_draft_length")
     req.stream_interval = _int(body, "stream_interval", 0)
     req.logprobs = _logprobs(body, kind)
+    req.presence_penalty = _number(body, "presence_penalty", -2.0, 2.0)
+    req.frequency_penalty = _number(body, "frequency_penalty", -2.0, 2.0)
     if "prediction" in body:
         req.prediction = _prediction(body["prediction"], limits)
     return req

@@ -323,7 +323,7 @@ class TritonPythonModel:
         if min_tokens < 0:
             raise RequestError("min_tokens", f"must be >= 0, got {min_tokens}")
         self._check_logits_wanted(f, len(prompt), max_tokens)
-        penalties = self._penalties(f)
+        penalties = self._penalties(f, len(prompt))
         prediction = None
         if f.has("prediction"):  # OpenAI's Predicted Outputs: a draft source, and its counts in the answer
             s = self.settings
@@ -457,13 +457,23 @@ class TritonPythonModel:
         if wanted:  # rows of the tokenizer's vocabulary: an engine's may be a little wider (vocab_size_padded)
             check_returned_logits(wanted, len(self.tokenizer), self.settings)
 
-    @staticmethod
-    def _penalties(f: _Fields) -> Penalties:
+    def _penalties(self, f: _Fields, prompt_len: int) -> Penalties:
+        # every engine call's input is the prompt and the answer so far: the prompt's own length is what to skip
+        ignore = min(max(f.scalar("prompt_ignore_length", int, 0), 0), prompt_len)
         penalties = Penalties(
             f.scalar("repetition_penalty", float, 1.0),
             f.scalar("presence_penalty", float, 0.0),
             f.scalar("frequency_penalty", float, 0.0),
+            ignore,
         )
+        counted = "presence_penalty" if penalties.presence else "frequency_penalty" if penalties.frequency else None
+        if ignore and counted and not self.settings.engine_prompt_ignore_length:
+            raise RequestError(
+                counted,
+                f"cannot skip the prompt's tokens (prompt_ignore_length {ignore}): this deployment's target engine "
+                "takes no promptIgnoreLength (TensorRT-LLM 1.2.0 and 1.2.1 do, and the embedded engine); send "
+                "prompt_ignore_length 0 to count the prompt's tokens too, as TensorRT-LLM does",
+            )
         if not penalties.repetition > 0:
             raise RequestError("repetition_penalty", f"must be > 0 (1: no penalty), got {penalties.repetition}")
         return penalties
