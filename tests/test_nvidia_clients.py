@@ -137,7 +137,6 @@ def test_inflight_client_unary(unary_models):
         "return_num_output_tokens": b(True),
         "exclude_input_in_output": b(True),
         "return_perf_metrics": b(True),
-        "num_return_sequences": i32(1),
         "lora_task_id": np.array([[0]], dtype=np.uint64),
     }
     out = unary(unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id) | extra)
@@ -159,6 +158,11 @@ def test_inflight_client_unary(unary_models):
         penalized["output_log_probs"].tolist()
         != unary(unary_models, "tensorrt_llm", logged)["output_log_probs"].tolist()
     )
+    # its --num-return-sequences flag: TensorRT-LLM 1.2.x's backend would read it as noRepeatNgramSize
+    with pytest.raises(InferenceServerException, match="num_return_sequences: .*noRepeatNgramSize"):
+        unary(
+            unary_models, "tensorrt_llm", inflight_client_inputs(ids, end_id, pad_id) | {"num_return_sequences": i32(1)}
+        )
     with pytest.raises(InferenceServerException, match="stop"):
         unary(
             unary_models,

@@ -245,7 +245,8 @@ def test_word_lists_round_trip_in_tensorrt_llm_layout():
     [
         ("beam_width", np.int32(1), True),
         ("beam_width", np.int32(2), False),
-        ("num_return_sequences", np.int32(1), True),
+        # 1.2.x's backend reads it as noRepeatNgramSize: refused, 1 included
+        ("num_return_sequences", np.int32(1), False),
         ("num_return_sequences", np.int32(3), False),
         ("len_penalty", np.float32(0.3), True),  # promptIgnoreLength 0 in 1.2's backend: no effect
         ("len_penalty", np.float32(np.nan), False),  # converted to int32 there: undefined

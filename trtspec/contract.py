@@ -276,6 +276,13 @@ def check_retention(t: dict[str, np.ndarray]) -> None:
 # 1.2.0; 1.2.1 was released on 2026-04-20, before that fix was merged on 2026-05-01). After the fix a
 # `prompt_ignore_length` input carries it and len_penalty is a length penalty again (nothing at beam width 1).
 PROMPT_IGNORE_WIRE = "len_penalty"
+# The same shift sends num_return_sequences, the call's 17th argument, to noRepeatNgramSize: there 1 forbids every
+# token the sequence already holds, so 1.2.x answers it as no client means it. The engine refuses it in any value,
+# naming why, rather than serve it as if it asked for one sequence.
+SHIFTED_INPUTS = {
+    "num_return_sequences": "TensorRT-LLM 1.2.x's tensorrtllm backend passes it to the sampler as noRepeatNgramSize "
+    "(1 would forbid repeating any token of the sequence); leave it out: the engine returns one sequence",
+}
 # The releases whose backend is known to do so (1.2.0 by NVIDIA's PR, 1.2.1 by its date); the embedded engine
 # follows the pinned one.
 PROMPT_IGNORE_RELEASES = ("1.2.0", "1.2.1")
@@ -296,6 +303,9 @@ def _prompt_ignore(t: dict[str, np.ndarray]) -> int:
 
 def tensors_to_request(t: dict[str, np.ndarray]) -> GenerationRequest:
     """Tensors of one request (batch dim 1) -> GenerationRequest; raises RequestError naming the tensor."""
+    for name, why in SHIFTED_INPUTS.items():
+        if name in t and np.asarray(t[name]).size:
+            raise RequestError(name, why)
     check_neutral(t)
     check_retention(t)
     for spec in ENGINE_INPUTS:

@@ -75,7 +75,8 @@ ENGINE_INPUTS = (
     _scalar("encoder_output_lengths", "INT32", NEUTRAL_EMPTY),
     _scalar("input_lengths", "INT32", optional=False),
     _scalar("request_output_len", "INT32", optional=False),
-    _scalar("num_return_sequences", "INT32", 1),
+    # refused in any value: 1.2.x's backend passes it on as noRepeatNgramSize (contract.SHIFTED_INPUTS)
+    _scalar("num_return_sequences", "INT32", NEUTRAL_EMPTY),
     _ragged("draft_input_ids", "INT32", (-1,)),
     _ragged("decoder_input_ids", "INT32", (-1,), NEUTRAL_EMPTY),
     _scalar("decoder_input_lengths", "INT32", NEUTRAL_ZERO),
