@@ -8,7 +8,7 @@ from support.tiny import make_checkpoint, write_config
 
 from trtspec.openai_api.errors import APIError
 from trtspec.openai_api.protocol import CHAT, COMPLETION, parse_request
-from trtspec.orchestrator.adaptive import PREDICTION, AdaptiveDraftLength, FixedDraftLength
+from trtspec.orchestrator.adaptive import LOOKUP, PREDICTION, AdaptiveDraftLength, Decision, FixedDraftLength
 from trtspec.orchestrator.drafters import make_drafter
 from trtspec.orchestrator.drafters.prediction import PredictionDrafter, prediction_usage
 from trtspec.orchestrator.loop import SpecRequest, speculate
@@ -200,3 +200,67 @@ def test_the_bench_predicts_each_code_edit_from_the_code_it_quotes():
     assert unrelated == original[1:] + original[:1]
     with pytest.raises(BenchError, match="fenced code block"):
         predictions(["no code here"], "original")
+
+
+class _LookupFirst(AdaptiveDraftLength):
+    """The adaptive policy made to verify prompt lookup wherever it offers a draft, recording what it is told of the
+    other free sources' drafts, which are then never verified."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.offers_seen: list[tuple[str, int, bool]] = []
+
+    def decide(self, remaining, offers=None):
+        if offers and offers.get(LOOKUP):
+            return Decision(offers[LOOKUP], source=LOOKUP)
+        return super().decide(remaining, offers)
+
+    def observe_offer(self, source, *, num_accepted_tokens, rejected):
+        self.offers_seen.append((source, num_accepted_tokens, rejected))
+        super().observe_offer(source, num_accepted_tokens=num_accepted_tokens, rejected=rejected)
+
+
+@pytest.fixture(scope="module")
+def copier(tmp_path_factory):
+    """A target that repeats its last token (its layers add nothing, and its embeddings are tied): prompt lookup
+    finds a draft of one token there, the prediction of eight."""
+    from support.tiny import make_bigram_copy
+
+    from trtspec.compile import run_build
+    from trtspec.engine.runtime import Engine, InProcessClient
+
+    root = tmp_path_factory.mktemp("copier")
+    checkpoint = make_bigram_copy(make_checkpoint(root / "base", layers=2, seed=0), root / "target")
+    config = write_config(
+        root / "build.yaml",
+        checkpoint,
+        None,
+        speculation={"max_draft_len": 8},
+        engine={"max_input_len": 64, "max_seq_len": 160},
+    )
+    return InProcessClient(Engine.load(run_build(config, root / "engines") / "target"))
+
+
+def test_the_drafts_a_free_source_offered_and_another_verified_are_scored_against_the_targets_tokens(copier):
+    reference = [t for chunk in speculate(SpecRequest(PROMPT, 40, end_id=-1), copier, None) for t in chunk]
+    edited = reference[:20] + [3] + reference[21:]  # one token the target does not write
+    for prediction in (reference, edited):
+        policy = _LookupFirst(8)
+        tokens, stats = _run(copier, prediction, policy, max_tokens=40)
+        assert tokens == reference and stats.sources[LOOKUP] > 0
+        scored = [(accepted, rejected) for source, accepted, rejected in policy.offers_seen if source == PREDICTION]
+        # lookup's one token and the target's own: where the prediction holds both, both accepted and nothing known
+        # beyond; where it holds the edit in their place, rejected there
+        assert (2, False) in scored
+        rejected = [accepted for accepted, was_rejected in scored if was_rejected]
+        assert not rejected if prediction is reference else rejected and max(rejected) <= 1
+
+
+def test_a_free_source_is_chosen_once_its_unverified_drafts_show_it_drafts_better():
+    policy = AdaptiveDraftLength(8, lookup_successes=4.0, lookup_failures=1.0, prediction_failures=3.0)
+    offers = {PREDICTION: 8, LOOKUP: 8}
+    assert policy.decide(20, offers).source == LOOKUP
+    for _ in range(4):
+        policy.observe_offer(PREDICTION, num_accepted_tokens=8, rejected=False)
+    assert policy.alpha_of(PREDICTION) > policy.alpha_of(LOOKUP)
+    assert policy.decide(20, offers).source == PREDICTION

@@ -133,6 +133,10 @@ class DraftLengthPolicy(Protocol):
     ) -> None:
         """What an iteration (or a part of a plain stretch: num_draft_tokens 0) did and cost."""
 
+    def observe_offer(self, source: str, *, num_accepted_tokens: int, rejected: bool) -> None:
+        """What the target made of a free source's draft that was offered and not verified: the tokens of it that
+        the target's own matched, and whether one did not (it ran out of known tokens first)."""
+
 
 class FixedDraftLength:
     """Always K (the stock BLS's behaviour), within the budget."""
@@ -160,6 +164,9 @@ class FixedDraftLength:
         tokens: int,
         source: str | None = None,
     ) -> None:
+        pass
+
+    def observe_offer(self, source: str, *, num_accepted_tokens: int, rejected: bool) -> None:
         pass
 
 
@@ -295,12 +302,8 @@ class AdaptiveDraftLength:
                 self.step_seconds = _ewma(self.step_seconds, verify_seconds / tokens)
             return
         rejected = num_accepted_tokens < num_draft_tokens  # the geometric model's one failure per iteration
-        if source == LOOKUP:
-            self.lookup_successes = self.lookup_successes * self.decay + num_accepted_tokens
-            self.lookup_failures = self.lookup_failures * self.decay + rejected
-        elif source == PREDICTION:
-            self.prediction_successes = self.prediction_successes * self.decay + num_accepted_tokens
-            self.prediction_failures = self.prediction_failures * self.decay + rejected
+        if source in FREE:
+            self._learn(source, num_accepted_tokens, rejected)
         else:
             self.successes = self.successes * self.decay + num_accepted_tokens
             self.failures = self.failures * self.decay + rejected
@@ -319,6 +322,19 @@ class AdaptiveDraftLength:
                 costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, 0.0)
             else:
                 costs.verify_cost_fixed = _ewma(costs.verify_cost_fixed, extra - predicted)
+
+    def observe_offer(self, source: str, *, num_accepted_tokens: int, rejected: bool) -> None:
+        # a free source learns from every verification, its own or another's: a source that is never chosen (its
+        # estimate below another's after one unlucky draft) would otherwise never show that it drafts better
+        self._learn(source, num_accepted_tokens, rejected)
+
+    def _learn(self, source: str, num_accepted_tokens: int, rejected: bool) -> None:
+        if source == LOOKUP:
+            self.lookup_successes = self.lookup_successes * self.decay + num_accepted_tokens
+            self.lookup_failures = self.lookup_failures * self.decay + rejected
+        elif source == PREDICTION:
+            self.prediction_successes = self.prediction_successes * self.decay + num_accepted_tokens
+            self.prediction_failures = self.prediction_failures * self.decay + rejected
 
 
 def with_shared(costs: CostModel, shared: tuple[float, float]) -> CostModel:

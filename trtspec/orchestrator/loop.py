@@ -287,6 +287,8 @@ class _Speculation:
         if not first:  # 5. observe (a policy tells sources apart only where it was offered several: auto)
             named = source if offers is not None else None
             self._observe(call, num_draft_tokens, named, start, drafted_at, verified_at)
+            if num_draft_tokens and offers is not None:
+                self._score_offers(source, call.new)
         return Iteration(
             call.new,
             num_draft_tokens=num_draft_tokens,
@@ -431,6 +433,15 @@ class _Speculation:
             # (the wait also holds the stop's way to the engine, which a busy machine stretches)
             per_token = (stretch_end - drafted_at) / len(new) if new else call.wasted
             self.switch_seconds = min(call.wasted, per_token)
+
+    def _score_offers(self, verified: str | None, new: list[int]) -> None:
+        """The free sources' drafts that were offered beside the verified one, scored against the target's tokens:
+        their matching prefix is what the target would have accepted of them."""
+        for source, tokens in self.drafter.offered().items():
+            if source != verified and tokens:
+                matched = accepted_prefix(tokens, new)
+                rejected = matched < min(len(tokens), len(new))  # past `new`, what the target says is not known
+                self.policy.observe_offer(source, num_accepted_tokens=matched, rejected=rejected)
 
     def _lookup_words(self, remaining: int) -> list[list[int]]:
         """The n-grams whose completion ends a plain call of a request that is not streamed, so that the policy

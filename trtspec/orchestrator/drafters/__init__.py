@@ -32,6 +32,10 @@ class DraftSources(Protocol):
     def lookup_words(self, context: list[int], shortest: int = 1) -> list[list[int]]:
         """The n-grams after which prompt lookup finds at least `shortest` tokens ([]: it has no prompt lookup)."""
 
+    def offered(self) -> dict[str, list[int]]:
+        """The drafts the sources that cost no draft call (prompt lookup, the prediction) offered at the last
+        `offers`, so that those not verified can be scored against the target's tokens ({}: none)."""
+
     def without_model(self) -> DraftSources | None:
         """The drafter once its draft model failed: its other sources, or None where it has none."""
 
@@ -45,6 +49,9 @@ class SingleSource:
 
     def offers(self, context: list[int], limit: int) -> None:
         return None
+
+    def offered(self) -> dict[str, list[int]]:
+        return {}
 
     def propose(self, context: list[int], k: int, source: str | None = None) -> Draft:
         return self.drafter.propose(context, k)

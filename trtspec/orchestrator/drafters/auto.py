@@ -34,6 +34,7 @@ class AutoDrafter:
         self.model, self.lookup, self.prediction = model, lookup, prediction
         self.model_k, self.lookup_k = model_k, lookup_k  # None: whatever the caller asks
         self._found: tuple[int, int, list[int]] | None = None  # (len(context), cap, continuation) of the last lookup
+        self._offered: dict[str, list[int]] = {}  # the free sources' drafts at the last `offers`
 
     def _continuation(self, context: list[int], k: int) -> list[int]:
         # where the match is does not depend on k: look once per sequence, as far as either caller may ask
@@ -48,14 +49,18 @@ class AutoDrafter:
     def offers(self, context: list[int], limit: int) -> dict[str, int]:
         """Source -> the longest draft it can give now, none longer than `limit`."""
         free = limit if self.lookup_k is None else min(self.lookup_k, limit)
-        offers = {}
+        self._offered = {}
         if self.prediction is not None:  # first: where sources gain alike, the policy keeps the first offered
-            offers[PREDICTION] = len(self.prediction.continuation(context, free))
+            self._offered[PREDICTION] = self.prediction.continuation(context, free)
         if self.lookup is not None:
-            offers[LOOKUP] = len(self._continuation(context, free))
+            self._offered[LOOKUP] = self._continuation(context, free)
+        offers = {source: len(tokens) for source, tokens in self._offered.items()}
         if self.model is not None:
             offers[MODEL] = min(self.model_k or limit, limit)
         return offers
+
+    def offered(self) -> dict[str, list[int]]:
+        return self._offered
 
     def propose(self, context: list[int], k: int, source: str | None = None) -> Draft:
         if source == PREDICTION or (source is None and self.prediction is not None):
