@@ -137,13 +137,11 @@ def test_logprobs_and_the_penalties_at_the_front():
 # ---- the loop, with in-process engines ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory):
+def _in_process(root, checkpoint):
+    """`checkpoint` built as a target engine (max_draft_len 8) under `root`, as an in-process client."""
     from trtspec.compile import run_build
     from trtspec.engine.runtime import Engine, InProcessClient
 
-    root = tmp_path_factory.mktemp("prediction")
-    checkpoint = make_checkpoint(root / "target", layers=2, seed=0)
     config = write_config(
         root / "build.yaml",
         checkpoint,
@@ -152,6 +150,12 @@ def target(tmp_path_factory):
         engine={"max_input_len": 64, "max_seq_len": 160},
     )
     return InProcessClient(Engine.load(run_build(config, root / "engines") / "target"))
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prediction")
+    return _in_process(root, make_checkpoint(root / "target", layers=2, seed=0))
 
 
 def _run(target, prediction, policy=None, max_tokens=60):
@@ -226,19 +230,8 @@ def copier(tmp_path_factory):
     finds a draft of one token there, the prediction of eight."""
     from support.tiny import make_bigram_copy
 
-    from trtspec.compile import run_build
-    from trtspec.engine.runtime import Engine, InProcessClient
-
     root = tmp_path_factory.mktemp("copier")
-    checkpoint = make_bigram_copy(make_checkpoint(root / "base", layers=2, seed=0), root / "target")
-    config = write_config(
-        root / "build.yaml",
-        checkpoint,
-        None,
-        speculation={"max_draft_len": 8},
-        engine={"max_input_len": 64, "max_seq_len": 160},
-    )
-    return InProcessClient(Engine.load(run_build(config, root / "engines") / "target"))
+    return _in_process(root, make_bigram_copy(make_checkpoint(root / "base", layers=2, seed=0), root / "target"))
 
 
 def test_the_drafts_a_free_source_offered_and_another_verified_are_scored_against_the_targets_tokens(copier):
