@@ -153,7 +153,8 @@ def test_prompt_lookup_drafts_within_the_draft_model_s_fallback_stretch():
     offers a continuation and its own acceptance gains, and the stretch goes on after it."""
     from trtspec.orchestrator.adaptive import LOOKUP
 
-    ctl = AdaptiveDraftLength(k_max=8, costs=CostModel(0.3, 0.05, 0.3), plain_stretch=16)  # a CPU's costs
+    # a draft model that pays at the prior acceptance, so that its fallback stretch ends in a probe
+    ctl = AdaptiveDraftLength(k_max=8, costs=CostModel(0.1, 0.05, 0.3), plain_stretch=16)
     for _ in range(30):  # the draft model's drafts are rejected until a stretch starts
         stretch = ctl.decide(1000, {"draft_model": 4, LOOKUP: 0})
         if not stretch.k:
@@ -174,6 +175,25 @@ def test_prompt_lookup_drafts_within_the_draft_model_s_fallback_stretch():
             num_draft_tokens=6, num_accepted_tokens=0, draft_seconds=0.0, verify_seconds=0.015, tokens=1, source=LOOKUP
         )
     assert ctl.decide(1000, {"draft_model": 4, LOOKUP: 6}).k == 0
+
+
+def test_where_no_draft_call_pays_at_the_prior_a_request_without_a_lookup_match_decodes_on_as_lookup_alone():
+    """A CPU's costs, where the draft model would not gain even at the acceptance a probe starts from: with nothing
+    for prompt lookup to draft, the decision is one plain token (the call then runs until lookup finds a match), not a
+    fallback stretch whose end is one more call for a probe that could not choose the model; lookup drafts when it
+    finds something."""
+    from trtspec.orchestrator.adaptive import LOOKUP
+
+    ctl = AdaptiveDraftLength(k_max=8, costs=CostModel(0.3, 0.05, 0.3))
+    assert ctl._best("draft_model", 4, 8)[1] < 1.0 + ctl.margin  # (the premise: the model does not pay here)
+    for _ in range(3):
+        d = ctl.decide(1000, {"draft_model": 4, LOOKUP: 0})
+        assert (d.k, d.plain_tokens, d.reason) == (0, 1, None)
+    assert not ctl.fallbacks
+    assert ctl.decide(1000, {"draft_model": 4, LOOKUP: 6}).source == LOOKUP
+    # where the model would pay at the prior, a stretch and its probe stay
+    cheap = AdaptiveDraftLength(k_max=8, costs=CostModel(0.1, 0.05), failures=20.0)
+    assert cheap.decide(1000, {"draft_model": 4, LOOKUP: 0}).reason == "low_acceptance"
 
 
 def test_budget_bounds_k():

@@ -232,6 +232,15 @@ class AdaptiveDraftLength:
             if k_here and (not k or gain_here > gain):
                 source, k, gain = name, k_here, gain_here
         if gain < 1.0 + self.margin:
+            if (
+                offers is not None
+                and not any(offers.get(s, 0) for s in FREE)
+                and not self._probe_could_pay(offers, bound)
+            ):
+                # nothing free to draft, and no draft call would pay even at the acceptance a probe starts from: a
+                # stretch's end would only be one more call, so decode on until prompt lookup finds a continuation, as
+                # prompt lookup alone does
+                return Decision(0, plain_tokens=1)
             self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
             failed_probe = self._stretch and self._accepted_since_stretch == 0
             self._stretch = min(2 * self._stretch, self.max_plain_stretch) if failed_probe else self.plain_stretch
@@ -271,14 +280,23 @@ class AdaptiveDraftLength:
         free = dataclasses.replace(costs, draft_cost_ratio=0.0)
         return max(costs.best(1.0, bound)[1], free.best(1.0, bound)[1]) >= 1.0 + self.margin
 
-    def _best(self, source: str | None, longest: int, bound: int) -> tuple[int, float]:
-        """(k, gain) of the best draft from `source` of at most `longest` tokens (prompt lookup costs no draft)."""
+    def _probe_could_pay(self, offers: dict[str, int], bound: int) -> bool:
+        """Whether a source that costs a draft call would gain at the prior acceptance (where a probe starts)."""
+        return any(
+            self._best(s, n, bound, alpha=self.prior_alpha)[1] >= 1.0 + self.margin
+            for s, n in offers.items()
+            if s not in FREE
+        )
+
+    def _best(self, source: str | None, longest: int, bound: int, alpha: float | None = None) -> tuple[int, float]:
+        """(k, gain) of the best draft from `source` of at most `longest` tokens (prompt lookup costs no draft), at
+        the source's acceptance estimate or at `alpha`."""
         if longest <= 0:
             return 0, 1.0
         costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if source in FREE else self.costs
         if self.shared is not None:
             costs = with_shared(costs, self.shared())
-        return costs.best(self.alpha_of(source), min(bound, longest))
+        return costs.best(self.alpha_of(source) if alpha is None else alpha, min(bound, longest))
 
     def observe(
         self,
