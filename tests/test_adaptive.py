@@ -179,17 +179,17 @@ def test_prompt_lookup_drafts_within_the_draft_model_s_fallback_stretch():
 
 def test_where_no_draft_call_pays_at_the_prior_a_request_without_a_lookup_match_decodes_on_as_lookup_alone():
     """A CPU's costs, where the draft model would not gain even at the acceptance a probe starts from: with nothing
-    for prompt lookup to draft, the decision is one plain token (the call then runs until lookup finds a match), not a
-    fallback stretch whose end is one more call for a probe that could not choose the model; lookup drafts when it
-    finds something."""
+    for prompt lookup to draft, the request decodes on, to its end or until lookup finds a match (the call's lookup
+    words end it), and says why; no fallback stretch whose end is one more call for a probe that could not choose
+    the model; lookup drafts when it finds something."""
     from trtspec.orchestrator.adaptive import LOOKUP
 
     ctl = AdaptiveDraftLength(k_max=8, costs=CostModel(0.3, 0.05, 0.3))
     assert ctl._best("draft_model", 4, 8)[1] < 1.0 + ctl.margin  # (the premise: the model does not pay here)
     for _ in range(3):
         d = ctl.decide(1000, {"draft_model": 4, LOOKUP: 0})
-        assert (d.k, d.plain_tokens, d.reason) == (0, 1, None)
-    assert not ctl.fallbacks
+        assert (d.k, d.plain_tokens, d.reason) == (0, ctl.max_plain_stretch, "low_acceptance")
+    assert ctl.fallbacks == {"low_acceptance": 3} and not ctl._plain_left  # said, and no stretch to end
     assert ctl.decide(1000, {"draft_model": 4, LOOKUP: 6}).source == LOOKUP
     # where the model would pay at the prior, a stretch and its probe stay
     cheap = AdaptiveDraftLength(k_max=8, costs=CostModel(0.1, 0.05), failures=20.0)

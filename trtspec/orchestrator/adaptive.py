@@ -238,9 +238,10 @@ class AdaptiveDraftLength:
                 and not self._probe_could_pay(offers, bound)
             ):
                 # nothing free to draft, and no draft call would pay even at the acceptance a probe starts from: a
-                # stretch's end would only be one more call, so decode on until prompt lookup finds a continuation, as
-                # prompt lookup alone does
-                return Decision(0, plain_tokens=1)
+                # stretch's end would only be one more call, so decode on as far as the longest stretch, until prompt
+                # lookup finds a continuation (the call's lookup words end it), as prompt lookup alone does
+                self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
+                return Decision(0, plain_tokens=min(remaining, self.max_plain_stretch), reason="low_acceptance")
             self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
             failed_probe = self._stretch and self._accepted_since_stretch == 0
             self._stretch = min(2 * self._stretch, self.max_plain_stretch) if failed_probe else self.plain_stretch
