@@ -232,6 +232,7 @@ class AdaptiveDraftLength:
             if k_here and (not k or gain_here > gain):
                 source, k, gain = name, k_here, gain_here
         if gain < 1.0 + self.margin:
+            self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
             if (
                 offers is not None
                 and not any(offers.get(s, 0) for s in FREE)
@@ -240,9 +241,7 @@ class AdaptiveDraftLength:
                 # nothing free to draft, and no draft call would pay even at the acceptance a probe starts from: a
                 # stretch's end would only be one more call, so decode on as far as the longest stretch, until prompt
                 # lookup finds a continuation (the call's lookup words end it), as prompt lookup alone does
-                self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
                 return Decision(0, plain_tokens=min(remaining, self.max_plain_stretch), reason="low_acceptance")
-            self.fallbacks["low_acceptance"] = self.fallbacks.get("low_acceptance", 0) + 1
             failed_probe = self._stretch and self._accepted_since_stretch == 0
             self._stretch = min(2 * self._stretch, self.max_plain_stretch) if failed_probe else self.plain_stretch
             if not self._could_pay(bound):
