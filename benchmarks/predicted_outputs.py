@@ -21,6 +21,11 @@ Reported per arm: output tokens / summed seconds, its ratio to the target arm an
 call (the BLS's iterations: what the timing's noise does not move), and usage's accepted / rejected prediction tokens.
 Every arm must give the target's text (greedy): a prompt where one does not is counted.
 Goals: predicted >= 2.5x target and above lookup; unrelated >= 0.97x auto.
+
+`--bound TOKENIZER_DIR` (the target engine's folder) also prices what no drafter of the original code can beat on
+these answers: an oracle that drafts, at each position, the longest run of the original that the answer continues
+with (up to max_draft_len tokens), and decodes plainly where no run matches. Its verification passes are priced at
+the exact arm's seconds per iteration, its plain steps at the target arm's seconds per token, both from this run.
 """
 
 from __future__ import annotations
@@ -101,6 +106,52 @@ def arm_fields(arm: str, code: str, other: str, answer: str, fixed: int | None =
     }[arm]
 
 
+def drafter_steps(tokenizer_dir: str, prompts, answers: list[str], k: int) -> dict[str, tuple[int, int]]:
+    """(verification passes, plain steps) over the answers of two drafters of the original code (module's doc)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    steps = {"oracle": [0, 0], "re-aligning": [0, 0]}
+    for (_, code), answer in zip(prompts, answers):
+        out = tok(answer, add_special_tokens=False)["input_ids"]
+        original = tok(code, add_special_tokens=False)["input_ids"]
+        for name, step in (("oracle", _oracle_run), ("re-aligning", _realigned_run)):
+            i, at = 0, 0
+            while i < len(out):
+                run, at = step(out, i, original, at, k)
+                steps[name][0 if run is not None else 1] += 1
+                i += (run or 0) + 1
+    return {name: tuple(v) for name, v in steps.items()}
+
+
+def _common(a: list[int], i: int, b: list[int], j: int, k: int) -> int:
+    m = 0
+    while m < k and j + m < len(b) and i + m < len(a) and b[j + m] == a[i + m]:
+        m += 1
+    return m
+
+
+def _oracle_run(out, i, original, at, k):
+    """The longest run of the original the answer continues with at i (None: decode plainly)."""
+    run = max((_common(out, i, original, j, k) for j in range(len(original))), default=0)
+    return (run or None), at
+
+
+def _realigned_run(out, i, original, at, k, n: int = 2):
+    """Draft the original from `at`, where the answer follows it; once the answer's last n tokens are not the n before
+    `at`, re-align on their nearest match at or after `at`, or decode plainly: what a drafter can know, not the
+    future."""
+    if i >= n and (at < n or out[i - n : i] != original[at - n : at]):
+        hits = [j + n for j in range(len(original) - n + 1) if original[j : j + n] == out[i - n : i]]
+        if not hits:
+            return None, at
+        at = min((h for h in hits if h >= at), default=hits[0])
+    if at >= len(original):
+        return None, at
+    run = _common(out, i, original, at, k)
+    return run, at + run + 1  # the target's own token follows the run: the next call sees whether it was the original's
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--openai-url", default="http://127.0.0.1:9000")
@@ -111,6 +162,8 @@ def main() -> int:
     parser.add_argument("--fixed", type=int, help="K: lookup, predicted and unrelated at this fixed K (see arm_fields)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="write the per-request records here (JSON)")
+    parser.add_argument("--bound", metavar="TOKENIZER_DIR", help="also price the oracle drafter (see above)")
+    parser.add_argument("--max-draft-len", type=int, default=8, help="the oracle's longest draft (the engine's)")
     args = parser.parse_args()
 
     front = Front(args.openai_url, args.api_key)
@@ -169,6 +222,14 @@ def main() -> int:
             str(mismatches[arm]),
         )
     Console(width=140).print(table)
+    if args.bound:
+        t_plain = totals["target"][1] / totals["target"][0]
+        t_pass = totals["exact"][1] / max(totals["exact"][4], 1)
+        tokens = totals["target"][0] / args.rounds
+        print(f"priced at {t_pass * 1e3:.1f} ms a verification and {t_plain * 1e3:.1f} ms a plain token:")
+        for name, (passes, plain) in drafter_steps(args.bound, prompts, answers, args.max_draft_len).items():
+            speed = tokens * t_plain / (passes * t_pass + plain * t_plain)
+            print(f"  {name} drafter: {passes} verifications, {plain} plain steps, {speed:.2f}x target")
     if args.output:
         Path(args.output).write_text(json.dumps({"args": vars(args), "records": records}, indent=1))
     return 0 if not any(mismatches.values()) else 1

@@ -20,7 +20,8 @@ the engines' prefix cache. Reported per cell: aggregate output tokens/s (tokens 
 wall time), the ratio to the not-streamed path at the same concurrency, and the inter-token latency p50 of the
 streamed paths (time between two responses / the tokens the later one carries). `--engine` also times the
 engine's own decode step in this process while the server is idle (the bound the streamed ITL is held against).
-All paths must give the same text per prompt; a mismatch is reported.
+All paths must give the same text per prompt; a mismatch is reported. `--stream-interval N` asks every streamed
+path for N tokens a message (SGLang's and vLLM's fixed behaviour), which trades inter-token latency for messages.
 
 Messages per token: what the client received per token (the BLS's responses over gRPC and generate_stream, the front's
 content events), and with `--metrics-url` each hop's from the server's `trtspec_stream_messages_total` /
@@ -59,7 +60,9 @@ def chat_prompts(n: int) -> list[str]:
     return [json.loads(line)["prompt"] for line in source.read_text().splitlines() if line.strip()][:n]
 
 
-def openai_stream(url: str, model: str, message: str, max_tokens: int) -> tuple[str, list[float], int]:
+def openai_stream(
+    url: str, model: str, message: str, max_tokens: int, interval: int = 0
+) -> tuple[str, list[float], int]:
     """(text, arrival time of each content chunk, completion tokens) of one streamed chat completion."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
@@ -71,7 +74,7 @@ def openai_stream(url: str, model: str, message: str, max_tokens: int) -> tuple[
         "stream": True,
         "stream_options": {"include_usage": True},
         "num_draft_tokens": 0,
-    }
+    } | ({"stream_interval": interval} if interval else {})
     conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
@@ -104,7 +107,7 @@ class Runner:
         a = self.args
         if path == "openai_stream":
             sent = time.perf_counter()
-            text, times, tokens = openai_stream(a.openai_url, self.model_name, prompt, a.max_tokens)
+            text, times, tokens = openai_stream(a.openai_url, self.model_name, prompt, a.max_tokens, a.stream_interval)
             gaps = [t1 - t0 for t0, t1 in zip([sent] + times, times)][1:]
             return text, tokens, gaps, len(times)
         protocol, url = ("http", a.http_url) if path == "generate_stream" else ("grpc", a.grpc_url)
@@ -116,6 +119,7 @@ class Runner:
                 temperature=0.0,
                 stream=path != "bls",
                 return_perf_metrics=False,
+                **({"stream_interval": a.stream_interval} if a.stream_interval and path != "bls" else {}),
             )
         gaps = [(b.seconds - c0.seconds) / max(len(b.token_ids), 1) for c0, b in zip(c.chunks, c.chunks[1:])]
         return c.text, len(c.token_ids), gaps, len(c.chunks)
@@ -187,6 +191,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=0,
+        help="tokens per streamed message on every streamed path (0: the deployment's default)",
+    )
     parser.add_argument("--output", default="streaming.json")
     args = parser.parse_args()
     console = table_console()
@@ -234,6 +244,7 @@ def main() -> int:
     table = Table(
         title=f"{len(prompts)} chat prompts, {args.max_tokens} tokens, greedy, num_draft_tokens 0, "
         f"{args.rounds} rounds interleaved"
+        + (f", stream_interval {args.stream_interval}" if args.stream_interval else "")
     )
     for col in ("C", "path", "tok/s", "vs not streamed", "ITL p50 ms", "ITL / decode step", "msgs/token"):
         table.add_column(col, justify="right" if col not in ("path",) else "left")
