@@ -20,8 +20,10 @@ the engines' prefix cache. Reported per cell: aggregate output tokens/s (tokens 
 wall time), the ratio to the not-streamed path at the same concurrency, and the inter-token latency p50 of the
 streamed paths (time between two responses / the tokens the later one carries). `--engine` also times the
 engine's own decode step in this process while the server is idle (the bound the streamed ITL is held against).
-All paths must give the same text per prompt; a mismatch is reported. `--stream-interval N` asks every streamed
-path for N tokens a message (SGLang's and vLLM's fixed behaviour), which trades inter-token latency for messages.
+A BLS path named with `+perf` (e.g. `generate_stream+perf`) asks for the perf metrics with the last response, as the
+OpenAI front does. All paths must give the same text per prompt; a mismatch is reported. `--stream-interval N` asks
+every streamed path for N tokens a message (SGLang's and vLLM's fixed behaviour), which trades inter-token latency
+for messages.
 
 Messages per token: what the client received per token (the BLS's responses over gRPC and generate_stream, the front's
 content events), and with `--metrics-url` each hop's from the server's `trtspec_stream_messages_total` /
@@ -110,6 +112,8 @@ class Runner:
             text, times, tokens = openai_stream(a.openai_url, self.model_name, prompt, a.max_tokens, a.stream_interval)
             gaps = [t1 - t0 for t0, t1 in zip([sent] + times, times)][1:]
             return text, tokens, gaps, len(times)
+        perf = path.endswith("+perf")  # the perf metrics with the last response, as the OpenAI front asks for them
+        path = path.removesuffix("+perf")
         protocol, url = ("http", a.http_url) if path == "generate_stream" else ("grpc", a.grpc_url)
         with SpecClient(url, protocol=protocol, timeout=600) as client:
             c = client.generate(
@@ -118,7 +122,8 @@ class Runner:
                 num_draft_tokens=0,
                 temperature=0.0,
                 stream=path != "bls",
-                return_perf_metrics=False,
+                return_perf_metrics=perf,
+                final_perf_metrics_only=perf or None,
                 **({"stream_interval": a.stream_interval} if a.stream_interval and path != "bls" else {}),
             )
         gaps = [(b.seconds - c0.seconds) / max(len(b.token_ids), 1) for c0, b in zip(c.chunks, c.chunks[1:])]
@@ -267,7 +272,7 @@ def main() -> int:
                 f"{rate / base:.2f}x" if base else "",
                 f"{itl:.1f}" if itl else "",
                 f"{itl / step:.2f}x" if itl and step and c == 1 else "",
-                f"{per_token:.2f}" if p != "bls" else "",
+                f"{per_token:.2f}" if not p.startswith("bls") else "",
             )
             report["cells"].append(
                 {
@@ -310,7 +315,7 @@ def hop_table(report: dict, concurrencies: list[int], paths: list[str]) -> Table
     for col in ("C", "path", *hops, "front"):
         table.add_column(col, justify="left" if col == "path" else "right")
     for row in report["cells"]:
-        if row["path"] == "bls":
+        if row["path"].startswith("bls"):
             continue
         front = f"{row['client_messages_per_token']:.2f}" if row["path"] == "openai_stream" else ""
         table.add_row(str(row["concurrency"]), row["path"], *(f"{row['hops'].get(h, 0):.2f}" for h in hops), front)
