@@ -22,10 +22,12 @@ call (the BLS's iterations: what the timing's noise does not move), and usage's 
 Every arm must give the target's text (greedy): a prompt where one does not is counted.
 Goals: predicted >= 2.5x target and above lookup; unrelated >= 0.97x auto.
 
-`--bound TOKENIZER_DIR` (the target engine's folder) also prices what no drafter of the original code can beat on
-these answers: an oracle that drafts, at each position, the longest run of the original that the answer continues
-with (up to max_draft_len tokens), and decodes plainly where no run matches. Its verification passes are priced at
-the exact arm's seconds per iteration, its plain steps at the target arm's seconds per token, both from this run.
+`--bound TOKENIZER_DIR` (the target engine's folder) also prices two drafters of the original code over the target's
+own answers: an oracle, which drafts at each position the longest run of the original that the answer continues with
+(up to max_draft_len tokens) and decodes plainly where none does, what no drafter of the original can beat; and a
+re-aligning drafter, which knows only what the answer has said so far (it drafts the original from where the answer
+last followed it, re-aligned on the last two tokens' nearest match). Verification passes are priced at the exact
+arm's seconds per iteration, plain steps at the target arm's seconds per token, both from this run.
 """
 
 from __future__ import annotations
@@ -162,8 +164,8 @@ def main() -> int:
     parser.add_argument("--fixed", type=int, help="K: lookup, predicted and unrelated at this fixed K (see arm_fields)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", help="write the per-request records here (JSON)")
-    parser.add_argument("--bound", metavar="TOKENIZER_DIR", help="also price the oracle drafter (see above)")
-    parser.add_argument("--max-draft-len", type=int, default=8, help="the oracle's longest draft (the engine's)")
+    parser.add_argument("--bound", metavar="TOKENIZER_DIR", help="also price two drafters of the original (see above)")
+    parser.add_argument("--max-draft-len", type=int, default=8, help="their longest draft (the engine's)")
     args = parser.parse_args()
 
     front = Front(args.openai_url, args.api_key)
