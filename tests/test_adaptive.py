@@ -266,14 +266,14 @@ def test_a_long_sequence_starts_from_dearer_costs_and_teaches_them_as_a_short_on
     shared.seed({0: (CostModel(0.3, 0.1, 0.2), 0.010)})
     longer = ContextCost(draft_cost_ratio=0.05, verify_cost_fixed=0.1, verify_cost_per_token=0.2, step_ratio=1.5)
     policy = shared.policy(4, model_drafts=True, context=longer)
-    assert astuple(policy.costs) == pytest.approx((0.35, 0.3, 0.3)) and policy.step_seconds == pytest.approx(0.015)
+    assert astuple(policy.costs) == pytest.approx((0.35, 0.3, 0.3, 0.0)) and policy.step_seconds == pytest.approx(0.015)
     # at these costs a long request drafts less than a short one at the same acceptance (prompt lookup: 2 against 4)
     long, short = shared.policy(4, model_drafts=False, context=longer), shared.policy(4, model_drafts=False)
     long.prior_alpha = short.prior_alpha = 0.7
     assert (long.decide(100).k, short.decide(100).k) == (2, 4)
     # what it measured is learned as a short sequence's: costs exactly the context's leave the deployment's as they were
     shared.learn(policy, model_drafts=True)
-    assert astuple(shared.costs) == pytest.approx((0.3, 0.1, 0.2))
+    assert astuple(shared.costs) == pytest.approx((0.3, 0.1, 0.2, 0.0))
     assert shared.policy(4, model_drafts=True).step_seconds == pytest.approx(0.010)
     # and a context never takes a cost below 0
     assert ContextCost(verify_cost_fixed=-1.0).add(CostModel(0.3, 0.1, 0.2)).verify_cost_fixed == 0.0
@@ -346,3 +346,19 @@ def test_the_break_even_follows_the_sources_that_drafted():
     assert shared.break_even_at(1, 4)[1] < 0.5 * (model_even + lookup_even)
     # a deployment without a draft model starts from prompt lookup's break-even
     assert DeploymentCosts(costs, lookup_share=1.0).break_even_at(1, 4)[1] == pytest.approx(lookup_even)
+
+
+def test_a_draft_call_is_learned_as_its_fixed_part_and_a_cost_a_token():
+    """A served draft call costs its round trip whatever k is: a request learns c from what its calls cost beyond that
+    part, so a one-token call does not price every token of a long draft at its own cost."""
+    policy = AdaptiveDraftLength(8, costs=CostModel(draft_cost_ratio=0.1, draft_cost_fixed=0.3), step_seconds=0.010)
+    policy.observe(num_draft_tokens=1, num_accepted_tokens=1, draft_seconds=0.005, verify_seconds=0.012, tokens=2)
+    assert policy.costs.draft_cost_ratio == pytest.approx(0.7 * 0.1 + 0.3 * (0.5 - 0.3))
+    assert policy.costs.draft_cost_fixed == 0.3
+    # a call that cost less than its fixed part teaches c = 0, never below
+    policy.observe(num_draft_tokens=4, num_accepted_tokens=4, draft_seconds=0.002, verify_seconds=0.012, tokens=5)
+    assert policy.costs.draft_cost_ratio == pytest.approx(0.7 * (0.7 * 0.1 + 0.3 * 0.2))
+    # the price of a draft: both parts for the draft model, neither for a source that makes no call
+    assert policy.costs.cost(2) - policy.costs.without_draft().cost(2) == pytest.approx(
+        0.3 + 2 * policy.costs.draft_cost_ratio
+    )

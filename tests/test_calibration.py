@@ -36,9 +36,21 @@ def test_cost_model_at_a_lone_request_is_fitted_in_plain_steps():
     # verification + round trip over plain (10 ms): 1.3, 1.5, 1.9 at k = 1, 2, 4: a line 1.1 + 0.2 k
     assert costs.verify_cost_per_token == pytest.approx(0.2)
     assert costs.verify_cost_fixed == pytest.approx(0.1)
-    # draft + round trip (4, 7, 13 ms) through the origin in plain steps
-    assert costs.draft_cost_ratio == pytest.approx((1 * 0.4 + 2 * 0.7 + 4 * 1.3) / 21)
-    assert costs.cost(2) == pytest.approx(1 + 0.1 + 2 * (0.2 + costs.draft_cost_ratio))
+    # draft + round trip (4, 7, 13 ms): 0.4, 0.7, 1.3 plain steps at k = 1, 2, 4, a line 0.1 + 0.3 k: a call's fixed
+    # part d0 and its cost a token c, so a one-token draft costs 0.4, not the 0.29 a line through the origin gave it
+    assert costs.draft_cost_ratio == pytest.approx(0.3)
+    assert costs.draft_cost_fixed == pytest.approx(0.1)
+    assert costs.cost(1) == pytest.approx(1 + 0.1 + 0.1 + 0.2 + 0.3)
+    assert costs.cost(2) == pytest.approx(1 + 0.1 + 0.1 + 2 * (0.2 + 0.3))
+    # prompt lookup makes no draft call: neither part
+    assert costs.without_draft().cost(2) == pytest.approx(1 + 0.1 + 2 * 0.2)
+    # one draft length alone, or draft calls that fall on a line below zero, say nothing of the split: through the
+    # origin then
+    one = table(draft_seconds={2: 0.006}).cost_model(1)
+    assert (one.draft_cost_fixed, one.draft_cost_ratio) == (0.0, pytest.approx(0.35))
+    falling = table(draft_seconds={1: 0.001, 2: 0.004, 4: 0.012}, round_trip_seconds=0.0).cost_model(1)
+    assert falling.draft_cost_fixed == 0.0
+    assert falling.draft_cost_ratio == pytest.approx((1 * 0.1 + 2 * 0.4 + 4 * 1.2) / 21)
 
 
 def test_verification_costs_more_plain_steps_under_load_and_clamps_beyond_the_table():

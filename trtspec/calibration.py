@@ -18,13 +18,13 @@ The measured table is put in the order the work sets before it is stored (`Calib
 `cost_model(load)` turns the table into the adaptive policy's `CostModel` (trtspec/orchestrator/adaptive.py) in
 units of one plain step at that load: a speculative iteration of k costs a draft call and a verification call,
 
-    cost(k) = (draft(k) + rt + verify(B, k) + rt) / plain(B)  ~  1 + v0 + (c + b) * k
+    cost(k) = (draft(k) + rt + verify(B, k) + rt) / plain(B)  ~  1 + v0 + d0 + (c + b) * k
 
-with c fitted through the origin on the draft calls (so prompt lookup, c = 0, pays no draft call at all) and
-v0, b fitted as a line over k on the verification calls. The batch B of a load is interpolated between measured
-batches (linear), clamped to the ends. `cost_model(load, context)` adds what a request's own rows cost more on a
-sequence of `context` tokens: each figure grows linearly with the context (as attention does) from the short
-measurement to the long one, extrapolated beyond it.
+with d0, c fitted as a line over k on the draft calls (a call's fixed part and its cost a token; prompt lookup makes
+no call and pays neither) and v0, b as a line over k on the verification calls. The batch B of a load is
+interpolated between measured batches (linear), clamped to the ends. `cost_model(load, context)` adds what a
+request's own rows cost more on a sequence of `context` tokens: each figure grows linearly with the context (as
+attention does) from the short measurement to the long one, extrapolated beyond it.
 
 The server writes the calibration as JSON to a file whose path is in TRTSPEC_CALIBRATION_FILE (the Python-backend
 stubs inherit it); the BLS re-reads it with `CalibrationWatch` when the file changes (after `trtspec bench --apply`).
@@ -272,10 +272,17 @@ class Calibration:
 
         intercept, slope = _line([(k, (verify(k) + rt) / plain) for k in ks])
         drafts = [(k, (draft(k) + rt) / plain) for k in sorted(self.draft_seconds)]
-        # through the origin: a draft call's whole cost is the draft model's (prompt lookup makes none)
-        c = sum(k * y for k, y in drafts) / sum(k * k for k, _ in drafts) if drafts else 0.0
+        # a draft call: a fixed part (its round trip, the call's own work) and c a token, as the verification has v0
+        # and b; prompt lookup makes no call and pays neither. One k alone, or a line that would start below zero,
+        # says nothing of the split: through the origin then
+        d0, c = _line(drafts) if len(drafts) > 1 else (0.0, 0.0)
+        if drafts and (len(drafts) == 1 or d0 < 0):
+            d0, c = 0.0, sum(k * y for k, y in drafts) / sum(k * k for k, _ in drafts)
         return CostModel(
-            draft_cost_ratio=max(c, 0.0), verify_cost_per_token=max(slope, 0.0), verify_cost_fixed=max(intercept - 1, 0)
+            draft_cost_ratio=max(c, 0.0),
+            verify_cost_per_token=max(slope, 0.0),
+            verify_cost_fixed=max(intercept - 1, 0),
+            draft_cost_fixed=d0,
         )
 
     # --- stored -------------------------------------------------------------------------------------------------
@@ -361,9 +368,9 @@ class Calibration:
         return self.engines == engines and self.machine == (machine_identity() if machine is None else machine)
 
     def table(self) -> list[list[str]]:
-        """Rows for a printed table: batch, plain step ms, verify ms for each k, and the cost model's c, v0, b."""
+        """Rows for a printed table: batch, plain step ms, verify ms for each k, and the cost model's c, d0, v0, b."""
         ks = sorted(set().union(*self.verify_seconds.values()))
-        rows = [["batch", "plain ms", *(f"verify k={k} ms" for k in ks), "c", "v0", "b"]]
+        rows = [["batch", "plain ms", *(f"verify k={k} ms" for k in ks), "c", "d0", "v0", "b"]]
         for batch in sorted(self.plain_seconds):
             costs = self.cost_model(batch)
             rows.append(
@@ -372,6 +379,7 @@ class Calibration:
                     f"{self.plain_seconds[batch] * 1e3:.1f}",
                     *(f"{self.verify_at(batch, k) * 1e3:.1f}" for k in ks),
                     f"{costs.draft_cost_ratio:.2f}",
+                    f"{costs.draft_cost_fixed:.2f}",
                     f"{costs.verify_cost_fixed:.2f}",
                     f"{costs.verify_cost_per_token:.2f}",
                 ]
@@ -387,8 +395,8 @@ class Calibration:
             costs = self.cost_model(1, self.context_tokens)
             long = (
                 f"; at {self.context_tokens} tokens (batch 1): plain {self.long_plain_seconds * 1e3:.1f} ms, verify "
-                f"{ks} ms (c {costs.draft_cost_ratio:.2f}, v0 {costs.verify_cost_fixed:.2f}, "
-                f"b {costs.verify_cost_per_token:.2f})"
+                f"{ks} ms (c {costs.draft_cost_ratio:.2f}, d0 {costs.draft_cost_fixed:.2f}, "
+                f"v0 {costs.verify_cost_fixed:.2f}, b {costs.verify_cost_per_token:.2f})"
             )
         return f"draft calls {drafts}; round trip {rt:.2f} ms{long}; measured in {self.took_seconds:.1f} s"
 

@@ -451,7 +451,7 @@ def print_table(calibration: Calibration, console) -> None:
     from rich.table import Table
 
     rows = calibration.table()
-    table = Table(*rows[0], title="engine costs on this machine (c, v0, b: the cost model in plain steps)")
+    table = Table(*rows[0], title="engine costs on this machine (c, d0, v0, b: the cost model in plain steps)")
     for row in rows[1:]:
         table.add_row(*row)
     console.print(table)

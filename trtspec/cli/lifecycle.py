@@ -94,8 +94,8 @@ def shadow(draft, against, data, repo, calibration, as_json) -> None:
     console.print(table)
     console.print(
         f"deployed: {escape(report.drafts[0].name)}; candidate: {escape(report.drafts[1].name)}; costs from "
-        f"{escape(report.costs.source)} (c {cost.draft_cost_ratio:.2f}, b {cost.verify_cost_per_token:.2f}, "
-        f"v0 {cost.verify_cost_fixed:.2f})"
+        f"{escape(report.costs.source)} (c {cost.draft_cost_ratio:.2f}, d0 {cost.draft_cost_fixed:.2f}, "
+        f"b {cost.verify_cost_per_token:.2f}, v0 {cost.verify_cost_fixed:.2f})"
         + (f"; {report.left_out} sampled requests left out" if report.left_out else ""),
         highlight=False,
     )

@@ -2,10 +2,11 @@
 
 Cost model, in units of one plain target step (the time the target takes to produce one token alone):
 
-    cost(k)  = 1 + v0 + (c + b) * k     for k > 0 (cost(0) = 1)
-               c: one draft step / one target step; v0: what a pass that verifies draft tokens costs beyond a
-               plain step whatever k is (large on CPUs, where any multi-token pass is slower); b: the extra
-               verification cost per draft token
+    cost(k)  = 1 + v0 + d0 + (c + b) * k     for k > 0 (cost(0) = 1)
+               c: one draft step / one target step; d0: a draft-model call's cost before its first token (its round
+               trip); v0: what a pass that verifies draft tokens costs beyond a plain step whatever k is (large on
+               CPUs, where any multi-token pass is slower); b: the extra verification cost per draft token. A source
+               that makes no draft call (prompt lookup, a prediction) pays neither c nor d0
     E(k)     = (1 - a^(k+1)) / (1 - a)   expected tokens per iteration (Leviathan et al. 2023), a: acceptance
     gain(k)  = E(k) / cost(k)        tokens per unit time relative to plain decoding (gain(0) = 1)
 
@@ -46,14 +47,22 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 @dataclass
 class CostModel:
-    draft_cost_ratio: float = 0.3  # c
+    draft_cost_ratio: float = 0.3  # c: a draft-model token
     verify_cost_per_token: float = 0.1  # b
     verify_cost_fixed: float = 0.0  # v0
+    # d0: a draft-model call's cost beyond its tokens' (its round trip, the draft's cache catching up), once per
+    # iteration: without it a one-token draft is priced at c alone, a third of what it costs a served call
+    draft_cost_fixed: float = 0.0
 
     def cost(self, k: int) -> float:
         if k <= 0:
             return 1.0
-        return 1.0 + self.verify_cost_fixed + (self.draft_cost_ratio + self.verify_cost_per_token) * k
+        fixed = self.verify_cost_fixed + self.draft_cost_fixed
+        return 1.0 + fixed + (self.draft_cost_ratio + self.verify_cost_per_token) * k
+
+    def without_draft(self) -> CostModel:
+        """These costs for a draft source that makes no draft call (prompt lookup, a prediction)."""
+        return dataclasses.replace(self, draft_cost_ratio=0.0, draft_cost_fixed=0.0)
 
     def gain(self, alpha: float, k: int) -> float:
         return expected_tokens(alpha, k) / self.cost(k)
@@ -91,6 +100,7 @@ class ContextCost:
             draft_cost_ratio=max(costs.draft_cost_ratio + sign * self.draft_cost_ratio, 0.0),
             verify_cost_per_token=max(costs.verify_cost_per_token + sign * self.verify_cost_per_token, 0.0),
             verify_cost_fixed=max(costs.verify_cost_fixed + sign * self.verify_cost_fixed, 0.0),
+            draft_cost_fixed=costs.draft_cost_fixed,  # a call's round trip does not grow with the sequence
         )
 
 
@@ -277,7 +287,7 @@ class AdaptiveDraftLength:
         """Whether a draft of at most `bound` tokens could gain were every token accepted, at the costs now (what a
         verification costs the others in the pass included), drafted by the model or, at no draft cost, by lookup."""
         costs = self.costs if self.shared is None else with_shared(self.costs, self.shared())
-        free = dataclasses.replace(costs, draft_cost_ratio=0.0)
+        free = costs.without_draft()
         return max(costs.best(1.0, bound)[1], free.best(1.0, bound)[1]) >= 1.0 + self.margin
 
     def _probe_could_pay(self, offers: dict[str, int], bound: int) -> bool:
@@ -293,7 +303,7 @@ class AdaptiveDraftLength:
         the source's acceptance estimate or at `alpha`."""
         if longest <= 0:
             return 0, 1.0
-        costs = dataclasses.replace(self.costs, draft_cost_ratio=0.0) if source in FREE else self.costs
+        costs = self.costs.without_draft() if source in FREE else self.costs
         if self.shared is not None:
             costs = with_shared(costs, self.shared())
         return costs.best(self.alpha_of(source) if alpha is None else alpha, min(bound, longest))
@@ -331,8 +341,9 @@ class AdaptiveDraftLength:
             # verification's extra cost goes to v0 beyond what b predicts, and lowers b when below it
             costs = self.costs
             if source not in FREE:  # a lookup or predicted draft says nothing of the draft model's step
-                step_ratio = draft_seconds / num_draft_tokens / self.step_seconds
-                costs.draft_cost_ratio = _ewma(costs.draft_cost_ratio, step_ratio)
+                call = draft_seconds / self.step_seconds  # in plain steps: its fixed part, then c a token
+                per_token = max(call - costs.draft_cost_fixed, 0.0) / num_draft_tokens
+                costs.draft_cost_ratio = _ewma(costs.draft_cost_ratio, per_token)
             extra = max(verify_seconds / self.step_seconds - 1.0, 0.0)
             predicted = costs.verify_cost_per_token * num_draft_tokens
             if extra < predicted:
@@ -446,7 +457,7 @@ class DeploymentCosts:
         if context is not None:
             costs = context.add(costs)
             step = step * context.step_ratio if step is not None else None
-        costs = dataclasses.replace(costs, **({} if model_drafts else {"draft_cost_ratio": 0.0}))
+        costs = dataclasses.replace(costs) if model_drafts else costs.without_draft()  # the request's own copy
         return AdaptiveDraftLength(k_max, costs=costs, step_seconds=step, shared=shared, context=context)
 
     def learn(self, policy: AdaptiveDraftLength, *, model_drafts: bool, load: int = 1) -> None:
@@ -485,7 +496,7 @@ class DeploymentCosts:
         with self._lock:
             costs, share = with_shared(dataclasses.replace(self._entry(load)[0]), shared), self._share(load)
         model = costs.break_even(k_max)
-        lookup = dataclasses.replace(costs, draft_cost_ratio=0.0).break_even(k_max)
+        lookup = costs.without_draft().break_even(k_max)
         return load_range(load_bucket(load)), share * lookup + (1.0 - share) * model
 
     def costs_at(self, load: int = 1) -> CostModel:

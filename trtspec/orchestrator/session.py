@@ -221,7 +221,7 @@ class Deployment:
         if request.method in ("auto", "prompt_lookup"):
             bound = self.settings.max_draft_len if cap is None else cap
             bound = bound if request.method == "auto" else k
-            free = CostModel(0.0, costs.verify_cost_per_token, costs.verify_cost_fixed)  # no draft call
+            free = costs.without_draft()
             return free.best(1.0, bound)[1] >= 1.0 + margin
         return False
 
