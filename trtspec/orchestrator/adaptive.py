@@ -50,8 +50,8 @@ class CostModel:
     draft_cost_ratio: float = 0.3  # c: a draft-model token
     verify_cost_per_token: float = 0.1  # b
     verify_cost_fixed: float = 0.0  # v0
-    # d0: a draft-model call's cost beyond its tokens' (its round trip, the draft's cache catching up), once per
-    # iteration: without it a one-token draft is priced at c alone, a third of what it costs a served call
+    # d0: a draft-model call's cost beyond its tokens' (its round trip above all), once per iteration: without it a
+    # one-token draft is priced at c alone, about a third of what a served call costs
     draft_cost_fixed: float = 0.0
 
     def cost(self, k: int) -> float:
